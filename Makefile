@@ -1,0 +1,31 @@
+# Set-up is one venv in .venv: torch 2.13.0 first (the CPU wheel on disk; an unpinned torch
+# would pull a multi-GB CUDA build), then the package and its test extra.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test test-slow bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --disable-pip-version-check -q torch==2.13.0
+	$(BIN)/pip install --disable-pip-version-check -q -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/stocfl run configs/default.toml --out runs/default
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
+
+bench: $(STAMP)
+	$(BIN)/stocfl bench --out benchmarks/results.json
+
+clean:
+	rm -rf $(VENV) runs

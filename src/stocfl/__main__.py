@@ -1,0 +1,3 @@
+from stocfl.cli import main
+
+raise SystemExit(main())

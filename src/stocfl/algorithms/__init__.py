@@ -1,0 +1,20 @@
+"""The algorithm registry: config name -> class."""
+
+from __future__ import annotations
+
+from stocfl.algorithms.base import Algorithm, Context
+from stocfl.algorithms.fedavg import FedAvg
+from stocfl.algorithms.fedprox import FedProx
+from stocfl.errors import UserError
+
+ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedAvg, FedProx)}
+
+
+def algorithm_class(name: str) -> type[Algorithm]:
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise UserError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}") from None
+
+
+__all__ = ["ALGORITHMS", "Algorithm", "Context", "algorithm_class"]

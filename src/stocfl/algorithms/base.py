@@ -1,0 +1,79 @@
+"""What every algorithm shares: its context, local-training tasks, state for checkpoints.
+
+An algorithm reads like its paper's pseudocode: each round it builds client tasks and hands
+them to ``run`` (an executor), then aggregates the results. It never loops over data,
+batches clients or sends messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from stocfl.tasks import Result, Task, Train, task_seed
+
+RunTasks = Callable[[list[Task]], list[Result]]
+
+
+class Params(BaseModel):
+    """Algorithm parameters: validated, strict, unknown keys rejected."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the server knows when it starts: N, w_0, the local-training settings, the seed."""
+
+    n_clients: int
+    init_weights: torch.Tensor
+    epochs: int
+    batch_size: int
+    lr: float
+    seed: int
+
+
+class Algorithm:
+    """Base class. Subclasses set ``name``, ``Params`` and implement ``round``.
+
+    State that must survive a checkpoint lives in :meth:`state` (tensors + JSON-able meta)."""
+
+    name: ClassVar[str]
+    Params: ClassVar[type[Params]] = Params
+
+    def __init__(self, params: Params, ctx: Context):
+        self.params = params
+        self.ctx = ctx
+
+    def local_training(self, round_: int, client: int, weights: torch.Tensor, purpose: int = 0,
+                       prox_center: torch.Tensor | None = None, prox_weight: float = 0.0) -> Train:
+        """A Train task with the run's E, B, eta and a seed unique to (round, client, purpose)."""
+        c = self.ctx
+        return Train(client, weights, c.epochs, c.batch_size, c.lr,
+                     task_seed(c.seed, round_, client, purpose), prox_center, prox_weight)
+
+    def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
+        """One communication round with the sampled clients; returns diagnostics to log."""
+        raise NotImplementedError
+
+    def global_model(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def client_models(self, clients: list[int]) -> list[torch.Tensor]:
+        """The model each client would use (the same tensor object for clients that share one)."""
+        w = self.global_model()
+        return [w] * len(clients)
+
+    def cluster_labels(self) -> np.ndarray:
+        """Found cluster of every client (-1 = not yet assigned)."""
+        return np.zeros(self.ctx.n_clients, dtype=np.int64)
+
+    def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        raise NotImplementedError
+
+    def load_state(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+        raise NotImplementedError

@@ -1,0 +1,41 @@
+"""FedAvg (McMahan et al., 2017)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks
+from stocfl.tasks import weighted_mean
+
+
+class FedAvg(Algorithm):
+    """Federated averaging.
+
+    Server model w. Each round every sampled client i runs E epochs of local SGD from w; the
+    server sets w <- sum_i |D_i| w_i / sum_i |D_i|. No parameters beyond ``[train]``.
+    """
+
+    name = "fedavg"
+
+    def __init__(self, params: Params, ctx: Context):
+        super().__init__(params, ctx)
+        self.w = ctx.init_weights.clone()
+
+    def local_task(self, round_: int, client: int):
+        return self.local_training(round_, client, self.w)
+
+    def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
+        results = run([self.local_task(round_, i) for i in sampled])
+        self.w = weighted_mean([r.weights for r in results], [r.n_samples for r in results])
+        return {}
+
+    def global_model(self) -> torch.Tensor:
+        return self.w
+
+    def state(self):
+        return {"w": self.w}, {}
+
+    def load_state(self, tensors, meta):
+        self.w = tensors["w"].clone()

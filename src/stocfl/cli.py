@@ -1,0 +1,98 @@
+"""The ``stocfl`` command: run, resume, config, bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from stocfl.errors import UserError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line and exit code 2, as for every other bad input
+        self.exit(2, f"stocfl: error: {message} (see stocfl {self.prog.split()[-1]} --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="stocfl", description="Clustered federated learning: StoCFL and its baselines.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = sub.add_parser("run", help="run an experiment from a TOML config",
+                         description="Run an experiment. Every config key, its default and meaning: 'stocfl config'.")
+    run.add_argument("config", nargs="?", help="TOML config (sections [run] [scenario] [model] [train] [algorithm])")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config key, e.g. --set run.rounds=5 (repeatable)")
+    run.add_argument("--out", help="results directory (default: runs/<scenario>-<algorithm>-<time>)")
+    run.add_argument("--data-dir", help="directory of the data sets (default: $STOCFL_DATA_DIR)")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    res = sub.add_parser("resume", help="continue a run that was stopped or killed")
+    res.add_argument("dir", help="results directory of the run")
+    res.add_argument("--data-dir", help="directory of the data sets, if it moved")
+    res.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    sub.add_parser("config", help="list every config key with its default and meaning")
+
+    bench = sub.add_parser("bench", help="time one round on each executor; prints JSON")
+    bench.add_argument("--data-dir", help="MNIST for the paper's case (default: $STOCFL_DATA_DIR, else ../shared/data)")
+    bench.add_argument("--out", help="also write the JSON here")
+    bench.add_argument("--quick", action="store_true", help="smaller cases (a smoke test of the benchmark)")
+    return p
+
+
+def _run(args) -> int:
+    from stocfl import config
+    from stocfl.runner import Experiment
+
+    cfg = config.load(args.config, args.overrides, args.data_dir)
+    out = Path(args.out) if args.out else Path("runs") / (
+        f"{cfg.scenario.name}-{cfg.scenario.dataset}-{cfg.algorithm['name']}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    summary = Experiment.create(cfg, out).run(progress=not args.quiet)
+    _print_summary(summary, out)
+    return 0
+
+
+def _resume(args) -> int:
+    from stocfl.runner import Experiment
+
+    out = Path(args.dir)
+    summary = Experiment.resume(out, args.data_dir).run(progress=not args.quiet)
+    _print_summary(summary, out)
+    return 0
+
+
+def _print_summary(summary: dict, out: Path) -> None:
+    keys = ("algorithm", "scenario", "dataset", "rounds_done", "accuracy", "global_accuracy", "n_clusters", "ari",
+            "seconds")
+    print(json.dumps({k: summary[k] for k in keys}))
+    print(f"results: {out.resolve()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return _run(args)
+        if args.command == "resume":
+            return _resume(args)
+        if args.command == "config":
+            from stocfl.config import describe
+
+            print(describe())
+            return 0
+        if args.command == "bench":
+            from stocfl.bench import main as bench_main
+
+            return bench_main(args)
+    except UserError as err:
+        print(f"stocfl: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("stocfl: interrupted; the last finished round is checkpointed: continue with 'stocfl resume DIR'",
+              file=sys.stderr)
+        return 130
+    return 0

@@ -1,0 +1,207 @@
+"""The run configuration: five sections, every key validated, documented and defaulted here.
+
+A config is TOML with the sections ``[run]``, ``[scenario]``, ``[model]``, ``[train]`` and
+``[algorithm]``; command-line overrides use dotted keys (``--set run.rounds=5``). Every error
+becomes one :class:`~stocfl.errors.UserError` line naming the key and what it must be.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from stocfl.errors import UserError
+
+SCENARIOS = (
+    "iid",
+    "pathological",
+    "rotated",
+    "shifted",
+    "label_swap",
+    "hybrid",
+    "rotated_pathological",
+    "dirichlet",
+    "writers",
+)
+DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "femnist")
+
+
+class Section(BaseModel):
+    """Strict: unknown keys are errors, a string is never read as a number."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
+
+
+class RunConfig(Section):
+    rounds: int = Field(20, ge=1, description="communication rounds T")
+    sample_rate: float = Field(
+        0.1, gt=0, le=1, description="fraction of clients sampled per round; m = ceil(rate * N)"
+    )
+    seed: int = Field(0, ge=0, description="seeds data split, model init, sampling and local SGD")
+    eval_every: int = Field(1, ge=1, description="evaluate all clients every k rounds (and at the end)")
+    engine: Literal["auto", "sequential", "batched"] = Field(
+        "auto", description="executor of client tasks; auto picks by model size and batch size"
+    )
+    threads: int = Field(0, ge=0, description="torch threads; 0 = the free cores of this machine")
+    chunk_size: int = Field(
+        0, ge=0, description="clients per batched computation (batched engine); 0 = from a memory budget"
+    )
+
+
+class ScenarioConfig(Section):
+    name: Literal[SCENARIOS] = Field("rotated", description="non-IID scenario (see docs)")
+    dataset: Literal[DATASETS] = Field("digits", description="source data set; digits needs no files")
+    data_dir: str = Field(
+        "", description="directory of the data sets; empty = $STOCFL_DATA_DIR (digits needs none)"
+    )
+    n_clients: int = Field(40, ge=1, description="number of clients N (writers: number of writers)")
+    samples_per_client: int = Field(
+        30, ge=1, description="train samples per client |D| (dirichlet: the mean; writers: a cap)"
+    )
+    test_per_client: int = Field(
+        0, ge=0, description="test samples per client; 0 = an equal share of the group's test pool, at most |D|"
+    )
+    alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (dirichlet scenario)")
+
+
+class ModelConfig(Section):
+    name: Literal["auto", "mlp", "cnn28", "cifar_cnn", "digits_mlp"] = Field(
+        "auto", description="auto = digits_mlp on digits, mlp on 28x28 data, cifar_cnn on CIFAR-10"
+    )
+    hidden: int = Field(200, ge=1, description="hidden width of the mlp (the paper's MNIST model: 2048)")
+
+
+class TrainConfig(Section):
+    epochs: int = Field(1, ge=1, description="local epochs E")
+    batch_size: int = Field(10, ge=0, description="local batch size B; 0 = full batch")
+    lr: float = Field(0.05, gt=0, description="local SGD learning rate eta")
+
+
+class Config(Section):
+    run: RunConfig = RunConfig()
+    scenario: ScenarioConfig = ScenarioConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    algorithm: dict[str, Any] = Field(default_factory=lambda: {"name": "fedavg"})
+
+    def algorithm_params(self) -> BaseModel:
+        """The validated parameters of the chosen algorithm."""
+        from stocfl.algorithms import algorithm_class
+
+        return algorithm_class(self.algorithm["name"]).Params.model_validate(
+            {k: v for k, v in self.algorithm.items() if k != "name"}
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved config, every default filled in (what a run saves)."""
+        out = self.model_dump(mode="json")
+        out["algorithm"] = {"name": self.algorithm["name"], **self.algorithm_params().model_dump(mode="json")}
+        return out
+
+
+def _one_line(err: ValidationError, prefix: tuple = ()) -> str:
+    e = err.errors()[0]
+    loc = prefix + tuple(str(p) for p in e["loc"])
+    key = ".".join(loc)
+    if e["type"] == "extra_forbidden":
+        allowed = _allowed_keys(loc[:-1])
+        return f"config: unknown key '{key}'" + (f"; allowed keys here: {', '.join(allowed)}" if allowed else "")
+    return f"config: {key}: {e['msg'].rstrip('.')} (got {e.get('input')!r})"
+
+
+def _allowed_keys(section: tuple) -> list[str]:
+    if not section:
+        return list(Config.model_fields)
+    if section[0] == "algorithm":
+        return []
+    field = Config.model_fields.get(section[0])
+    return list(field.annotation.model_fields) if field is not None and len(section) == 1 else []
+
+
+def validate(raw: dict[str, Any]) -> Config:
+    """Validate a raw nested dict into a :class:`Config` (one-line UserError on failure)."""
+    try:
+        cfg = Config.model_validate(raw)
+    except ValidationError as err:
+        raise UserError(_one_line(err)) from None
+    from stocfl.algorithms import ALGORITHMS
+
+    algo = dict(cfg.algorithm)
+    name = algo.get("name", "fedavg")
+    if name not in ALGORITHMS:
+        raise UserError(f"config: algorithm.name: unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
+    cfg.algorithm = {"name": name, **{k: v for k, v in algo.items() if k != "name"}}
+    try:
+        cfg.algorithm_params()
+    except ValidationError as err:
+        e = err.errors()[0]
+        if e["type"] == "extra_forbidden":
+            allowed = ", ".join(["name", *ALGORITHMS[name].Params.model_fields])
+            raise UserError(
+                f"config: unknown key 'algorithm.{e['loc'][0]}' for {name}; allowed keys: {allowed}"
+            ) from None
+        raise UserError(_one_line(err, ("algorithm",))) from None
+    return cfg
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b=value`` -> (["a", "b"], value); the value is read as a TOML value, else as a string."""
+    if "=" not in text:
+        raise UserError(f"--set {text!r}: expected dotted.key=value, e.g. --set run.rounds=5")
+    key, value = text.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise UserError(f"--set {text!r}: empty key part; expected dotted.key=value")
+    try:
+        parsed = tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value
+    return parts, parsed
+
+
+def load(path: str | Path | None = None, overrides: list[str] = (), data_dir: str | None = None) -> Config:
+    """Read a TOML config (or the defaults), apply ``--set`` overrides, validate."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"config file {p} not found; pass an existing TOML file (see configs/)")
+        try:
+            raw = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as err:
+            raise UserError(f"config file {p}: not valid TOML ({err}); fix the syntax") from None
+        except UnicodeDecodeError:
+            raise UserError(f"config file {p}: not UTF-8 text; pass a TOML file") from None
+    for item in overrides:
+        parts, value = parse_override(item)
+        node = raw
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise UserError(f"--set {item!r}: {part} is not a section")
+        node[parts[-1]] = value
+    if data_dir is not None:
+        raw.setdefault("scenario", {})["data_dir"] = str(data_dir)
+    return validate(raw)
+
+
+def describe() -> str:
+    """Every key with its type, default and meaning (``stocfl config``)."""
+    from stocfl.algorithms import ALGORITHMS
+
+    lines = []
+    for section, field in Config.model_fields.items():
+        if section == "algorithm":
+            continue
+        lines.append(f"[{section}]")
+        for key, f in field.annotation.model_fields.items():
+            lines.append(f"  {key} = {f.default!r:<12} # {f.description}")
+    lines.append("[algorithm]")
+    lines.append(f"  name = 'fedavg'       # one of: {', '.join(ALGORITHMS)}")
+    for name, cls in ALGORITHMS.items():
+        for key, f in cls.Params.model_fields.items():
+            lines.append(f"  {key} = {f.default!r:<12} # ({name}) {f.description}")
+    return "\n".join(lines)

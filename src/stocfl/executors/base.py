@@ -1,0 +1,91 @@
+"""What every in-process executor shares: dispatch by task type, evaluation and gradients."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+
+from stocfl.models import FlatModel
+from stocfl.scenarios import Federation
+from stocfl.tasks import Evaluate, Evaluated, Gradient, Gradiented, Result, Task, Train, Trained
+
+EVAL_CHUNK = 8192  # samples per forward pass when evaluating
+
+
+class Executor:
+    """Runs client tasks on a federation held in this process.
+
+    Subclasses implement :meth:`train`; evaluation and gradients are shared. Evaluation has an
+    exact fast path: tasks that share one weights tensor (every client on the global model,
+    the members of a cluster) are evaluated in one forward pass over their concatenated data.
+    """
+
+    def __init__(self, federation: Federation, model: FlatModel):
+        self.fed = federation
+        self.model = model
+
+    def run(self, tasks: list[Task]) -> list[Result]:
+        out: list[Result | None] = [None] * len(tasks)
+        by_kind: dict[type, list[int]] = defaultdict(list)
+        for k, t in enumerate(tasks):
+            by_kind[type(t)].append(k)
+        handlers = {Train: self.train, Evaluate: self.evaluate, Gradient: self.gradient}
+        for kind, idx in by_kind.items():
+            for k, r in zip(idx, handlers[kind]([tasks[k] for k in idx])):
+                out[k] = r
+        return out  # type: ignore[return-value]
+
+    def train(self, tasks: list[Train]) -> list[Trained]:
+        raise NotImplementedError
+
+    def loss(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.model.forward(w, x), y)
+
+    @torch.no_grad()
+    def evaluate(self, tasks: list[Evaluate]) -> list[Evaluated]:
+        out: list[Evaluated | None] = [None] * len(tasks)
+        groups: dict[tuple[int, str], list[int]] = defaultdict(list)
+        for k, t in enumerate(tasks):
+            groups[(id(t.weights), t.split)].append(k)
+        for (_, split), idx in groups.items():
+            w = tasks[idx[0]].weights
+            data = self.fed.train_data if split == "train" else self.fed.test_data
+            parts = [data(tasks[k].client) for k in idx]
+            x = torch.cat([p[0] for p in parts])
+            y = torch.cat([p[1] for p in parts])
+            losses, correct = [], []
+            for a in range(0, len(y), EVAL_CHUNK):
+                logits = self.model.forward(w, x[a : a + EVAL_CHUNK])
+                losses.append(F.cross_entropy(logits, y[a : a + EVAL_CHUNK], reduction="none").double())
+                correct.append(logits.argmax(1) == y[a : a + EVAL_CHUNK])
+            loss_all = torch.cat(losses) if losses else torch.zeros(0, dtype=torch.float64)
+            correct_all = torch.cat(correct) if correct else torch.zeros(0, dtype=torch.bool)
+            start = 0
+            for k, (_, yk) in zip(idx, parts):
+                n = len(yk)
+                seg = slice(start, start + n)
+                out[k] = Evaluated(
+                    float(loss_all[seg].mean()) if n else 0.0, int(correct_all[seg].sum()), n
+                )
+                start += n
+        return out  # type: ignore[return-value]
+
+    def gradient(self, tasks: list[Gradient]) -> list[Gradiented]:
+        out = []
+        for t in tasks:
+            x, y = self.fed.train_data(t.client)
+            w = t.weights.detach().clone().requires_grad_(True)
+            (g,) = torch.autograd.grad(self.loss(w, x, y), w)
+            out.append(Gradiented(g.detach(), len(y)))
+        return out
+
+
+def check_train_task(t: Train, n_params: int) -> None:
+    if t.weights.shape != (n_params,):
+        raise ValueError(f"train task for client {t.client}: weights have shape {tuple(t.weights.shape)}, "
+                         f"the model has {n_params} parameters")
+
+
+__all__ = ["Executor", "Trained", "check_train_task"]

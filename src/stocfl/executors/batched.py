@@ -1,0 +1,107 @@
+"""Runs chunks of clients as one computation: stacked flat weights, ``vmap(grad(loss))``.
+
+Clients of unequal size are padded to the largest in the chunk and masked: padded samples
+weigh 0 in the loss, and a client that has run out of mini-batches in an epoch is frozen for
+the remaining steps (its whole update, proximal term included, is multiplied by 0). The batch
+order comes from :func:`stocfl.tasks.batch_plan`, as in the sequential executor, so both
+give the same weights up to float rounding.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+from torch.func import grad, vmap
+
+from stocfl.executors.base import Executor, check_train_task
+from stocfl.tasks import Train, Trained, batch_plan
+
+MEMORY_BUDGET = 1 << 30  # bytes per chunk for weights, gradients, centers and activations
+MAX_CHUNK = 512
+
+
+class BatchedExecutor(Executor):
+    def __init__(self, federation, model, chunk_size: int = 0):
+        super().__init__(federation, model)
+        self.chunk_size = chunk_size
+
+        def masked_loss(w, x, y, m):
+            per_sample = F.cross_entropy(self.model.forward(w, x), y, reduction="none")
+            return (per_sample * m).sum() / m.sum().clamp(min=1.0)
+
+        self._grads = vmap(grad(masked_loss))
+
+    def _chunk_len(self, max_batch: int) -> int:
+        if self.chunk_size:
+            return self.chunk_size
+        sample = max(1, int(torch.tensor(self.fed.input_shape).prod()))
+        per_client = 4 * (5 * self.model.n_params + 4 * max_batch * sample)
+        return max(1, min(MAX_CHUNK, MEMORY_BUDGET // per_client))
+
+    def train(self, tasks: list[Train]) -> list[Trained]:
+        out: list[Trained | None] = [None] * len(tasks)
+        kinds: dict[tuple, list[int]] = defaultdict(list)
+        for k, t in enumerate(tasks):
+            check_train_task(t, self.model.n_params)
+            kinds[(t.epochs, t.batch_size, t.lr)].append(k)
+        sizes = self.fed.train_sizes
+        for (epochs, batch_size, lr), idx in kinds.items():
+            idx.sort(key=lambda k: sizes[tasks[k].client])  # similar sizes share a chunk: less padding
+            max_batch = int(max(sizes[tasks[k].client] for k in idx))
+            max_batch = max_batch if batch_size == 0 else min(batch_size, max_batch)
+            step = self._chunk_len(max_batch)
+            for a in range(0, len(idx), step):
+                chunk = idx[a : a + step]
+                for k, r in zip(chunk, self._train_chunk([tasks[k] for k in chunk], epochs, batch_size, lr)):
+                    out[k] = r
+        return out  # type: ignore[return-value]
+
+    def _train_chunk(self, tasks: list[Train], epochs: int, batch_size: int, lr: float) -> list[Trained]:
+        c = len(tasks)
+        data = [self.fed.train_data(t.client) for t in tasks]
+        n = torch.tensor([len(y) for _, y in data])
+        n_max = int(n.max())
+        x_pad = torch.zeros((c, n_max, *self.fed.input_shape), dtype=data[0][0].dtype)
+        y_pad = torch.zeros((c, n_max), dtype=torch.long)
+        for i, (x, y) in enumerate(data):
+            x_pad[i, : len(y)] = x
+            y_pad[i, : len(y)] = y
+        w = torch.stack([t.weights for t in tasks]).clone()
+        mu = torch.tensor([t.prox_weight if t.prox_center is not None else 0.0 for t in tasks])
+        has_prox = bool((mu != 0).any())
+        if has_prox:
+            centers = torch.stack([t.prox_center if t.prox_center is not None else t.weights for t in tasks])
+        plans = [batch_plan(int(n[i]), epochs, batch_size, t.seed) for i, t in enumerate(tasks)]
+        rows = torch.arange(c)[:, None]
+        full_mask = (torch.arange(n_max)[None, :] < n[:, None]).float()
+        for e in range(epochs):
+            steps = [len(p[e]) if p[e] is not None else 1 for p in plans]
+            for s in range(max(steps)):
+                if all(p[e] is None for p in plans):
+                    xb, yb, mask = x_pad, y_pad, full_mask
+                else:
+                    xb, yb, mask = self._gather(plans, e, s, steps, n, x_pad, y_pad, rows)
+                g = self._grads(w, xb, yb, mask)
+                if has_prox:
+                    g.add_(mu[:, None] * (w - centers))
+                active = torch.tensor([float(s < k) for k in steps])[:, None]
+                w.sub_(lr * active * g)
+        return [Trained(w[i].clone(), int(n[i])) for i in range(c)]
+
+    @staticmethod
+    def _gather(plans, e, s, steps, n, x_pad, y_pad, rows):
+        batches = []
+        for i, p in enumerate(plans):
+            if s >= steps[i]:
+                batches.append(torch.zeros(0, dtype=torch.long))
+            else:
+                batches.append(torch.arange(int(n[i])) if p[e] is None else p[e][s])
+        width = max(len(b) for b in batches)
+        idx = torch.zeros((len(plans), width), dtype=torch.long)
+        mask = torch.zeros((len(plans), width))
+        for i, b in enumerate(batches):
+            idx[i, : len(b)] = b
+            mask[i, : len(b)] = 1.0
+        return x_pad[rows, idx], y_pad[rows, idx], mask

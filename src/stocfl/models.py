@@ -1,0 +1,98 @@
+"""Models, used as pure functions of one flat float32 parameter vector.
+
+A :class:`FlatModel` wraps an ``nn.Module`` as a template: weights live in a flat vector ``w``
+(shape ``(P,)``), which is what tasks carry, servers average and checkpoints store;
+``forward(w, x)`` unflattens it into views and calls :func:`torch.func.functional_call`, so
+the same code runs one client (plain autograd) or a stack of clients (``vmap``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+MODELS = ("mlp", "cnn28", "cifar_cnn", "digits_mlp")
+
+
+def mlp(in_features: int, hidden: int, n_classes: int) -> nn.Module:
+    """in-hidden-classes with ReLU (the StoCFL paper's MNIST model is 784-2048-10)."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, n_classes))
+
+
+def cnn28(in_channels: int, n_classes: int) -> nn.Module:
+    """The FL+HC / LEAF FEMNIST CNN for 28x28: two 5x5 convs (32, 64 channels, 'same' padding),
+    each followed by 2x2 max pooling, then FC 512 and the output layer. (The StoCFL paper adds
+    dropout 0.5; left out because dropout makes local training depend on extra randomness.)"""
+    return nn.Sequential(
+        nn.Conv2d(in_channels, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * 7 * 7, 512), nn.ReLU(), nn.Linear(512, n_classes),
+    )
+
+
+def cifar_cnn(in_channels: int, n_classes: int) -> nn.Module:
+    """Two 5x5 convs (32, 64) with 2x2 pooling and two FC layers (512, classes) for 32x32."""
+    return nn.Sequential(
+        nn.Conv2d(in_channels, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * 5 * 5, 512), nn.ReLU(), nn.Linear(512, n_classes),
+    )
+
+
+def build_module(name: str, input_shape: tuple[int, ...], n_classes: int, hidden: int = 200) -> nn.Module:
+    """Build model ``name`` (or ``auto``: digits_mlp for 8x8, cifar_cnn for 3x32x32, mlp otherwise)."""
+    c, h, w = input_shape
+    if name == "auto":
+        name = "digits_mlp" if (h, w) == (8, 8) else "cifar_cnn" if (c, h, w) == (3, 32, 32) else "mlp"
+    if name == "mlp":
+        return mlp(c * h * w, hidden, n_classes)
+    if name == "digits_mlp":
+        return mlp(c * h * w, 32, n_classes)
+    if name == "cnn28":
+        if (h, w) != (28, 28):
+            raise ValueError(f"cnn28 needs 28x28 images, got {h}x{w}")
+        return cnn28(c, n_classes)
+    if name == "cifar_cnn":
+        if (h, w) != (32, 32):
+            raise ValueError(f"cifar_cnn needs 32x32 images, got {h}x{w}")
+        return cifar_cnn(c, n_classes)
+    raise ValueError(f"unknown model {name!r}; choose one of auto, {', '.join(MODELS)}")
+
+
+class FlatModel:
+    """A module as a pure function of a flat parameter vector."""
+
+    def __init__(self, module: nn.Module):
+        if any(True for _ in module.buffers()):
+            raise ValueError("models with buffers (e.g. BatchNorm) are not supported by the flat engine")
+        self.module = module.to("meta")  # a template only: no real storage
+        self.names = [n for n, _ in module.named_parameters()]
+        self.shapes = [tuple(p.shape) for _, p in module.named_parameters()]
+        self.numels = [math.prod(s) for s in self.shapes]
+        self.n_params = sum(self.numels)
+
+    @staticmethod
+    def init_weights(module: nn.Module, seed: int) -> torch.Tensor:
+        """PyTorch's default initialisation under ``seed``, flattened (global RNG untouched)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            for m in module.modules():
+                if hasattr(m, "reset_parameters"):
+                    m.reset_parameters()
+            return torch.cat([p.detach().reshape(-1) for p in module.parameters()]).float()
+
+    def unflatten(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {n: p.view(s) for n, p, s in zip(self.names, torch.split(w, self.numels), self.shapes)}
+
+    def forward(self, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.module, self.unflatten(w), (x,))
+
+
+def make_model(name: str, input_shape, n_classes: int, hidden: int, seed: int) -> tuple[FlatModel, torch.Tensor]:
+    """The flat model and its initial weights w_0 (seeded)."""
+    module = build_module(name, tuple(input_shape), n_classes, hidden)
+    w0 = FlatModel.init_weights(module, seed)
+    return FlatModel(module), w0

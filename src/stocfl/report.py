@@ -1,0 +1,86 @@
+"""Results on disk: metrics.jsonl, summary.json, the resolved config as TOML, PNG plots."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def clustering_scores(labels: np.ndarray, groups: np.ndarray | None) -> dict[str, Any]:
+    """Number of clusters among assigned clients; ARI and NMI against the true groups."""
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+    assigned = labels >= 0
+    out: dict[str, Any] = {"n_clusters": int(len(np.unique(labels[assigned]))), "ari": None, "nmi": None}
+    if groups is not None and assigned.any():
+        out["ari"] = float(adjusted_rand_score(groups[assigned], labels[assigned]))
+        out["nmi"] = float(normalized_mutual_info_score(groups[assigned], labels[assigned]))
+    return out
+
+
+def append_jsonl(path: Path, row: dict[str, Any]) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(row, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a line cut short by a kill: everything after it is redone
+    return rows
+
+
+def write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def to_toml(cfg: dict[str, dict[str, Any]]) -> str:
+    def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return json.dumps(v)
+        return repr(v)
+
+    return "\n".join(
+        f"[{section}]\n" + "".join(f"{k} = {value(v)}\n" for k, v in keys.items()) for section, keys in cfg.items()
+    )
+
+
+def plot_accuracy(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ev = [r for r in rows if r.get("accuracy") is not None]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    ax.plot([r["round"] for r in ev], [r["accuracy"] for r in ev], label="clients (own model)")
+    ax.plot([r["round"] for r in ev], [r["global_accuracy"] for r in ev], "--", label="global model")
+    ax.set(xlabel="round", ylabel="test accuracy", title=title, ylim=(0, 1))
+    ax.legend()
+    ax.grid(alpha=0.3)
+    ax2.plot([r["round"] for r in rows], [r["n_clusters"] for r in rows], color="C2", label="clusters")
+    ax2.set(xlabel="round", ylabel="number of clusters")
+    if any(r.get("ari") is not None for r in rows):
+        ax3 = ax2.twinx()
+        ax3.plot([r["round"] for r in rows], [r["ari"] for r in rows], color="C3", label="ARI")
+        ax3.set(ylabel="ARI", ylim=(-0.05, 1.05))
+        ax3.legend(loc="lower right")
+    ax2.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

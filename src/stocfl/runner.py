@@ -1,0 +1,175 @@
+"""A run: data -> scenario -> engine -> algorithm -> results on disk, resumable at any point.
+
+Layout of a results directory::
+
+    config.toml      the resolved config (every default filled in)
+    metrics.jsonl    one line per round
+    summary.json     the final figures
+    checkpoint.safetensors   state after the last finished round (RNG states included)
+    accuracy.png     accuracy, clusters and ARI per round
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from stocfl import checkpoint, config as config_mod, report
+from stocfl.algorithms import Context, algorithm_class
+from stocfl.config import Config
+from stocfl.data import resolve_data_dir
+from stocfl.errors import UserError
+from stocfl.executors import choose_engine, make_executor, set_threads
+from stocfl.models import make_model
+from stocfl.scenarios import Federation, build
+from stocfl.tasks import Evaluate
+
+CHECKPOINT = "checkpoint.safetensors"
+
+
+def build_federation(cfg: Config) -> Federation:
+    s = cfg.scenario
+    return build(s.name, s.dataset, s.n_clients, s.samples_per_client, s.test_per_client,
+                 seed=cfg.run.seed, alpha=s.alpha, data_dir=s.data_dir or None)
+
+
+@dataclass
+class Experiment:
+    cfg: Config
+    out: Path
+
+    def __post_init__(self):
+        self.threads = set_threads(self.cfg.run.threads)
+        self.fed = build_federation(self.cfg)
+        m = self.cfg.model
+        try:
+            self.model, w0 = make_model(m.name, self.fed.input_shape, self.fed.n_classes, m.hidden, self.cfg.run.seed)
+        except ValueError as err:
+            raise UserError(f"config: model.name: {err}") from None
+        t = self.cfg.train
+        self.engine = choose_engine(self.cfg.run.engine, self.model.n_params, t.batch_size,
+                                    float(self.fed.train_sizes.mean()))
+        self.executor = make_executor(self.engine, self.fed, self.model, self.cfg.run.chunk_size)
+        ctx = Context(self.fed.n_clients, w0, t.epochs, t.batch_size, t.lr, self.cfg.run.seed)
+        self.algorithm = algorithm_class(self.cfg.algorithm["name"])(self.cfg.algorithm_params(), ctx)
+        self.sampler = np.random.default_rng([self.cfg.run.seed, 1])
+        self.round = 0
+        self.elapsed = 0.0
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def create(cls, cfg: Config, out: Path) -> "Experiment":
+        if (out / "config.toml").exists():
+            raise UserError(f"{out} already holds a run; continue it with 'stocfl resume {out}' or pick another --out")
+        if cfg.scenario.data_dir or resolve_data_dir(None):
+            cfg.scenario.data_dir = str(resolve_data_dir(cfg.scenario.data_dir).resolve())
+        exp = cls(cfg, out)  # builds data first: a data error leaves no half-made results directory
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.toml").write_text(report.to_toml(cfg.to_dict()))
+        (out / "metrics.jsonl").write_text("")
+        exp.save_checkpoint()
+        return exp
+
+    @classmethod
+    def resume(cls, out: Path, data_dir: str | None = None) -> "Experiment":
+        path = out / "config.toml"
+        if not path.is_file():
+            raise UserError(f"{out} holds no run (no config.toml); start one with 'stocfl run --out {out}'")
+        raw = tomllib.loads(path.read_text())
+        if data_dir is not None:
+            raw["scenario"]["data_dir"] = str(Path(data_dir).resolve())
+        exp = cls(config_mod.validate(raw), out)
+        if (out / CHECKPOINT).exists():
+            exp.load_checkpoint()
+        rows = [r for r in report.read_jsonl(out / "metrics.jsonl") if r["round"] <= exp.round]
+        (out / "metrics.jsonl").write_text("".join(report.json.dumps(r, sort_keys=True) + "\n" for r in rows))
+        return exp
+
+    # ---- checkpoints --------------------------------------------------------------------
+    def save_checkpoint(self) -> None:
+        tensors, meta = self.algorithm.state()
+        checkpoint.save(self.out / CHECKPOINT, {f"algorithm/{k}": v for k, v in tensors.items()}, {
+            "round": self.round,
+            "elapsed": self.elapsed,
+            "sampler": self.sampler.bit_generator.state,
+            "algorithm": meta,
+        })
+
+    def load_checkpoint(self) -> None:
+        tensors, meta = checkpoint.load(self.out / CHECKPOINT)
+        prefix = "algorithm/"
+        self.algorithm.load_state({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)},
+                                  meta["algorithm"])
+        self.sampler.bit_generator.state = meta["sampler"]
+        self.round = meta["round"]
+        self.elapsed = meta["elapsed"]
+
+    # ---- the loop -----------------------------------------------------------------------
+    def sample(self) -> list[int]:
+        n = self.fed.n_clients
+        m = min(n, math.ceil(self.cfg.run.sample_rate * n))
+        return sorted(int(i) for i in self.sampler.choice(n, m, replace=False))
+
+    def evaluate(self) -> dict[str, float]:
+        clients = list(range(self.fed.n_clients))
+        models = self.algorithm.client_models(clients)
+        res = self.executor.run([Evaluate(i, w) for i, w in zip(clients, models)])
+        acc = sum(r.correct for r in res) / sum(r.n_samples for r in res)
+        gw = self.algorithm.global_model()
+        if all(w is gw for w in models):
+            gacc = acc
+        else:
+            gres = self.executor.run([Evaluate(i, gw) for i in clients])
+            gacc = sum(r.correct for r in gres) / sum(r.n_samples for r in gres)
+        return {"accuracy": acc, "global_accuracy": gacc}
+
+    def run(self, progress: bool = True) -> dict[str, Any]:
+        from tqdm import tqdm
+
+        r = self.cfg.run
+        bar = tqdm(total=r.rounds, initial=self.round, disable=None if progress else True,
+                   desc=f"{self.cfg.algorithm['name']} on {self.cfg.scenario.name}", unit="round")
+        while self.round < r.rounds:
+            t0 = time.perf_counter()
+            t = self.round + 1
+            diag = self.algorithm.round(t, self.sample(), self.executor.run)
+            row: dict[str, Any] = {"round": t, "accuracy": None, "global_accuracy": None}
+            if t % r.eval_every == 0 or t == r.rounds:
+                row.update(self.evaluate())
+            row.update(report.clustering_scores(self.algorithm.cluster_labels(), self.fed.groups))
+            row.update(diag)
+            row["seconds"] = time.perf_counter() - t0
+            self.elapsed += row["seconds"]
+            report.append_jsonl(self.out / "metrics.jsonl", row)
+            self.round = t
+            self.save_checkpoint()
+            bar.update(1)
+            if row["accuracy"] is not None:
+                bar.set_postfix(acc=f"{row['accuracy']:.3f}", clusters=row["n_clusters"])
+        bar.close()
+        return self.finish()
+
+    def finish(self) -> dict[str, Any]:
+        rows = report.read_jsonl(self.out / "metrics.jsonl")
+        last_eval = next((x for x in reversed(rows) if x.get("accuracy") is not None), {})
+        last = rows[-1] if rows else {}
+        s = self.cfg
+        summary = {
+            "algorithm": s.algorithm["name"], "scenario": s.scenario.name, "dataset": s.scenario.dataset,
+            "seed": s.run.seed, "n_clients": self.fed.n_clients, "rounds": s.run.rounds,
+            "rounds_done": self.round, "engine": self.engine, "threads": self.threads,
+            "accuracy": last_eval.get("accuracy"), "global_accuracy": last_eval.get("global_accuracy"),
+            "n_clusters": last.get("n_clusters"), "ari": last.get("ari"), "nmi": last.get("nmi"),
+            "seconds": round(self.elapsed, 3), "notes": self.fed.notes,
+        }
+        report.write_json(self.out / "summary.json", summary)
+        report.plot_accuracy(rows, self.out / "accuracy.png",
+                             f"{summary['algorithm']} on {summary['scenario']} ({summary['dataset']})")
+        return summary

@@ -1,0 +1,283 @@
+"""Scenarios: turn a data set into a federation of clients (the papers' non-IID settings).
+
+Within a group, clients get disjoint shards of the group's (transformed) train split; across
+groups the same source images are reused under each group's transformation, as in the papers.
+A client's test data is a disjoint shard of the same transformation of the test split.
+Everything is deterministic from the seed; asking for more samples than a group's pool holds
+is a :class:`UserError`, never a silent repeat.
+
+=====================  =======================================================  ====
+scenario               groups                                                   K
+=====================  =======================================================  ====
+iid                    one group, random shards                                 1
+pathological           labels {0,1,2}, {3,4}, {5,6}, {7,8,9}                    4
+rotated                rotate 0/90/180/270 degrees (CIFAR-10: 0/180)           4 (2)
+shifted                y -> (y + s) mod 10, s in {0, 3, 6, 9}                   4
+label_swap             group g swaps labels (2g, 2g+1) (FL+HC)                 4
+hybrid                 MNIST clients and Fashion-MNIST clients (digits: digits  2
+                       and their negatives, a second feature domain)
+rotated_pathological   rotations {0, 180} x the 4 label groups                  8
+dirichlet              per-label Dirichlet(alpha) split over clients            none
+writers                one client per real writer (FEMNIST)                     none
+=====================  =======================================================  ====
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from stocfl.data import Dataset, load_dataset
+from stocfl.errors import UserError
+
+LABEL_GROUPS = ((0, 1, 2), (3, 4), (5, 6), (7, 8, 9))
+SHIFTS = (0, 3, 6, 9)
+SWAPS = ((0, 1), (2, 3), (4, 5), (6, 7))
+
+
+@dataclass
+class Federation:
+    """Every client's train and test data, stacked: client i's train set is
+    ``x_train[train_offsets[i]:train_offsets[i+1]]`` (views, no copies)."""
+
+    scenario: str
+    dataset: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    train_offsets: np.ndarray
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    test_offsets: np.ndarray
+    n_classes: int
+    groups: np.ndarray | None = None  # true group of each client, where the scenario has one
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def n_clients(self) -> int:
+        return len(self.train_offsets) - 1
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x_train.shape[1:])
+
+    @property
+    def train_sizes(self) -> np.ndarray:
+        return np.diff(self.train_offsets)
+
+    @property
+    def test_sizes(self) -> np.ndarray:
+        return np.diff(self.test_offsets)
+
+    def train_data(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = self.train_offsets[i], self.train_offsets[i + 1]
+        return self.x_train[a:b], self.y_train[a:b]
+
+    def test_data(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = self.test_offsets[i], self.test_offsets[i + 1]
+        return self.x_test[a:b], self.y_test[a:b]
+
+
+@dataclass
+class _Group:
+    source: Dataset
+    labels: tuple[int, ...] | None = None  # keep only these labels
+    image: Callable[[torch.Tensor], torch.Tensor] = lambda x: x
+    label: Callable[[torch.Tensor], torch.Tensor] = lambda y: y
+    name: str = ""
+
+
+def _rotate(quarter_turns: int):
+    return lambda x: torch.rot90(x, quarter_turns, dims=(2, 3)) if quarter_turns % 4 else x
+
+
+def _swap(a: int, b: int):
+    def f(y):
+        out = y.clone()
+        out[y == a], out[y == b] = b, a
+        return out
+
+    return f
+
+
+def _split_counts(n: int, k: int) -> list[int]:
+    return [n // k + (g < n % k) for g in range(k)]
+
+
+def build(
+    name: str,
+    dataset: str | Dataset,
+    n_clients: int,
+    samples_per_client: int,
+    test_per_client: int = 0,
+    seed: int = 0,
+    alpha: float = 0.5,
+    data_dir: str | None = None,
+) -> Federation:
+    """Build scenario ``name`` on ``dataset`` (a name or a loaded :class:`Dataset`).
+
+    Parameters
+    ----------
+    n_clients : int
+        N, clients in total, spread evenly over the groups (writers: number of writers).
+    samples_per_client : int
+        |D|, train samples per client (dirichlet: the mean size; writers: a cap per writer).
+    test_per_client : int, default 0
+        Test samples per client; 0 = an equal share of the group's test pool, at most |D|.
+    seed : int, default 0
+        Seeds every shuffle and draw.
+    alpha : float, default 0.5
+        Dirichlet concentration (dirichlet only).
+    """
+    src = dataset if isinstance(dataset, Dataset) else load_dataset(dataset, data_dir)
+    rng = np.random.default_rng(seed)
+    if n_clients < 1 or samples_per_client < 1 or test_per_client < 0:
+        raise UserError("scenario: n_clients and samples_per_client must be >= 1, test_per_client >= 0")
+    if name == "writers":
+        return _writers(src, n_clients, samples_per_client, test_per_client, rng)
+    if name == "dirichlet":
+        return _dirichlet(src, n_clients, samples_per_client, test_per_client, alpha, rng)
+    groups = _groups(name, src, data_dir)
+    return _grouped(name, src.name, groups, n_clients, samples_per_client, test_per_client, rng)
+
+
+def _groups(name: str, src: Dataset, data_dir: str | None) -> list[_Group]:
+    if name == "iid":
+        return [_Group(src, name="all")]
+    if name == "pathological":
+        return [_Group(src, labels=ls, name=f"labels {ls}") for ls in LABEL_GROUPS]
+    if name == "rotated":
+        turns = (0, 2) if src.name == "cifar10" else (0, 1, 2, 3)
+        return [_Group(src, image=_rotate(t), name=f"rot {90 * t}") for t in turns]
+    if name == "shifted":
+        return [_Group(src, label=lambda y, s=s: (y + s) % 10, name=f"shift {s}") for s in SHIFTS]
+    if name == "label_swap":
+        return [_Group(src, label=_swap(a, b), name=f"swap {a}<->{b}") for a, b in SWAPS]
+    if name == "rotated_pathological":
+        return [
+            _Group(src, labels=ls, image=_rotate(t), name=f"rot {90 * t}, labels {ls}")
+            for t in (0, 2) for ls in LABEL_GROUPS
+        ]
+    if name == "hybrid":
+        if src.name == "digits":
+            return [_Group(src, name="digits"), _Group(src, image=lambda x: 1.0 - x, name="negative digits")]
+        if src.name != "mnist":
+            raise UserError("scenario hybrid: dataset must be mnist (paired with fashion_mnist) or digits")
+        return [_Group(src, name="mnist"), _Group(load_dataset("fashion_mnist", data_dir), name="fashion_mnist")]
+    raise UserError(f"scenario: unknown name {name!r}")
+
+
+def _pool(y: torch.Tensor, labels: tuple[int, ...] | None, rng: np.random.Generator) -> np.ndarray:
+    idx = np.arange(len(y)) if labels is None else np.flatnonzero(np.isin(y.numpy(), labels))
+    return rng.permutation(idx)
+
+
+def _grouped(scenario, dataset, groups, n_clients, per_client, test_per_client, rng) -> Federation:
+    counts = _split_counts(n_clients, len(groups))
+    if min(counts) == 0:
+        raise UserError(
+            f"scenario {scenario}: {n_clients} clients cannot fill {len(groups)} groups; use n_clients >= {len(groups)}"
+        )
+    xs_tr, ys_tr, xs_te, ys_te, sizes_te = [], [], [], [], []
+    for g, (grp, n_g) in enumerate(zip(groups, counts)):
+        tr, te = _pool(grp.source.y_train, grp.labels, rng), _pool(grp.source.y_test, grp.labels, rng)
+        need = n_g * per_client
+        if need > len(tr):
+            raise UserError(
+                f"scenario {scenario} on {grp.source.name}: group {g} ({grp.name}) needs {n_g} clients x "
+                f"{per_client} = {need} train samples but has {len(tr)}; lower n_clients or samples_per_client"
+                + (f" ({grp.source.note})" if grp.source.note else "")
+            )
+        t = test_per_client or min(per_client, len(te) // n_g)
+        if t == 0 or n_g * t > len(te):
+            raise UserError(
+                f"scenario {scenario} on {grp.source.name}: group {g} ({grp.name}) has {len(te)} test samples, "
+                f"too few for {n_g} clients x {max(t, 1)}; lower n_clients or test_per_client"
+                + (f" ({grp.source.note})" if grp.source.note else "")
+            )
+        tr_idx, te_idx = torch.from_numpy(tr[:need]), torch.from_numpy(te[: n_g * t])
+        xs_tr.append(grp.image(grp.source.x_train[tr_idx]))
+        ys_tr.append(grp.label(grp.source.y_train[tr_idx]))
+        xs_te.append(grp.image(grp.source.x_test[te_idx]))
+        ys_te.append(grp.label(grp.source.y_test[te_idx]))
+        sizes_te += [t] * n_g
+    shape = {tuple(x.shape[1:]) for x in xs_tr}
+    if len(shape) > 1:
+        raise UserError(f"scenario {scenario}: groups have different image shapes {shape}")
+    return Federation(
+        scenario, dataset,
+        torch.cat(xs_tr).contiguous(), torch.cat(ys_tr), np.arange(n_clients + 1) * per_client,
+        torch.cat(xs_te).contiguous(), torch.cat(ys_te), np.concatenate([[0], np.cumsum(sizes_te)]),
+        n_classes=max(g.source.n_classes for g in groups),
+        groups=np.repeat(np.arange(len(groups)), counts),
+        notes=[f"group {g}: {grp.name}" for g, grp in enumerate(groups)]
+        + sorted({grp.source.note for grp in groups if grp.source.note}),
+    )
+
+
+def _dirichlet(src, n_clients, per_client, test_per_client, alpha, rng) -> Federation:
+    """Standard per-label Dirichlet split (FeSEM): label c's share of each client ~ Dir(alpha).
+
+    A random subset of N*|D| train samples (and N*test samples) is split so client sizes vary;
+    draws are repeated (up to 100 times) until every client has at least one train sample."""
+    total = n_clients * per_client
+    if total > len(src.y_train):
+        raise UserError(
+            f"scenario dirichlet on {src.name}: {n_clients} x {per_client} = {total} train samples, "
+            f"the data set has {len(src.y_train)}; lower n_clients or samples_per_client"
+        )
+    t = test_per_client or min(per_client, len(src.y_test) // n_clients)
+    if t == 0 or n_clients * t > len(src.y_test):
+        raise UserError(
+            f"scenario dirichlet on {src.name}: {len(src.y_test)} test samples are too few for {n_clients} clients"
+        )
+    tr = rng.choice(len(src.y_train), total, replace=False)
+    te = rng.choice(len(src.y_test), n_clients * t, replace=False)
+    for _ in range(100):
+        q = rng.dirichlet(np.full(n_clients, alpha), size=src.n_classes)  # (classes, clients)
+        tr_parts = _split_by_label(src.y_train.numpy()[tr], tr, q, n_clients)
+        if min(len(p) for p in tr_parts) > 0:
+            break
+    else:
+        raise UserError(f"scenario dirichlet: alpha={alpha} leaves clients empty; raise alpha or samples_per_client")
+    te_parts = _split_by_label(src.y_test.numpy()[te], te, q, n_clients)
+    return _from_parts("dirichlet", src, tr_parts, te_parts, None, [f"alpha = {alpha}"])
+
+
+def _split_by_label(y, idx, q, n_clients) -> list[np.ndarray]:
+    parts = [[] for _ in range(n_clients)]
+    for c in range(q.shape[0]):
+        members = idx[y == c]
+        cuts = (np.cumsum(q[c]) * len(members)).astype(int)[:-1]
+        for i, chunk in enumerate(np.split(members, cuts)):
+            parts[i].append(chunk)
+    return [np.sort(np.concatenate(p)) for p in parts]
+
+
+def _from_parts(scenario, src, tr_parts, te_parts, groups, notes) -> Federation:
+    def stack(x, y, parts):
+        idx = torch.from_numpy(np.concatenate(parts).astype(np.int64))
+        offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])])
+        return x[idx].contiguous(), y[idx], offsets
+
+    x_tr, y_tr, off_tr = stack(src.x_train, src.y_train, tr_parts)
+    x_te, y_te, off_te = stack(src.x_test, src.y_test, te_parts)
+    return Federation(scenario, src.name, x_tr, y_tr, off_tr, x_te, y_te, off_te, src.n_classes, groups,
+                      notes + ([src.note] if src.note else []))
+
+
+def _writers(src, n_clients, cap, test_cap, rng) -> Federation:
+    if src.writer_train is None:
+        raise UserError(f"scenario writers needs a data set with writers (femnist); {src.name} has none")
+    have = np.intersect1d(np.unique(src.writer_train), np.unique(src.writer_test))
+    if n_clients > len(have):
+        raise UserError(
+            f"scenario writers: asked for {n_clients} writers, {src.name} has {len(have)} with train and test "
+            f"data ({src.note}); lower n_clients"
+        )
+    chosen = np.sort(rng.choice(have, n_clients, replace=False))
+    tr = [rng.permutation(np.flatnonzero(src.writer_train == w))[:cap] for w in chosen]
+    te = [np.flatnonzero(src.writer_test == w)[: test_cap or None] for w in chosen]
+    return _from_parts("writers", src, tr, te, None, [f"{n_clients} writers, at most {cap} train samples each"])

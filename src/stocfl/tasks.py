@@ -1,0 +1,100 @@
+"""Client tasks: what an algorithm asks of a client, and what the client answers.
+
+Tasks and results carry only flat float32 weight vectors, client ids and plain numbers, so
+that every executor (in-process loop, batched ``vmap``, Flower messages) runs them unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True, eq=False)
+class Train:
+    """Local SGD from ``weights``: ``epochs`` passes over the client's train set in shuffled
+    mini-batches of ``batch_size`` (0 = full batch) with learning rate ``lr``, minimising
+    f_i(w) + (prox_weight / 2) * ||w - prox_center||^2 (the proximal term is off when
+    ``prox_center`` is None). ``seed`` fixes the mini-batch order."""
+
+    client: int
+    weights: torch.Tensor
+    epochs: int
+    batch_size: int
+    lr: float
+    seed: int
+    prox_center: torch.Tensor | None = None
+    prox_weight: float = 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class Evaluate:
+    """Mean loss and accuracy of ``weights`` on the client's ``split`` data."""
+
+    client: int
+    weights: torch.Tensor
+    split: Literal["train", "test"] = "test"
+
+
+@dataclass(frozen=True, eq=False)
+class Gradient:
+    """Gradient of the mean loss of ``weights`` on the client's whole train set."""
+
+    client: int
+    weights: torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class Trained:
+    weights: torch.Tensor
+    n_samples: int
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    loss: float
+    correct: int
+    n_samples: int
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.n_samples if self.n_samples else 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class Gradiented:
+    gradient: torch.Tensor
+    n_samples: int
+
+
+Task = Train | Evaluate | Gradient
+Result = Trained | Evaluated | Gradiented
+
+
+def batch_plan(n: int, epochs: int, batch_size: int, seed: int) -> list[list[torch.Tensor] | None]:
+    """Per epoch, the mini-batches as index tensors; ``None`` for a full-batch epoch.
+
+    Every executor takes the order from here, which is why they agree to float rounding."""
+    if batch_size == 0 or batch_size >= n:
+        return [None] * epochs
+    g = torch.Generator().manual_seed(int(seed))
+    return [list(torch.split(torch.randperm(n, generator=g), batch_size)) for _ in range(epochs)]
+
+
+def task_seed(run_seed: int, round_: int, client: int, purpose: int = 0) -> int:
+    """A seed for one client's task in one round, independent of every other draw."""
+    return int(np.random.SeedSequence([run_seed, round_, client, purpose]).generate_state(1)[0])
+
+
+def weighted_mean(vectors: list[torch.Tensor], weights) -> torch.Tensor:
+    """sum_i a_i v_i / sum_i a_i, accumulated in float64 for stability, returned as float32."""
+    a = torch.as_tensor(np.asarray(weights, dtype=np.float64))
+    if a.sum() <= 0:
+        raise ValueError("weighted_mean needs a positive total weight")
+    acc = torch.zeros_like(vectors[0], dtype=torch.float64)
+    for v, ai in zip(vectors, a):
+        acc.add_(v.double(), alpha=float(ai))
+    return (acc / a.sum()).float()

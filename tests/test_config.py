@@ -1,0 +1,97 @@
+import subprocess
+import sys
+
+import pytest
+
+from stocfl import config
+from stocfl.cli import main
+from stocfl.errors import UserError
+
+
+def test_defaults_validate_and_resolve():
+    cfg = config.load()
+    d = cfg.to_dict()
+    assert set(d) == {"run", "scenario", "model", "train", "algorithm"}
+    assert d["algorithm"] == {"name": "fedavg"}
+    assert config.load(overrides=["algorithm.name=fedprox"]).to_dict()["algorithm"] == {"name": "fedprox", "mu": 0.01}
+
+
+def test_overrides_are_typed():
+    cfg = config.load(overrides=["run.rounds=5", "train.lr=0.5", "scenario.name=shifted"])
+    assert (cfg.run.rounds, cfg.train.lr, cfg.scenario.name) == (5, 0.5, "shifted")
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["run.roundz=5"], "unknown key 'run.roundz'"),
+        (["bogus.x=1"], "unknown key 'bogus'"),
+        (["run.rounds='five'"], "run.rounds"),
+        (["run.rounds=2.5"], "run.rounds"),
+        (["run.sample_rate=-0.1"], "run.sample_rate"),
+        (["scenario.name=spiral"], "scenario.name"),
+        (["algorithm.name=nope"], "unknown algorithm 'nope'"),
+        (["algorithm.name=fedprox", "algorithm.mu=-1"], "algorithm.mu"),
+        (["algorithm.name=fedavg", "algorithm.mu=0.1"], "unknown key 'algorithm.mu' for fedavg"),
+        (["run.rounds"], "expected dotted.key=value"),
+    ],
+)
+def test_bad_config_is_one_line_naming_the_key(overrides, expected):
+    with pytest.raises(UserError) as err:
+        config.load(overrides=overrides)
+    msg = str(err.value)
+    assert expected in msg and "\n" not in msg
+
+
+def test_toml_file_errors(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[run]\nrounds = \n")
+    with pytest.raises(UserError, match="not valid TOML"):
+        config.load(bad)
+    with pytest.raises(UserError, match="not found"):
+        config.load(tmp_path / "missing.toml")
+
+
+def test_cli_bad_input_exits_2_with_one_line(tmp_path, capsys):
+    for argv in (
+        ["run", "--set", "run.sample_rate=-1", "--out", str(tmp_path / "a")],
+        ["run", "--set", "run.rounds=\"5\"", "--out", str(tmp_path / "b")],
+        ["run", "--set", "scenario.dataset=mnist", "--data-dir", str(tmp_path), "--out", str(tmp_path / "c")],
+        ["resume", str(tmp_path / "nothing")],
+        ["run", "--no-such-flag"],
+    ):
+        with pytest.raises(SystemExit) if "--no-such-flag" in argv else _nothing():
+            code = main(argv)
+            assert code == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("stocfl: error:") and "\n" not in err, err
+    assert not (tmp_path / "c").exists(), "a data error must not leave a half-made results directory"
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def test_cli_subprocess_no_traceback(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[run]\nrounds = 3\nunknown = 1\n")
+    p = subprocess.run([sys.executable, "-m", "stocfl", "run", str(cfg)], capture_output=True, text=True)
+    assert p.returncode == 2
+    assert p.stderr.strip() == (
+        "stocfl: error: config: unknown key 'run.unknown'; allowed keys here: rounds, sample_rate, seed, "
+        "eval_every, engine, threads, chunk_size"
+    )
+
+
+def test_config_listing_documents_every_key(capsys):
+    assert main(["config"]) == 0
+    out = capsys.readouterr().out
+    for section, model in config.Config.model_fields.items():
+        if section != "algorithm":
+            for key in model.annotation.model_fields:
+                assert f"  {key} = " in out
+    assert "mu = 0.01" in out
