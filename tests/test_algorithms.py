@@ -11,7 +11,7 @@ from stocfl.scenarios import build
 
 FED = build("dirichlet", load_dataset("digits"), 12, 30, alpha=1.0, seed=0)
 MODEL, W0 = make_model("auto", FED.input_shape, 10, 0, seed=0)
-CTX = Context(FED.n_clients, W0, epochs=2, batch_size=10, lr=0.1, seed=0)
+CTX = Context(FED.n_clients, W0, epochs=2, batch_size=10, lr=0.1, seed=0, input_shape=FED.input_shape, n_classes=10)
 
 
 def test_fedavg_round_is_the_weighted_mean_of_local_models():

@@ -65,6 +65,9 @@ class ScenarioConfig(Section):
         0, ge=0, description="test samples per client; 0 = an equal share of the group's test pool, at most |D|"
     )
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (dirichlet scenario)")
+    holdout: float = Field(
+        0.0, ge=0, lt=1, description="fraction of clients kept out of training and placed as new clients at the end"
+    )
 
 
 class ModelConfig(Section):
@@ -98,7 +101,7 @@ class Config(Section):
     def to_dict(self) -> dict[str, Any]:
         """The resolved config, every default filled in (what a run saves)."""
         out = self.model_dump(mode="json")
-        out["algorithm"] = {"name": self.algorithm["name"], **self.algorithm_params().model_dump(mode="json")}
+        out["algorithm"] = {"name": self.algorithm["name"], **self.algorithm_params().model_dump(mode="json", by_alias=True)}
         return out
 
 
@@ -139,7 +142,7 @@ def validate(raw: dict[str, Any]) -> Config:
     except ValidationError as err:
         e = err.errors()[0]
         if e["type"] == "extra_forbidden":
-            allowed = ", ".join(["name", *ALGORITHMS[name].Params.model_fields])
+            allowed = ", ".join(["name", *(f.alias or k for k, f in ALGORITHMS[name].Params.model_fields.items())])
             raise UserError(
                 f"config: unknown key 'algorithm.{e['loc'][0]}' for {name}; allowed keys: {allowed}"
             ) from None
@@ -203,5 +206,6 @@ def describe() -> str:
     lines.append(f"  name = 'fedavg'       # one of: {', '.join(ALGORITHMS)}")
     for name, cls in ALGORITHMS.items():
         for key, f in cls.Params.model_fields.items():
+            key = f.alias or key
             lines.append(f"  {key} = {f.default!r:<12} # ({name}) {f.description}")
     return "\n".join(lines)

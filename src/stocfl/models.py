@@ -91,6 +91,17 @@ class FlatModel:
         return functional_call(self.module, self.unflatten(w), (x,))
 
 
+def linear_model(input_shape, n_classes: int) -> FlatModel:
+    """A linear softmax model on the raw inputs (an anchor for representations, paper Fig. 2)."""
+    c, h, w = input_shape
+    return FlatModel(nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, n_classes)))
+
+
+def linear_anchor_weights(input_shape, n_classes: int, seed: int) -> torch.Tensor:
+    c, h, w = input_shape
+    return FlatModel.init_weights(nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, n_classes)), seed)
+
+
 def make_model(name: str, input_shape, n_classes: int, hidden: int, seed: int) -> tuple[FlatModel, torch.Tensor]:
     """The flat model and its initial weights w_0 (seeded)."""
     module = build_module(name, tuple(input_shape), n_classes, hidden)

@@ -60,6 +60,32 @@ def to_toml(cfg: dict[str, dict[str, Any]]) -> str:
     )
 
 
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    import csv
+
+    with open(path, "w", newline="") as f:
+        if rows:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+
+
+def cluster_table(labels: np.ndarray, groups: np.ndarray | None, evals: dict) -> list[dict[str, Any]]:
+    """Per found cluster: members, the mix of true groups, accuracy of its members (own model)."""
+    rows = []
+    for k in np.unique(labels[labels >= 0]):
+        members = np.flatnonzero(labels == k)
+        res = [evals[i] for i in members if i in evals]
+        n = sum(r.n_samples for r in res)
+        row = {"cluster": int(k), "members": len(members),
+               "accuracy": sum(r.correct for r in res) / n if n else None}
+        if groups is not None:
+            mix = np.bincount(groups[members], minlength=int(groups.max()) + 1)
+            row["true_groups"] = " ".join(f"{g}:{c}" for g, c in enumerate(mix) if c)
+        rows.append(row)
+    return rows
+
+
 def plot_accuracy(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib
 

@@ -37,7 +37,7 @@ CHECKPOINT = "checkpoint.safetensors"
 def build_federation(cfg: Config) -> Federation:
     s = cfg.scenario
     return build(s.name, s.dataset, s.n_clients, s.samples_per_client, s.test_per_client,
-                 seed=cfg.run.seed, alpha=s.alpha, data_dir=s.data_dir or None)
+                 seed=cfg.run.seed, alpha=s.alpha, data_dir=s.data_dir or None, holdout=s.holdout)
 
 
 @dataclass
@@ -57,7 +57,8 @@ class Experiment:
         self.engine = choose_engine(self.cfg.run.engine, self.model.n_params, t.batch_size,
                                     float(self.fed.train_sizes.mean()))
         self.executor = make_executor(self.engine, self.fed, self.model, self.cfg.run.chunk_size)
-        ctx = Context(self.fed.n_clients, w0, t.epochs, t.batch_size, t.lr, self.cfg.run.seed)
+        ctx = Context(self.fed.n_clients, w0, t.epochs, t.batch_size, t.lr, self.cfg.run.seed,
+                      self.fed.input_shape, self.fed.n_classes)
         self.algorithm = algorithm_class(self.cfg.algorithm["name"])(self.cfg.algorithm_params(), ctx)
         self.sampler = np.random.default_rng([self.cfg.run.seed, 1])
         self.round = 0
@@ -113,22 +114,29 @@ class Experiment:
 
     # ---- the loop -----------------------------------------------------------------------
     def sample(self) -> list[int]:
-        n = self.fed.n_clients
-        m = min(n, math.ceil(self.cfg.run.sample_rate * n))
-        return sorted(int(i) for i in self.sampler.choice(n, m, replace=False))
+        pool = self.fed.participants
+        m = min(len(pool), math.ceil(self.cfg.run.sample_rate * len(pool)))
+        return sorted(pool[int(k)] for k in self.sampler.choice(len(pool), m, replace=False))
 
     def evaluate(self) -> dict[str, float]:
-        clients = list(range(self.fed.n_clients))
+        """Accuracy of the participating clients, each with the model it would use, weighted
+        by test size; and of the global model on the same clients."""
+        clients = self.fed.participants
         models = self.algorithm.client_models(clients)
         res = self.executor.run([Evaluate(i, w) for i, w in zip(clients, models)])
-        acc = sum(r.correct for r in res) / sum(r.n_samples for r in res)
+        self.last_eval = dict(zip(clients, res))
         gw = self.algorithm.global_model()
-        if all(w is gw for w in models):
-            gacc = acc
-        else:
-            gres = self.executor.run([Evaluate(i, gw) for i in clients])
-            gacc = sum(r.correct for r in gres) / sum(r.n_samples for r in gres)
-        return {"accuracy": acc, "global_accuracy": gacc}
+        gres = res if all(w is gw for w in models) else self.executor.run([Evaluate(i, gw) for i in clients])
+        return {"accuracy": _pooled(res), "global_accuracy": _pooled(gres)}
+
+    def place_heldout(self) -> list[dict[str, Any]]:
+        """Held-out clients as new clients: placement and test accuracy with the chosen model."""
+        clients = self.fed.heldout_clients
+        if not clients:
+            return []
+        placed = self.algorithm.place_new(clients, self.executor.run)
+        res = self.executor.run([Evaluate(p.client, p.weights) for p in placed])
+        return placement_rows(placed, res, self.fed.groups, self.algorithm.cluster_labels())
 
     def run(self, progress: bool = True) -> dict[str, Any]:
         from tqdm import tqdm
@@ -157,6 +165,8 @@ class Experiment:
         return self.finish()
 
     def finish(self) -> dict[str, Any]:
+        if not hasattr(self, "last_eval"):
+            self.evaluate()
         rows = report.read_jsonl(self.out / "metrics.jsonl")
         last_eval = next((x for x in reversed(rows) if x.get("accuracy") is not None), {})
         last = rows[-1] if rows else {}
@@ -169,7 +179,61 @@ class Experiment:
             "n_clusters": last.get("n_clusters"), "ari": last.get("ari"), "nmi": last.get("nmi"),
             "seconds": round(self.elapsed, 3), "notes": self.fed.notes,
         }
+        summary.update({k: v for k, v in rows[-1].items() if k in ("objective", "tau")} if rows else {})
+        heldout = self.place_heldout()
+        if heldout:
+            report.write_csv(self.out / "heldout.csv", heldout)
+            summary["heldout"] = summarize_placements(heldout)
+        labels = self.algorithm.cluster_labels()
+        table = report.cluster_table(labels, self.fed.groups, self.last_eval)
+        report.write_csv(self.out / "clusters.csv", table)
+        reps = self.algorithm.representations()
+        if reps is not None:
+            self.plot_representations(*reps, labels)
+            from stocfl.tau import suggest_tau
+
+            summary["tau_suggested"] = suggest_tau(reps[1])
         report.write_json(self.out / "summary.json", summary)
         report.plot_accuracy(rows, self.out / "accuracy.png",
                              f"{summary['algorithm']} on {summary['scenario']} ({summary['dataset']})")
         return summary
+
+    def plot_representations(self, ids: list[int], reps: torch.Tensor, labels: np.ndarray) -> None:
+        from stocfl import plots
+
+        groups = self.fed.groups[ids] if self.fed.groups is not None else None
+        name = f"{self.cfg.scenario.name} ({self.cfg.scenario.dataset})"
+        plots.similarity_matrix(reps, groups, self.out / "similarity.png", f"cosine of Psi, {name}")
+        plots.embedding(reps, labels[ids], groups, self.out / "embedding.png", name, self.cfg.run.seed)
+
+
+def _pooled(results) -> float:
+    n = sum(r.n_samples for r in results)
+    return sum(r.correct for r in results) / n if n else 0.0
+
+
+def placement_rows(placed, results, groups, labels) -> list[dict[str, Any]]:
+    """One row per new client: cluster, cosine, opened_new, accuracy, true group, and whether
+    the cluster is its true group's (the majority true group of the cluster's members)."""
+    majority = {}
+    if groups is not None:
+        for k in np.unique(labels[labels >= 0]):
+            majority[int(k)] = int(np.bincount(groups[labels == k]).argmax())
+    rows = []
+    for p, r in zip(placed, results):
+        row = {"client": p.client, "cluster": p.cluster, "similarity": p.similarity, "opened_new": p.opened_new,
+               "accuracy": r.accuracy, "correct": r.correct, "test_samples": r.n_samples}
+        if groups is not None:
+            row["true_group"] = int(groups[p.client])
+            row["in_true_group_cluster"] = majority.get(p.cluster) == row["true_group"]
+        rows.append(row)
+    return rows
+
+
+def summarize_placements(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    n = sum(r["test_samples"] for r in rows)
+    out = {"clients": len(rows), "accuracy": sum(r["correct"] for r in rows) / n if n else 0.0,
+           "opened_new": sum(bool(r["opened_new"]) for r in rows)}
+    if rows and "in_true_group_cluster" in rows[0]:
+        out["in_true_group_cluster"] = sum(r["in_true_group_cluster"] for r in rows) / len(rows)
+    return out

@@ -54,6 +54,17 @@ class Federation:
     n_classes: int
     groups: np.ndarray | None = None  # true group of each client, where the scenario has one
     notes: list[str] = field(default_factory=list)
+    heldout: np.ndarray | None = None  # clients kept out of training (new clients at the end)
+
+    @property
+    def participants(self) -> list[int]:
+        if self.heldout is None:
+            return list(range(self.n_clients))
+        return np.flatnonzero(~self.heldout).tolist()
+
+    @property
+    def heldout_clients(self) -> list[int]:
+        return [] if self.heldout is None else np.flatnonzero(self.heldout).tolist()
 
     @property
     def n_clients(self) -> int:
@@ -115,6 +126,7 @@ def build(
     seed: int = 0,
     alpha: float = 0.5,
     data_dir: str | None = None,
+    holdout: float = 0.0,
 ) -> Federation:
     """Build scenario ``name`` on ``dataset`` (a name or a loaded :class:`Dataset`).
 
@@ -130,17 +142,35 @@ def build(
         Seeds every shuffle and draw.
     alpha : float, default 0.5
         Dirichlet concentration (dirichlet only).
+    holdout : float in [0, 1), default 0
+        Fraction of clients kept out of training (per true group where there is one), to be
+        placed as new clients afterwards (the StoCFL paper's 70/30 generalisation study).
     """
     src = dataset if isinstance(dataset, Dataset) else load_dataset(dataset, data_dir)
     rng = np.random.default_rng(seed)
     if n_clients < 1 or samples_per_client < 1 or test_per_client < 0:
         raise UserError("scenario: n_clients and samples_per_client must be >= 1, test_per_client >= 0")
     if name == "writers":
-        return _writers(src, n_clients, samples_per_client, test_per_client, rng)
-    if name == "dirichlet":
-        return _dirichlet(src, n_clients, samples_per_client, test_per_client, alpha, rng)
-    groups = _groups(name, src, data_dir)
-    return _grouped(name, src.name, groups, n_clients, samples_per_client, test_per_client, rng)
+        fed = _writers(src, n_clients, samples_per_client, test_per_client, rng)
+    elif name == "dirichlet":
+        fed = _dirichlet(src, n_clients, samples_per_client, test_per_client, alpha, rng)
+    else:
+        fed = _grouped(name, src.name, _groups(name, src, data_dir), n_clients, samples_per_client,
+                       test_per_client, rng)
+    if holdout > 0:
+        fed.heldout = _holdout(fed, holdout, np.random.default_rng([seed, 2]))
+    return fed
+
+
+def _holdout(fed: Federation, fraction: float, rng: np.random.Generator) -> np.ndarray:
+    groups = fed.groups if fed.groups is not None else np.zeros(fed.n_clients, dtype=np.int64)
+    out = np.zeros(fed.n_clients, dtype=bool)
+    for g in np.unique(groups):
+        members = rng.permutation(np.flatnonzero(groups == g))
+        out[members[: int(round(fraction * len(members)))]] = True
+    if out.all():
+        raise UserError(f"scenario.holdout = {fraction} leaves no client to train; lower it")
+    return out
 
 
 def _groups(name: str, src: Dataset, data_dir: str | None) -> list[_Group]:

@@ -48,6 +48,29 @@ class Gradient:
 
 
 @dataclass(frozen=True, eq=False)
+class Represent:
+    """The client's data representation Psi(D) from a fixed anchor model (StoCFL).
+
+    ``kind="gradient"``: g = the gradient of the mean loss of ``anchor`` on the whole train
+    set; ``kind="update"`` (the StoCFL authors' code): g = anchor - (anchor after ``epochs``
+    epochs of local SGD with ``batch_size``, ``lr``, ``seed``). ``anchor_model="train"`` is the
+    run's model; ``"linear"`` a linear softmax model on the raw inputs. If ``dim`` > 0 the
+    client sends a seeded count-sketch projection of g to ``dim`` numbers (``projection_seed``,
+    the same for every client). The result is normalised to unit length."""
+
+    client: int
+    anchor: torch.Tensor
+    kind: Literal["gradient", "update"] = "gradient"
+    anchor_model: Literal["train", "linear"] = "train"
+    epochs: int = 20
+    batch_size: int = 50
+    lr: float = 0.1
+    seed: int = 0
+    dim: int = 0
+    projection_seed: int = 0
+
+
+@dataclass(frozen=True, eq=False)
 class Trained:
     weights: torch.Tensor
     n_samples: int
@@ -70,8 +93,24 @@ class Gradiented:
     n_samples: int
 
 
-Task = Train | Evaluate | Gradient
-Result = Trained | Evaluated | Gradiented
+@dataclass(frozen=True, eq=False)
+class Represented:
+    psi: torch.Tensor  # unit vector, or all zeros when the gradient vanished
+    n_samples: int
+
+
+Task = Train | Evaluate | Gradient | Represent
+Result = Trained | Evaluated | Gradiented | Represented
+
+
+def count_sketch(v: torch.Tensor, dim: int, seed: int) -> torch.Tensor:
+    """A seeded count-sketch random projection R v with R of shape (dim, len(v)): coordinate j
+    goes to bucket h(j) with sign s(j). Inner products are preserved in expectation
+    (E <Rx, Ry> = <x, y>); the same (dim, seed, len) gives the same R on every client."""
+    g = torch.Generator().manual_seed(int(seed))
+    buckets = torch.randint(0, dim, (v.numel(),), generator=g)
+    signs = torch.randint(0, 2, (v.numel(),), generator=g).to(v.dtype).mul_(2).sub_(1)
+    return torch.zeros(dim, dtype=v.dtype).index_add_(0, buckets, v * signs)
 
 
 def batch_plan(n: int, epochs: int, batch_size: int, seed: int) -> list[list[torch.Tensor] | None]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from stocfl.algorithms.base import Algorithm, Context
 from stocfl.algorithms.fedavg import FedAvg
 from stocfl.algorithms.fedprox import FedProx
+from stocfl.algorithms.stocfl import StoCFL
 from stocfl.errors import UserError
 
-ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedAvg, FedProx)}
+ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedAvg, FedProx, StoCFL)}
 
 
 def algorithm_class(name: str) -> type[Algorithm]:

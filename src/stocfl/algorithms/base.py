@@ -35,6 +35,20 @@ class Context:
     batch_size: int
     lr: float
     seed: int
+    input_shape: tuple[int, ...] = ()
+    n_classes: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class Placement:
+    """Where a new client lands: its cluster (-1: none), the cosine to it, whether it would open
+    a new cluster, and the model it is predicted with."""
+
+    client: int
+    cluster: int
+    similarity: float | None
+    opened_new: bool
+    weights: torch.Tensor
 
 
 class Algorithm:
@@ -71,6 +85,17 @@ class Algorithm:
     def cluster_labels(self) -> np.ndarray:
         """Found cluster of every client (-1 = not yet assigned)."""
         return np.zeros(self.ctx.n_clients, dtype=np.int64)
+
+    def place_new(self, clients: list[int], run: RunTasks) -> list[Placement]:
+        """Clients that never took part in training: which model each would use.
+
+        The default is the global model; clustered algorithms override it."""
+        w = self.global_model()
+        return [Placement(i, -1, None, False, w) for i in clients]
+
+    def representations(self) -> tuple[list[int], torch.Tensor] | None:
+        """Per-client representations kept for plots, as (client ids, rows), if any."""
+        return None
 
     def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         raise NotImplementedError

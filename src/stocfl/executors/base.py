@@ -9,7 +9,9 @@ import torch.nn.functional as F
 
 from stocfl.models import FlatModel
 from stocfl.scenarios import Federation
-from stocfl.tasks import Evaluate, Evaluated, Gradient, Gradiented, Result, Task, Train, Trained
+from stocfl.models import linear_model
+from stocfl.tasks import (Evaluate, Evaluated, Gradient, Gradiented, Represent, Represented, Result, Task,
+                          Train, Trained, batch_plan, count_sketch)
 
 EVAL_CHUNK = 8192  # samples per forward pass when evaluating
 
@@ -25,13 +27,14 @@ class Executor:
     def __init__(self, federation: Federation, model: FlatModel):
         self.fed = federation
         self.model = model
+        self._linear: FlatModel | None = None
 
     def run(self, tasks: list[Task]) -> list[Result]:
         out: list[Result | None] = [None] * len(tasks)
         by_kind: dict[type, list[int]] = defaultdict(list)
         for k, t in enumerate(tasks):
             by_kind[type(t)].append(k)
-        handlers = {Train: self.train, Evaluate: self.evaluate, Gradient: self.gradient}
+        handlers = {Train: self.train, Evaluate: self.evaluate, Gradient: self.gradient, Represent: self.represent}
         for kind, idx in by_kind.items():
             for k, r in zip(idx, handlers[kind]([tasks[k] for k in idx])):
                 out[k] = r
@@ -80,6 +83,47 @@ class Executor:
             (g,) = torch.autograd.grad(self.loss(w, x, y), w)
             out.append(Gradiented(g.detach(), len(y)))
         return out
+
+
+    def represent(self, tasks: list[Represent]) -> list[Represented]:
+        return [self._represent_one(t) for t in tasks]
+
+    def _represent_one(self, t: Represent) -> Represented:
+        model = self.model
+        if t.anchor_model == "linear":
+            if self._linear is None:
+                self._linear = linear_model(self.fed.input_shape, self.fed.n_classes)
+            model = self._linear
+        if t.anchor.shape != (model.n_params,):
+            raise ValueError(f"represent task for client {t.client}: anchor has shape {tuple(t.anchor.shape)}, "
+                             f"the {t.anchor_model} anchor model has {model.n_params} parameters")
+        x, y = self.fed.train_data(t.client)
+        if t.kind == "gradient":
+            w = t.anchor.detach().clone().requires_grad_(True)
+            (g,) = torch.autograd.grad(F.cross_entropy(model.forward(w, x), y), w)
+        else:
+            w = local_sgd(model, x, y, t.anchor, t.epochs, t.batch_size, t.lr, t.seed)
+            g = t.anchor - w
+        g = g.detach().double()
+        if t.dim:
+            g = count_sketch(g, t.dim, t.projection_seed)
+        norm = g.norm()
+        return Represented((g / norm if norm > 0 else g).float(), len(y))
+
+
+def local_sgd(model: FlatModel, x, y, w, epochs, batch_size, lr, seed, center=None, mu: float = 0.0):
+    """E epochs of mini-batch SGD on f(w) + (mu/2)||w - center||^2, in the order of batch_plan."""
+    w = w.detach().clone()
+    for epoch in batch_plan(len(y), epochs, batch_size, seed):
+        for idx in epoch or [None]:
+            xb, yb = (x, y) if idx is None else (x[idx], y[idx])
+            wl = w.requires_grad_(True)
+            (g,) = torch.autograd.grad(F.cross_entropy(model.forward(wl, xb), yb), wl)
+            w = wl.detach()
+            if center is not None and mu:
+                g.add_(w - center, alpha=mu)
+            w.add_(g, alpha=-lr)
+    return w
 
 
 def check_train_task(t: Train, n_params: int) -> None:

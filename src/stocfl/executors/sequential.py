@@ -5,10 +5,8 @@ tensors, its model a flat vector, one autograd call per step."""
 
 from __future__ import annotations
 
-import torch
-
-from stocfl.executors.base import Executor, check_train_task
-from stocfl.tasks import Train, Trained, batch_plan
+from stocfl.executors.base import Executor, check_train_task, local_sgd
+from stocfl.tasks import Train, Trained
 
 
 class SequentialExecutor(Executor):
@@ -18,15 +16,5 @@ class SequentialExecutor(Executor):
     def _train_one(self, t: Train) -> Trained:
         check_train_task(t, self.model.n_params)
         x, y = self.fed.train_data(t.client)
-        w = t.weights.detach().clone()
-        center = t.prox_center
-        for epoch in batch_plan(len(y), t.epochs, t.batch_size, t.seed):
-            for idx in epoch or [None]:
-                xb, yb = (x, y) if idx is None else (x[idx], y[idx])
-                wl = w.requires_grad_(True)
-                (g,) = torch.autograd.grad(self.loss(wl, xb, yb), wl)
-                w = wl.detach()
-                if center is not None and t.prox_weight:
-                    g.add_(w - center, alpha=t.prox_weight)
-                w.add_(g, alpha=-t.lr)
+        w = local_sgd(self.model, x, y, t.weights, t.epochs, t.batch_size, t.lr, t.seed, t.prox_center, t.prox_weight)
         return Trained(w, len(y))

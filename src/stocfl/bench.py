@@ -1,0 +1,131 @@
+"""``stocfl bench``: one FedAvg round of local training per executor, as JSON.
+
+Cases
+-----
+mlp2048_rotated_mnist
+    The StoCFL paper's Rotated-MNIST setting: MLP 784-2048-10, |D| = 200, 5 full-batch epochs,
+    lr 0.1, 120 clients trained (compute-bound).
+digits_small
+    The digits model (64-32-10) on 500 clients of 10 samples, batch 10, 5 epochs
+    (per-client overhead dominates).
+
+Each case times a naive loop in the style of common FL code (``deepcopy`` of an ``nn.Module``
+and a ``DataLoader`` per client), the sequential executor and the batched executor, and
+reports seconds, GFLOP/s (6 * P flops per sample per epoch), the fraction of the machine's
+float32 matmul peak and the speed-up ratios. Figures, not assertions: the README carries them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from stocfl.data import resolve_data_dir
+from stocfl.errors import UserError
+from stocfl.executors import choose_engine, make_executor, set_threads
+from stocfl.models import build_module, make_model
+from stocfl.scenarios import build
+from stocfl.tasks import Train, task_seed
+
+
+def matmul_peak(n: int = 2048, reps: int = 10) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    t = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
+
+
+def naive_round(fed, module: nn.Module, w0: torch.Tensor, clients, epochs, batch_size, lr) -> list[torch.Tensor]:
+    """How many FL frameworks do it: a module copy, an optimizer and a DataLoader per client."""
+    torch.nn.utils.vector_to_parameters(w0.clone(), module.parameters())
+    out = []
+    for i in clients:
+        local = copy.deepcopy(module)
+        x, y = fed.train_data(i)
+        loader = DataLoader(TensorDataset(x, y), batch_size=batch_size or len(y), shuffle=True)
+        opt = torch.optim.SGD(local.parameters(), lr=lr)
+        for _ in range(epochs):
+            for xb, yb in loader:
+                opt.zero_grad()
+                nn.functional.cross_entropy(local(xb), yb).backward()
+                opt.step()
+        out.append(torch.nn.utils.parameters_to_vector(local.parameters()).detach())
+    return out
+
+
+def _time(fn, reps: int = 1) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def run_case(name, fed, model_name, hidden, n_clients, epochs, batch_size, lr, peak, reps) -> dict:
+    flat, w0 = make_model(model_name, fed.input_shape, fed.n_classes, hidden, seed=0)
+    module = build_module(model_name, fed.input_shape, fed.n_classes, hidden)
+    clients = list(range(n_clients))
+    tasks = [Train(i, w0, epochs, batch_size, lr, task_seed(0, 1, i)) for i in clients]
+    flops = 6.0 * flat.n_params * epochs * float(sum(fed.train_sizes[i] for i in clients))
+    seconds = {"naive": _time(lambda: naive_round(fed, module, w0, clients, epochs, batch_size, lr), reps)}
+    for engine in ("sequential", "batched"):
+        ex = make_executor(engine, fed, flat)
+        ex.run(tasks[: min(4, len(tasks))])  # warm-up (vmap tracing, allocator)
+        seconds[engine] = _time(lambda: ex.run(tasks), reps)
+    auto = choose_engine("auto", flat.n_params, batch_size, float(fed.train_sizes.mean()))
+    best = min(("sequential", "batched"), key=seconds.get)
+    return {
+        "case": name, "model": model_name, "n_params": flat.n_params, "clients": n_clients,
+        "samples_per_client": int(fed.train_sizes[0]), "epochs": epochs, "batch_size": batch_size or "full",
+        "seconds": {k: round(v, 4) for k, v in seconds.items()},
+        "gflops": {k: round(flops / v / 1e9, 2) for k, v in seconds.items()},
+        "fraction_of_peak": {k: round(flops / v / 1e9 / peak, 3) for k, v in seconds.items()},
+        "auto_picks": auto,
+        "ratios": {
+            "sequential_vs_naive": round(seconds["naive"] / seconds["sequential"], 2),
+            "batched_vs_naive": round(seconds["naive"] / seconds["batched"], 2),
+            "batched_vs_sequential": round(seconds["sequential"] / seconds["batched"], 2),
+            "best_vs_naive": round(seconds["naive"] / seconds[best], 2),
+            "auto_vs_sequential": round(seconds["sequential"] / seconds[auto], 2),
+        },
+    }
+
+
+def main(args) -> int:
+    threads = set_threads(0)
+    root = resolve_data_dir(args.data_dir)
+    if root is None and Path("../shared/data/mnist").is_dir():
+        root = Path("../shared/data")
+    quick = bool(getattr(args, "quick", False))
+    peak = matmul_peak(1024 if quick else 2048)
+    if root is not None:
+        mnist = build("rotated", "mnist", 24 if quick else 120, 200, seed=0, data_dir=str(root))
+        source = "MNIST (rotated)"
+    else:
+        raise UserError("stocfl bench needs MNIST: pass --data-dir DIR or set STOCFL_DATA_DIR")
+    digits = build("rotated", "digits", 100 if quick else 500, 10, seed=0)
+    result = {
+        "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {threads} torch threads",
+        "torch": torch.__version__, "matmul_peak_gflops": round(peak, 1), "data": source,
+        "cases": [
+            run_case("mlp2048_rotated_mnist", mnist, "mlp", 2048, mnist.n_clients, 1 if quick else 5, 0, 0.1,
+                     peak, 1),
+            run_case("digits_small", digits, "digits_mlp", 0, digits.n_clients, 5, 10, 0.1, peak, 1 if quick else 3),
+        ],
+    }
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
+    return 0

@@ -1,0 +1,224 @@
+import numpy as np
+import pytest
+import torch
+
+from stocfl.algorithms import Context
+from stocfl.algorithms.fedavg import FedAvg
+from stocfl.algorithms.fedprox import FedProx
+from stocfl.algorithms.stocfl import StoCFL, StoCFLParams
+from stocfl.clustering import ClusterSet
+from stocfl.data import load_dataset
+from stocfl.executors import BatchedExecutor, SequentialExecutor
+from stocfl.models import make_model
+from stocfl.scenarios import build
+from stocfl.tasks import Represent, Represented, count_sketch
+from stocfl.tau import suggest_tau
+
+FED = build("rotated", load_dataset("digits"), 24, 30, seed=0)
+MODEL, W0 = make_model("auto", FED.input_shape, 10, 0, seed=0)
+CTX = Context(FED.n_clients, W0, epochs=2, batch_size=10, lr=0.1, seed=0, input_shape=FED.input_shape, n_classes=10)
+SAMPLES = [[0, 5, 9, 13, 20], [1, 5, 7, 14, 22], [2, 3, 9, 17, 23]]
+
+
+def _run(alg, executor=None):
+    ex = executor or SequentialExecutor(FED, MODEL)
+    for t, s in enumerate(SAMPLES, 1):
+        alg.round(t, s, ex.run)
+    return alg
+
+
+def test_tau_one_never_merges():
+    alg = _run(StoCFL(StoCFLParams(tau=1.0), CTX))
+    seen = sorted({i for s in SAMPLES for i in s})
+    assert len(alg.clusters) == len(seen) and (alg.cluster_labels()[seen] >= 0).all()
+
+
+def test_tau_minus_one_lambda_zero_is_fedavg_number_for_number():
+    sto = _run(StoCFL(StoCFLParams(tau=-1.0, lam=0.0), CTX))
+    avg = _run(FedAvg(FedAvg.Params(), CTX))
+    assert len(sto.clusters) == 1
+    assert torch.equal(sto.global_model(), avg.global_model())
+    (k,) = sto.clusters.ids
+    assert torch.equal(sto.theta[k], avg.global_model())
+
+
+def test_tau_minus_one_cluster_model_follows_fedprox_toward_w():
+    """One cluster; each round theta moves exactly as FedProx (mu = lambda) would move a model
+    theta whose proximal center is the round's w."""
+    lam = 0.7
+    sto = StoCFL(StoCFLParams(tau=-1.0, lam=lam), CTX)
+    ex = SequentialExecutor(FED, MODEL)
+    sto.round(1, SAMPLES[0], ex.run)
+    (k,) = sto.clusters.ids
+    theta, w = sto.theta[k].clone(), sto.w.clone()
+    prox = FedProx(FedProx.Params(mu=lam), CTX)
+    expected = [prox.local_training(2, i, theta, prox_center=w, prox_weight=lam) for i in SAMPLES[1]]
+    res = ex.run(expected)
+    n = [r.n_samples for r in res]
+    want = sum(r.weights * m for r, m in zip(res, n)) / sum(n)
+    sto.round(2, SAMPLES[1], ex.run)
+    assert len(sto.clusters) == 1
+    assert torch.allclose(sto.theta[k], want, atol=1e-6)
+
+
+def test_finds_the_rotations_and_same_on_both_executors():
+    a = StoCFL(StoCFLParams(), CTX)
+    b = StoCFL(StoCFLParams(), CTX)
+    ex_a, ex_b = SequentialExecutor(FED, MODEL), BatchedExecutor(FED, MODEL)
+    rng = np.random.default_rng(0)
+    for t in range(1, 9):
+        s = sorted(rng.choice(24, 6, replace=False).tolist())
+        a.round(t, s, ex_a.run)
+        b.round(t, s, ex_b.run)
+    assert np.array_equal(a.cluster_labels(), b.cluster_labels())
+    seen = a.cluster_labels() >= 0
+    from sklearn.metrics import adjusted_rand_score
+
+    assert adjusted_rand_score(FED.groups[seen], a.cluster_labels()[seen]) == 1.0
+    for k in a.theta:
+        assert torch.allclose(a.theta[k], b.theta[k], atol=1e-5)
+
+
+def test_state_round_trip():
+    alg = _run(StoCFL(StoCFLParams(tau=0.3), CTX))
+    tensors, meta = alg.state()
+    fresh = StoCFL(StoCFLParams(tau=0.3), CTX)
+    fresh.load_state(tensors, meta)
+    assert np.array_equal(fresh.cluster_labels(), alg.cluster_labels())
+    assert fresh.clusters.members_ == {k: sorted(v) for k, v in alg.clusters.members_.items()}
+    ex = SequentialExecutor(FED, MODEL)
+    alg.round(4, [4, 6, 8], ex.run)
+    fresh.round(4, [4, 6, 8], ex.run)
+    assert np.array_equal(fresh.cluster_labels(), alg.cluster_labels())
+    assert torch.equal(fresh.w, alg.w)
+
+
+def test_merged_models_weigh_by_trained_samples_untrained_weigh_zero():
+    alg = StoCFL(StoCFLParams(tau=0.5), CTX)
+    alg.theta = {0: torch.ones(3), 1: torch.full((3,), 4.0)}
+    alg.trained = {0: 10.0, 1: 30.0}
+    alg._merge_models(0, 1)
+    assert torch.allclose(alg.theta[0], torch.full((3,), 3.25)) and alg.trained[0] == 40.0
+    alg._merge_models(0, 2)  # cluster 2 never trained: theta_0 must not move
+    assert torch.allclose(alg.theta[0], torch.full((3,), 3.25)) and alg.trained[0] == 40.0
+    alg._merge_models(3, 0)  # an untrained keeper takes the trained model
+    assert torch.allclose(alg.theta[3], torch.full((3,), 3.25))
+
+
+def test_bad_representations_are_rejected():
+    alg = StoCFL(StoCFLParams(), CTX)
+    psi = torch.zeros(5)
+    accepted, _ = alg.cluster_newcomers(
+        [Represented(psi, 10), Represented(torch.tensor([1.0, float("nan"), 0, 0, 0]), 10),
+         Represented(torch.tensor([1.0, 0, 0, 0, 0]), 10)], [0, 1, 2])
+    assert accepted == [2] and alg.cluster_labels()[:3].tolist() == [-1, -1, 0]
+
+
+def _brute_force(psis, tau):
+    """Reference: recompute every pairwise centroid cosine after every merge."""
+    clusters = [[i] for i in range(len(psis))]
+    while len(clusters) > 1:
+        cents = [torch.stack([psis[i] for i in c]).double().sum(0) for c in clusters]
+        cents = [c / c.norm() for c in cents]
+        best, pair = -np.inf, None
+        for a in range(len(clusters)):
+            for b in range(a + 1, len(clusters)):
+                s = float(cents[a] @ cents[b])
+                if s > best:
+                    best, pair = s, (a, b)
+        if best <= tau:
+            break
+        a, b = pair
+        clusters[a] += clusters.pop(b)
+    return sorted(sorted(c) for c in clusters)
+
+
+@pytest.mark.parametrize("tau", [0.0, 0.3, 0.6])
+def test_incremental_merging_equals_brute_force(tau):
+    g = torch.Generator().manual_seed(1)
+    centers = torch.randn(5, 16, generator=g)
+    psis = [centers[i % 5] + 0.9 * torch.randn(16, generator=g) for i in range(60)]
+    cs = ClusterSet(60)
+    new = [cs.add(i, p) for i, p in enumerate(psis)]
+    cs.merge_greedy(new, tau)
+    got = sorted(sorted(m) for m in cs.members_.values())
+    assert got == _brute_force(psis, tau)
+    # arriving in rounds: after each round no pair of clusters is above tau
+    cs = ClusterSet(60)
+    for r in range(0, 60, 7):
+        cs.merge_greedy([cs.add(i, psis[i]) for i in range(r, min(r + 7, 60))], tau)
+        u = cs.units(cs.ids)
+        sims = u @ u.T - 3 * torch.eye(len(u), dtype=torch.float64)
+        assert float(sims.max()) <= tau + 1e-12
+
+
+def test_objective_is_eq2():
+    cs = ClusterSet(3)
+    for i, v in enumerate(([1.0, 0.0], [0.0, 2.0], [1.0, 1.0])):
+        cs.add(i, torch.tensor(v))
+    assert cs.objective() == pytest.approx(0 + 2 ** -0.5 + 2 ** -0.5)
+
+
+def test_count_sketch_preserves_cosines_and_is_seeded():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(50_000, generator=g, dtype=torch.float64)
+    y = 0.6 * x + 0.8 * torch.randn(50_000, generator=g, dtype=torch.float64)
+    cos = float(x @ y / x.norm() / y.norm())
+    sx, sy = count_sketch(x, 1024, 7), count_sketch(y, 1024, 7)
+    assert abs(float(sx @ sy / sx.norm() / sy.norm()) - cos) < 0.06
+    assert torch.equal(count_sketch(x, 1024, 7), sx) and not torch.equal(count_sketch(x, 1024, 8), sx)
+
+
+def test_projection_is_client_side_and_small():
+    ex = SequentialExecutor(FED, MODEL)
+    full = ex.run([Represent(0, W0, kind="gradient", anchor_model="train")])[0].psi
+    small = ex.run([Represent(0, W0, kind="gradient", anchor_model="train", dim=256)])[0].psi
+    assert full.numel() == MODEL.n_params and small.numel() == 256
+    assert float(small.norm()) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_server_memory_for_representations_is_flat_in_n():
+    """N = 20,000 clients with 64-dim representations from 4 groups: the server holds one sum
+    per cluster, not one vector per client."""
+    n, dim = 20_000, 64
+    g = torch.Generator().manual_seed(0)
+    centers = torch.randn(4, dim, generator=g)
+    cs = ClusterSet(n)
+    rng = np.random.default_rng(0)
+    order = rng.permutation(n)
+    for r in range(0, n, 2_000):  # 10% of the clients arrive per round
+        batch = order[r : r + 2_000]
+        new = [cs.add(int(i), centers[i % 4] + 0.5 * torch.randn(dim, generator=g)) for i in batch]
+        cs.merge_greedy(new, 0.5)
+        held = sum(t.numel() for t in cs.sums_.values())
+        assert len(cs) == 4 and held == 4 * dim
+    assert (cs.labels_ >= 0).all()
+    from sklearn.metrics import adjusted_rand_score
+
+    assert adjusted_rand_score(np.arange(n) % 4, cs.labels_) == 1.0
+
+
+def test_tau_helper_finds_the_gap():
+    g = torch.Generator().manual_seed(3)
+    centers = torch.randn(4, 32, generator=g)
+    reps = torch.stack([centers[i % 4] + 0.8 * torch.randn(32, generator=g) for i in range(40)])
+    tau = suggest_tau(reps)
+    cs = ClusterSet(40)
+    cs.merge_greedy([cs.add(i, r) for i, r in enumerate(reps)], tau)
+    assert len(cs) == 4, tau
+
+
+def test_new_clients_join_their_group():
+    alg = StoCFL(StoCFLParams(), CTX)
+    ex = SequentialExecutor(FED, MODEL)
+    train = [i for i in range(24) if i % 6]
+    held = [i for i in range(24) if i % 6 == 0]
+    for t in range(1, 6):
+        alg.round(t, train, ex.run)
+    labels = alg.cluster_labels()
+    placed = alg.place_new(held, ex.run)
+    for p in placed:
+        same_group = [i for i in train if FED.groups[i] == FED.groups[p.client]]
+        assert p.cluster == labels[same_group[0]] and not p.opened_new
+        assert p.weights is alg.theta[p.cluster]
+    assert (alg.cluster_labels() == labels).all(), "placing new clients after training must not change the partition"
