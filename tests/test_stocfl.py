@@ -222,3 +222,22 @@ def test_new_clients_join_their_group():
         assert p.cluster == labels[same_group[0]] and not p.opened_new
         assert p.weights is alg.theta[p.cluster]
     assert (alg.cluster_labels() == labels).all(), "placing new clients after training must not change the partition"
+
+
+@pytest.mark.parametrize("kind", ["gradient", "update"])
+def test_linear_anchor_fast_path_equals_autograd(kind):
+    from stocfl.executors.base import local_sgd
+    from stocfl.models import linear_anchor_weights, linear_model
+
+    lin = linear_model(FED.input_shape, 10)
+    w = linear_anchor_weights(FED.input_shape, 10, 3)
+    ex = SequentialExecutor(FED, MODEL)
+    fast = ex.run([Represent(4, w, kind=kind, anchor_model="linear", epochs=3, batch_size=7, seed=11)])[0].psi
+    x, y = FED.train_data(4)
+    if kind == "gradient":
+        wl = w.clone().requires_grad_(True)
+        torch.nn.functional.cross_entropy(lin.forward(wl, x), y).backward()
+        g = wl.grad
+    else:
+        g = w - local_sgd(lin, x, y, w, 3, 7, 0.1, 11)
+    assert torch.allclose(fast, g / g.norm(), atol=1e-5)

@@ -36,6 +36,17 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("config", help="list every config key with its default and meaning")
 
+    new = sub.add_parser("assign", help="place new or held-out clients on a finished run (cluster, accuracy)",
+                         description="Place clients on a saved run: by default its held-out clients "
+                         "(scenario.holdout); with --set scenario.KEY=VALUE or --set run.seed=N, the clients of a "
+                         "new federation built from the run's scenario so changed.")
+    new.add_argument("dir", help="results directory of the run")
+    new.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="build new clients: scenario.* keys or run.seed")
+    new.add_argument("--clients", help="comma-separated client ids (default: all held-out / all new)")
+    new.add_argument("--data-dir", help="directory of the data sets")
+    new.add_argument("--out", help="CSV of the placements (default: DIR/new_clients.csv)")
+
     bench = sub.add_parser("bench", help="time one round on each executor; prints JSON")
     bench.add_argument("--data-dir", help="MNIST for the paper's case (default: $STOCFL_DATA_DIR, else ../shared/data)")
     bench.add_argument("--out", help="also write the JSON here")
@@ -65,6 +76,24 @@ def _resume(args) -> int:
     return 0
 
 
+def _assign(args) -> int:
+    from stocfl import report
+    from stocfl.newclients import place_clients
+
+    clients = None
+    if args.clients:
+        try:
+            clients = [int(c) for c in args.clients.split(",")]
+        except ValueError:
+            raise UserError(f"--clients {args.clients!r}: expected comma-separated integers, e.g. 0,5,7") from None
+    rows, summary = place_clients(args.dir, args.overrides, clients, args.data_dir)
+    out = Path(args.out) if args.out else Path(args.dir) / "new_clients.csv"
+    report.write_csv(out, rows)
+    print(json.dumps(summary))
+    print(f"placements: {out.resolve()}")
+    return 0
+
+
 def _print_summary(summary: dict, out: Path) -> None:
     keys = ("algorithm", "scenario", "dataset", "rounds_done", "accuracy", "global_accuracy", "n_clusters", "ari",
             "seconds")
@@ -79,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.command == "resume":
             return _resume(args)
+        if args.command == "assign":
+            return _assign(args)
         if args.command == "config":
             from stocfl.config import describe
 

@@ -79,16 +79,19 @@ class Experiment:
         return exp
 
     @classmethod
-    def resume(cls, out: Path, data_dir: str | None = None) -> "Experiment":
+    def open(cls, out: Path, data_dir: str | None = None) -> "Experiment":
+        """A saved run, rebuilt from its config and last checkpoint; nothing on disk changes."""
         path = out / "config.toml"
         if not path.is_file():
             raise UserError(f"{out} holds no run (no config.toml); start one with 'stocfl run --out {out}'")
-        raw = tomllib.loads(path.read_text())
-        if data_dir is not None:
-            raw["scenario"]["data_dir"] = str(Path(data_dir).resolve())
-        exp = cls(config_mod.validate(raw), out)
+        exp = cls(config_mod.validate(read_config(out, data_dir)), out)
         if (out / CHECKPOINT).exists():
             exp.load_checkpoint()
+        return exp
+
+    @classmethod
+    def resume(cls, out: Path, data_dir: str | None = None) -> "Experiment":
+        exp = cls.open(out, data_dir)
         rows = [r for r in report.read_jsonl(out / "metrics.jsonl") if r["round"] <= exp.round]
         (out / "metrics.jsonl").write_text("".join(report.json.dumps(r, sort_keys=True) + "\n" for r in rows))
         return exp
@@ -136,7 +139,8 @@ class Experiment:
             return []
         placed = self.algorithm.place_new(clients, self.executor.run)
         res = self.executor.run([Evaluate(p.client, p.weights) for p in placed])
-        return placement_rows(placed, res, self.fed.groups, self.algorithm.cluster_labels())
+        return placement_rows(placed, res, self.fed.groups, cluster_majority(self.algorithm.cluster_labels(),
+                                                                             self.fed.groups))
 
     def run(self, progress: bool = True) -> dict[str, Any]:
         from tqdm import tqdm
@@ -207,18 +211,31 @@ class Experiment:
         plots.embedding(reps, labels[ids], groups, self.out / "embedding.png", name, self.cfg.run.seed)
 
 
+def read_config(out: Path, data_dir: str | None = None) -> dict[str, Any]:
+    try:
+        raw = tomllib.loads((out / "config.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise UserError(f"{out}/config.toml is unreadable ({err}); it is not a stocfl results directory") from None
+    if data_dir is not None:
+        raw.setdefault("scenario", {})["data_dir"] = str(Path(data_dir).resolve())
+    return raw
+
+
 def _pooled(results) -> float:
     n = sum(r.n_samples for r in results)
     return sum(r.correct for r in results) / n if n else 0.0
 
 
-def placement_rows(placed, results, groups, labels) -> list[dict[str, Any]]:
+def cluster_majority(labels: np.ndarray, groups: np.ndarray | None) -> dict[int, int]:
+    """The majority true group of each found cluster's members."""
+    if groups is None:
+        return {}
+    return {int(k): int(np.bincount(groups[labels == k]).argmax()) for k in np.unique(labels[labels >= 0])}
+
+
+def placement_rows(placed, results, groups, majority: dict[int, int]) -> list[dict[str, Any]]:
     """One row per new client: cluster, cosine, opened_new, accuracy, true group, and whether
-    the cluster is its true group's (the majority true group of the cluster's members)."""
-    majority = {}
-    if groups is not None:
-        for k in np.unique(labels[labels >= 0]):
-            majority[int(k)] = int(np.bincount(groups[labels == k]).argmax())
+    the cluster is its true group's (``majority``: the majority true group of each cluster)."""
     rows = []
     for p, r in zip(placed, results):
         row = {"client": p.client, "cluster": p.cluster, "similarity": p.similarity, "opened_new": p.opened_new,

@@ -98,11 +98,15 @@ class Executor:
             raise ValueError(f"represent task for client {t.client}: anchor has shape {tuple(t.anchor.shape)}, "
                              f"the {t.anchor_model} anchor model has {model.n_params} parameters")
         x, y = self.fed.train_data(t.client)
+        grad = linear_softmax_grad if t.anchor_model == "linear" else None
         if t.kind == "gradient":
-            w = t.anchor.detach().clone().requires_grad_(True)
-            (g,) = torch.autograd.grad(F.cross_entropy(model.forward(w, x), y), w)
+            if grad is not None:
+                g = grad(t.anchor, x.flatten(1), y, self.fed.n_classes)
+            else:
+                w = t.anchor.detach().clone().requires_grad_(True)
+                (g,) = torch.autograd.grad(F.cross_entropy(model.forward(w, x), y), w)
         else:
-            w = local_sgd(model, x, y, t.anchor, t.epochs, t.batch_size, t.lr, t.seed)
+            w = local_sgd(model, x, y, t.anchor, t.epochs, t.batch_size, t.lr, t.seed, grad=grad)
             g = t.anchor - w
         g = g.detach().double()
         if t.dim:
@@ -111,15 +115,35 @@ class Executor:
         return Represented((g / norm if norm > 0 else g).float(), len(y))
 
 
-def local_sgd(model: FlatModel, x, y, w, epochs, batch_size, lr, seed, center=None, mu: float = 0.0):
-    """E epochs of mini-batch SGD on f(w) + (mu/2)||w - center||^2, in the order of batch_plan."""
+def linear_softmax_grad(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, n_classes: int) -> torch.Tensor:
+    """Exact gradient of the mean cross-entropy of a linear softmax model (weight (C, D) then
+    bias (C,), flattened) without autograd: dW = (p - Y)^T x / n, db = mean(p - Y)."""
+    d = x.shape[1]
+    weight, bias = w[: n_classes * d].view(n_classes, d), w[n_classes * d :]
+    err = torch.softmax(x @ weight.T + bias, dim=1)
+    err[torch.arange(len(y)), y] -= 1.0
+    err /= len(y)
+    return torch.cat([(err.T @ x).reshape(-1), err.sum(0)])
+
+
+def local_sgd(model: FlatModel, x, y, w, epochs, batch_size, lr, seed, center=None, mu: float = 0.0, grad=None):
+    """E epochs of mini-batch SGD on f(w) + (mu/2)||w - center||^2, in the order of batch_plan.
+
+    ``grad(w, x_flat, y, n_classes)``, when given, is an exact closed-form gradient used
+    instead of autograd (the linear anchor's fast path)."""
     w = w.detach().clone()
+    if grad is not None:
+        x = x.flatten(1)
+        n_classes = len(w) // (x.shape[1] + 1)
     for epoch in batch_plan(len(y), epochs, batch_size, seed):
         for idx in epoch or [None]:
             xb, yb = (x, y) if idx is None else (x[idx], y[idx])
-            wl = w.requires_grad_(True)
-            (g,) = torch.autograd.grad(F.cross_entropy(model.forward(wl, xb), yb), wl)
-            w = wl.detach()
+            if grad is not None:
+                g = grad(w, xb, yb, n_classes)
+            else:
+                wl = w.requires_grad_(True)
+                (g,) = torch.autograd.grad(F.cross_entropy(model.forward(wl, xb), yb), wl)
+                w = wl.detach()
             if center is not None and mu:
                 g.add_(w - center, alpha=mu)
             w.add_(g, alpha=-lr)

@@ -1,0 +1,61 @@
+"""New and unseen clients on a finished run (StoCFL paper, section 4.4).
+
+A new client sends Psi once; the server compares it with every cluster representation, the
+client joins the most similar cluster when the cosine reaches tau, otherwise it would open a
+new cluster; it is predicted with the closest cluster's model. Algorithms without clusters
+predict with their global model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from stocfl import config as config_mod
+from stocfl.errors import UserError
+from stocfl.executors import make_executor
+from stocfl.runner import (Experiment, build_federation, cluster_majority, placement_rows, read_config,
+                           summarize_placements)
+from stocfl.tasks import Evaluate
+
+NEW_DATA_KEYS = ("scenario.", "run.seed")
+
+
+def place_clients(run_dir: str | Path, overrides: list[str] = (), clients: list[int] | None = None,
+                  data_dir: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Place clients on the saved run in ``run_dir``.
+
+    Without ``overrides`` the clients are the run's held-out clients (``scenario.holdout``);
+    with ``overrides`` (``scenario.*`` keys or ``run.seed``) a new federation is built from the
+    run's scenario so changed and all its clients (or ``clients``) are placed.
+    Returns one row per client and a summary."""
+    out = Path(run_dir)
+    exp = Experiment.open(out, data_dir)
+    fed, executor = exp.fed, exp.executor
+    if overrides:
+        bad = [o for o in overrides if not o.split("=", 1)[0].startswith(NEW_DATA_KEYS)]
+        if bad:
+            raise UserError(f"--set {bad[0]!r}: new clients may change only scenario.* keys and run.seed")
+        raw = read_config(out, data_dir)
+        for item in overrides:
+            parts, value = config_mod.parse_override(item)
+            raw.setdefault(parts[0], {})[parts[-1]] = value
+        fed = build_federation(config_mod.validate(raw))
+        if fed.input_shape != exp.fed.input_shape or fed.n_classes != exp.fed.n_classes:
+            raise UserError(f"the new clients' data ({fed.input_shape}, {fed.n_classes} classes) does not fit the "
+                            f"run's model ({exp.fed.input_shape}, {exp.fed.n_classes} classes)")
+        executor = make_executor(exp.engine, fed, exp.model, exp.cfg.run.chunk_size)
+        chosen = clients if clients is not None else list(range(fed.n_clients))
+    else:
+        chosen = clients if clients is not None else fed.heldout_clients
+        if not chosen:
+            raise UserError(f"{out} has no held-out clients (scenario.holdout = 0); pass new clients' data with "
+                            "--set scenario.KEY=VALUE or --set run.seed=N")
+    bad_ids = [i for i in chosen if not 0 <= i < fed.n_clients]
+    if bad_ids:
+        raise UserError(f"client {bad_ids[0]} does not exist; the federation has clients 0..{fed.n_clients - 1}")
+    placed = exp.algorithm.place_new(list(chosen), executor.run)
+    results = executor.run([Evaluate(p.client, p.weights) for p in placed])
+    majority = cluster_majority(exp.algorithm.cluster_labels(), exp.fed.groups)
+    rows = placement_rows(placed, results, fed.groups, majority)
+    return rows, summarize_placements(rows)
