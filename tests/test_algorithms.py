@@ -11,7 +11,10 @@ from stocfl.scenarios import build
 
 FED = build("dirichlet", load_dataset("digits"), 12, 30, alpha=1.0, seed=0)
 MODEL, W0 = make_model("auto", FED.input_shape, 10, 0, seed=0)
-CTX = Context(FED.n_clients, W0, epochs=2, batch_size=10, lr=0.1, seed=0, input_shape=FED.input_shape, n_classes=10)
+CTX = Context(FED.n_clients, W0, epochs=2, batch_size=10, lr=0.1, seed=0, input_shape=FED.input_shape, n_classes=10,
+              init_model=lambda seed: make_model("auto", FED.input_shape, 10, 0, seed)[1],
+              last_layer=MODEL.numels[-1] + MODEL.numels[-2])
+FAST = {"flhc": {"warmup_rounds": 1}}
 
 
 def test_fedavg_round_is_the_weighted_mean_of_local_models():
@@ -40,13 +43,25 @@ def test_fedprox_mu_zero_is_fedavg_and_mu_pulls_toward_w():
 def test_every_algorithm_same_on_both_executors_and_round_trips_state(name):
     cls = ALGORITHMS[name]
     runs = []
-    for ex in (SequentialExecutor(FED, MODEL), BatchedExecutor(FED, MODEL)):
-        alg = cls(cls.Params(), CTX)
-        alg.round(1, [0, 2, 9], ex.run)
+    params = cls.Params(**FAST.get(name, {}))
+    execs = (SequentialExecutor(FED, MODEL), BatchedExecutor(FED, MODEL))
+    for ex in execs:
+        alg = cls(params, CTX)
+        alg.round(1, [0, 2, 9, 4, 6], ex.run)
+        alg.round(2, [1, 2, 9, 5, 11], ex.run)
         runs.append(alg)
     assert torch.allclose(runs[0].global_model(), runs[1].global_model(), atol=1e-5)
+    assert (runs[0].cluster_labels() == runs[1].cluster_labels()).all()
     tensors, meta = runs[0].state()
-    fresh = cls(cls.Params(), CTX)
+    fresh = cls(params, CTX)
     fresh.load_state(tensors, meta)
     assert torch.equal(fresh.global_model(), runs[0].global_model())
     assert fresh.cluster_labels().shape == (FED.n_clients,)
+    clients = list(range(FED.n_clients))
+    for a, b in zip(fresh.client_models(clients, execs[0].run), runs[0].client_models(clients, execs[0].run)):
+        assert torch.equal(a, b)
+    # same seed, same numbers
+    again = cls(params, CTX)
+    again.round(1, [0, 2, 9, 4, 6], execs[0].run)
+    again.round(2, [1, 2, 9, 5, 11], execs[0].run)
+    assert torch.equal(again.global_model(), runs[0].global_model())

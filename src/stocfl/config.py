@@ -180,6 +180,8 @@ def load(path: str | Path | None = None, overrides: list[str] = (), data_dir: st
             raise UserError(f"config file {p}: not UTF-8 text; pass a TOML file") from None
     for item in overrides:
         parts, value = parse_override(item)
+        if parts == ["algorithm", "name"] and raw.get("algorithm", {}).get("name", "fedavg") != value:
+            raw["algorithm"] = {}  # another algorithm: the file's parameters were for the old one
         node = raw
         for part in parts[:-1]:
             node = node.setdefault(part, {})

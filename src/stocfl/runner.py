@@ -27,7 +27,7 @@ from stocfl.config import Config
 from stocfl.data import resolve_data_dir
 from stocfl.errors import UserError
 from stocfl.executors import choose_engine, make_executor, set_threads
-from stocfl.models import make_model
+from stocfl.models import FlatModel, build_module, make_model
 from stocfl.scenarios import Federation, build
 from stocfl.tasks import Evaluate
 
@@ -57,8 +57,11 @@ class Experiment:
         self.engine = choose_engine(self.cfg.run.engine, self.model.n_params, t.batch_size,
                                     float(self.fed.train_sizes.mean()))
         self.executor = make_executor(self.engine, self.fed, self.model, self.cfg.run.chunk_size)
+        module = build_module(m.name, self.fed.input_shape, self.fed.n_classes, m.hidden)
         ctx = Context(self.fed.n_clients, w0, t.epochs, t.batch_size, t.lr, self.cfg.run.seed,
-                      self.fed.input_shape, self.fed.n_classes)
+                      self.fed.input_shape, self.fed.n_classes,
+                      init_model=lambda seed: FlatModel.init_weights(module, seed),
+                      last_layer=self.model.numels[-1] + self.model.numels[-2], workdir=self.out)
         self.algorithm = algorithm_class(self.cfg.algorithm["name"])(self.cfg.algorithm_params(), ctx)
         self.sampler = np.random.default_rng([self.cfg.run.seed, 1])
         self.round = 0
@@ -125,7 +128,7 @@ class Experiment:
         """Accuracy of the participating clients, each with the model it would use, weighted
         by test size; and of the global model on the same clients."""
         clients = self.fed.participants
-        models = self.algorithm.client_models(clients)
+        models = self.algorithm.client_models(clients, self.executor.run)
         res = self.executor.run([Evaluate(i, w) for i, w in zip(clients, models)])
         self.last_eval = dict(zip(clients, res))
         gw = self.algorithm.global_model()

@@ -8,6 +8,7 @@ batches clients or sends messages.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 import numpy as np
@@ -37,6 +38,9 @@ class Context:
     seed: int
     input_shape: tuple[int, ...] = ()
     n_classes: int = 0
+    init_model: Callable[[int], torch.Tensor] | None = None  # seed -> fresh initial weights
+    last_layer: int = 0  # trailing entries of the flat vector that form the output layer
+    workdir: Path | None = None  # where per-client stores live (None: in memory)
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,8 +81,9 @@ class Algorithm:
     def global_model(self) -> torch.Tensor:
         raise NotImplementedError
 
-    def client_models(self, clients: list[int]) -> list[torch.Tensor]:
-        """The model each client would use (the same tensor object for clients that share one)."""
+    def client_models(self, clients: list[int], run: RunTasks) -> list[torch.Tensor]:
+        """The model each client would use (the same tensor object for clients that share one);
+        ``run`` is there for algorithms that choose by loss (IFCA)."""
         w = self.global_model()
         return [w] * len(clients)
 

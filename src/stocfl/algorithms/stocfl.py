@@ -177,7 +177,7 @@ class StoCFL(Algorithm):
     def global_model(self) -> torch.Tensor:
         return self.w
 
-    def client_models(self, clients: list[int]) -> list[torch.Tensor]:
+    def client_models(self, clients: list[int], run: RunTasks) -> list[torch.Tensor]:
         labels = self.clusters.labels_
         cache: dict[int, torch.Tensor] = {}
         out = []

@@ -1,0 +1,119 @@
+"""CFL: clustered federated learning by recursive bi-partitioning (Sattler et al., 2020)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks
+from stocfl.tasks import Evaluate, weighted_mean
+
+
+class CFLParams(Params):
+    eps1: float = Field(0.4, ge=0, description="split only if the norm of the MEAN update is below eps1")
+    eps2: float = Field(1.6, ge=0, description="... and the largest client update norm is above eps2")
+    warmup: int = Field(20, ge=0, description="rounds before any split")
+
+
+def bipartition(updates: torch.Tensor) -> np.ndarray:
+    """Split clients in two minimising the largest cross-split cosine similarity: complete
+    linkage on cosine DISTANCES (1 - cos), as scikit-learn's precomputed metric expects."""
+    from sklearn.cluster import AgglomerativeClustering
+
+    u = updates.double()
+    u = u / u.norm(dim=1, keepdim=True).clamp(min=1e-12)
+    dist = (1.0 - u @ u.T).clamp(min=0).numpy()
+    np.fill_diagonal(dist, 0.0)
+    return AgglomerativeClustering(n_clusters=2, metric="precomputed", linkage="complete").fit(dist).labels_
+
+
+class CFL(Algorithm):
+    """All clients start in one cluster. Each round the sampled members of every cluster c
+    train c's model (FedAvg within c); with updates dW_i = w_i - w_c:
+    mean_norm = ||weighted mean of dW_i||, max_norm = max_i ||dW_i||. After the warm-up, if
+    mean_norm < eps1 and max_norm > eps2 and more than 2 members have fresh updates, c is split
+    by ``bipartition`` of the fresh updates; both halves start from c's model. Members without
+    a fresh update this round (partial participation) join the larger half. Splits recur, at
+    any depth. mean_norm and max_norm of every cluster are logged every round.
+
+    Parameters
+    ----------
+    eps1 : float, default 0.4
+    eps2 : float, default 1.6
+    warmup : int, default 20
+    """
+
+    name = "cfl"
+    Params = CFLParams
+
+    def __init__(self, params: CFLParams, ctx: Context):
+        super().__init__(params, ctx)
+        self.labels = np.zeros(ctx.n_clients, dtype=np.int64)
+        self.models: dict[int, torch.Tensor] = {0: ctx.init_weights.clone()}
+        self.next_id = 1
+
+    def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
+        results = run([self.local_training(round_, i, self.models[int(self.labels[i])]) for i in sampled])
+        norms, splits = [], 0
+        for c in sorted(self.models):
+            idx = [k for k, i in enumerate(sampled) if self.labels[i] == c]
+            if not idx:
+                continue
+            w_c = self.models[c]
+            dw = torch.stack([results[k].weights - w_c for k in idx])
+            n = [results[k].n_samples for k in idx]
+            mean_dw = weighted_mean(list(dw), n)
+            mean_norm, max_norm = float(mean_dw.norm()), float(dw.norm(dim=1).max())
+            self.models[c] = w_c + mean_dw
+            norms.append({"cluster": c, "mean_norm": mean_norm, "max_norm": max_norm})
+            if (round_ > self.params.warmup and mean_norm < self.params.eps1 and max_norm > self.params.eps2
+                    and len(idx) > 2):
+                self.split(c, [sampled[k] for k in idx], dw)
+                splits += 1
+        return {"cfl_norms": norms, "splits": splits}
+
+    def split(self, c: int, fresh: list[int], dw: torch.Tensor) -> None:
+        halves = bipartition(dw)
+        ids = np.asarray(fresh)  # sub-matrix row k is client fresh[k]: map back to global ids
+        side = {int(i): int(h) for i, h in zip(ids, halves)}
+        larger = int(np.bincount(halves, minlength=2).argmax())
+        new = self.next_id
+        self.next_id += 1
+        self.models[new] = self.models[c].clone()
+        for i in np.flatnonzero(self.labels == c):
+            if side.get(int(i), larger) == 1:
+                self.labels[i] = new
+
+    def global_model(self) -> torch.Tensor:
+        return self.models[0] if len(self.models) == 1 else self._mean()
+
+    def _mean(self) -> torch.Tensor:
+        # CFL has no global model; the members-weighted mean of the cluster models stands in
+        counts = {c: int((self.labels == c).sum()) for c in self.models}
+        return weighted_mean([self.models[c] for c in self.models], [counts[c] for c in self.models])
+
+    def client_models(self, clients, run):
+        return [self.models[int(self.labels[i])] for i in clients]
+
+    def cluster_labels(self) -> np.ndarray:
+        return self.labels.copy()
+
+    def place_new(self, clients, run):
+        ids = sorted(self.models)
+        res = run([Evaluate(i, self.models[c], "train") for i in clients for c in ids])
+        losses = np.array([r.loss for r in res]).reshape(len(clients), len(ids))
+        best = losses.argmin(axis=1)
+        return [Placement(i, ids[b], None, False, self.models[ids[b]]) for i, b in zip(clients, best)]
+
+    def state(self):
+        ids = sorted(self.models)
+        return {"models": torch.stack([self.models[c] for c in ids])}, {
+            "ids": ids, "labels": self.labels.tolist(), "next_id": self.next_id}
+
+    def load_state(self, tensors, meta):
+        self.models = {c: tensors["models"][k].clone() for k, c in enumerate(meta["ids"])}
+        self.labels = np.asarray(meta["labels"], dtype=np.int64)
+        self.next_id = meta["next_id"]

@@ -1,0 +1,64 @@
+"""Ditto (Li et al., 2021): fair and robust FL through personalization."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from pydantic import ConfigDict, Field
+
+from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks
+from stocfl.store import ClientStore
+from stocfl.tasks import weighted_mean
+
+
+class DittoParams(Params):
+    model_config = ConfigDict(populate_by_name=True)
+    lam: float = Field(0.1, ge=0, alias="lambda",
+                       description="lambda: personal loss + (lambda/2)||v_i - w||^2")
+
+
+class Ditto(Algorithm):
+    """Global w trained exactly as FedAvg; each client keeps a personal model v_i (initialised
+    to w the first time it is sampled) trained on f_i(v) + (lambda/2)||v - w||^2 with the same
+    mini-batch order. Clients are evaluated with v_i (w until first sampled).
+
+    Parameters
+    ----------
+    lambda : float, default 0.1
+    """
+
+    name = "ditto"
+    Params = DittoParams
+
+    def __init__(self, params: DittoParams, ctx: Context):
+        super().__init__(params, ctx)
+        self.w = ctx.init_weights.clone()
+        self.personal = ClientStore(ctx.n_clients, len(ctx.init_weights), ctx.workdir, "ditto_personal")
+
+    def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
+        tasks = []
+        for i in sampled:
+            v = self.personal.get(i) if i in self.personal else self.w
+            tasks.append(self.local_training(round_, i, self.w))
+            tasks.append(self.local_training(round_, i, v, prox_center=self.w, prox_weight=self.params.lam))
+        results = run(tasks)
+        ws, vs = results[0::2], results[1::2]
+        self.w = weighted_mean([r.weights for r in ws], [r.n_samples for r in ws])
+        self.personal.write({i: r.weights for i, r in zip(sampled, vs)})
+        return {}
+
+    def global_model(self) -> torch.Tensor:
+        return self.w
+
+    def client_models(self, clients, run):
+        return [self.personal.get(i) if i in self.personal else self.w for i in clients]
+
+    def state(self):
+        rows, meta = self.personal.state()
+        return {"w": self.w, **{f"personal/{k}": v for k, v in rows.items()}}, {"personal": meta}
+
+    def load_state(self, tensors, meta):
+        self.w = tensors["w"].clone()
+        self.personal.load_state({k[9:]: v for k, v in tensors.items() if k.startswith("personal/")},
+                                 meta["personal"])

@@ -1,0 +1,121 @@
+"""FL+HC: federated learning with hierarchical clustering of local updates (Briggs et al., 2020)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import Field, model_validator
+
+from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks
+from stocfl.tasks import Evaluate, Train, task_seed, weighted_mean
+
+
+class FLHCParams(Params):
+    warmup_rounds: int = Field(10, ge=0, description="n: FedAvg rounds before the clustering step")
+    cluster_epochs: int = Field(3, ge=1, description="local epochs of every client at the clustering step")
+    metric: Literal["l1", "l2", "cosine"] = Field("l1", description="distance between client updates")
+    linkage: Literal["single", "complete", "average", "ward"] = Field("complete", description="ward needs l2")
+    distance_threshold: float = Field(0.0, ge=0, description="cut the tree at this distance (0 = use n_clusters)")
+    n_clusters: int = Field(4, ge=0, description="cut the tree into this many clusters (0 = use distance_threshold)")
+
+    @model_validator(mode="after")
+    def _one_cut(self):
+        if (self.distance_threshold > 0) == (self.n_clusters > 0):
+            raise ValueError("set exactly one of distance_threshold and n_clusters (the other to 0)")
+        if self.linkage == "ward" and self.metric != "l2":
+            raise ValueError("linkage 'ward' works only with metric 'l2'")
+        return self
+
+
+class FLHC(Algorithm):
+    """FedAvg for n = ``warmup_rounds`` rounds. In round n + 1, the clustering step: EVERY
+    client trains the global model w for ``cluster_epochs`` epochs; agglomerative clustering of
+    the flattened UPDATES dW_i = w_i - w (``metric``, ``linkage``, cut by ``distance_threshold``
+    or ``n_clusters``); every cluster's model starts from w. Afterwards each cluster runs FedAvg
+    on its sampled members. A client that was not clustered (new clients) uses the cluster
+    model with the lowest loss on its train data.
+
+    Parameters
+    ----------
+    warmup_rounds : int, default 10
+    cluster_epochs : int, default 3
+    metric : {"l1", "l2", "cosine"}, default "l1"
+    linkage : {"single", "complete", "average", "ward"}, default "complete"
+        L1 + complete linkage is the paper's recommendation.
+    distance_threshold : float, default 0 (unused)
+    n_clusters : int, default 4
+    """
+
+    name = "flhc"
+    Params = FLHCParams
+
+    def __init__(self, params: FLHCParams, ctx: Context):
+        super().__init__(params, ctx)
+        self.w = ctx.init_weights.clone()
+        self.labels = np.full(ctx.n_clients, -1, dtype=np.int64)
+        self.models: dict[int, torch.Tensor] = {}
+
+    def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
+        if round_ <= self.params.warmup_rounds:
+            results = run([self.local_training(round_, i, self.w) for i in sampled])
+            self.w = weighted_mean([r.weights for r in results], [r.n_samples for r in results])
+            return {}
+        if not self.models:
+            return self.cluster(round_, run)
+        results = run([self.local_training(round_, i, self.models[int(self.labels[i])]) for i in sampled])
+        for c in self.models:
+            mine = [r for i, r in zip(sampled, results) if self.labels[i] == c]
+            if mine:
+                self.models[c] = weighted_mean([r.weights for r in mine], [r.n_samples for r in mine])
+        return {}
+
+    def cluster(self, round_: int, run: RunTasks) -> dict[str, Any]:
+        from sklearn.cluster import AgglomerativeClustering
+
+        c = self.ctx
+        everyone = list(range(c.n_clients))
+        results = run([Train(i, self.w, self.params.cluster_epochs, c.batch_size, c.lr, task_seed(c.seed, round_, i))
+                       for i in everyone])
+        dw = torch.stack([r.weights - self.w for r in results]).double().numpy()
+        metric = {"l1": "manhattan", "l2": "euclidean", "cosine": "cosine"}[self.params.metric]
+        p = self.params
+        labels = AgglomerativeClustering(
+            n_clusters=p.n_clusters or None, distance_threshold=p.distance_threshold or None,
+            metric=metric, linkage=p.linkage,
+        ).fit(dw).labels_
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.models = {int(k): self.w.clone() for k in np.unique(labels)}
+        return {"clustered": len(self.models)}
+
+    def global_model(self) -> torch.Tensor:
+        return self.w
+
+    def client_models(self, clients, run):
+        if not self.models:
+            return [self.w] * len(clients)
+        return [self.models[int(self.labels[i])] for i in clients]
+
+    def cluster_labels(self) -> np.ndarray:
+        return self.labels.copy() if self.models else np.zeros(self.ctx.n_clients, dtype=np.int64)
+
+    def place_new(self, clients, run):
+        if not self.models:
+            return super().place_new(clients, run)
+        ids = sorted(self.models)
+        res = run([Evaluate(i, self.models[k], "train") for i in clients for k in ids])
+        best = np.array([r.loss for r in res]).reshape(len(clients), len(ids)).argmin(axis=1)
+        return [Placement(i, ids[b], None, False, self.models[ids[b]]) for i, b in zip(clients, best)]
+
+    def state(self):
+        ids = sorted(self.models)
+        tensors = {"w": self.w}
+        if ids:
+            tensors["models"] = torch.stack([self.models[k] for k in ids])
+        return tensors, {"ids": ids, "labels": self.labels.tolist()}
+
+    def load_state(self, tensors, meta):
+        self.w = tensors["w"].clone()
+        self.models = {k: tensors["models"][j].clone() for j, k in enumerate(meta["ids"])}
+        self.labels = np.asarray(meta["labels"], dtype=np.int64)

@@ -1,0 +1,89 @@
+"""IFCA: iterative federated clustering (Ghosh et al., 2020)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks
+from stocfl.tasks import Evaluate, weighted_mean
+
+
+class IFCAParams(Params):
+    n_models: int = Field(4, ge=1, description="M: number of cluster models")
+    share_layers: bool = Field(
+        False, description="average all but the output layer over every client (the IFCA paper's weight sharing)"
+    )
+
+
+class IFCA(Algorithm):
+    """M models initialised independently (seeds seed+1 .. seed+M). Each round every sampled
+    client evaluates all M models on its TRAIN data, picks the lowest loss, trains that model
+    and returns it; each model becomes the weighted mean of the returns that chose it, a model
+    nobody chose keeps its weights. Evaluation: every client uses the model with the lowest
+    train loss. ``share_layers``: all but the output layer are averaged over all returns.
+
+    Parameters
+    ----------
+    n_models : int, default 4
+    share_layers : bool, default False
+    """
+
+    name = "ifca"
+    Params = IFCAParams
+
+    def __init__(self, params: IFCAParams, ctx: Context):
+        super().__init__(params, ctx)
+        if ctx.init_model is None:
+            raise ValueError("IFCA needs Context.init_model to initialise its models independently")
+        self.models = [ctx.init_model(ctx.seed + 1 + m) for m in range(params.n_models)]
+        self.choice = np.full(ctx.n_clients, -1, dtype=np.int64)  # latest choice of every client
+
+    def choose(self, clients: list[int], run: RunTasks) -> list[int]:
+        """argmin_m of the train loss of model m on each client (ties: the lower index)."""
+        res = run([Evaluate(i, w, "train") for i in clients for w in self.models])
+        m = len(self.models)
+        losses = np.array([r.loss for r in res]).reshape(len(clients), m)
+        return losses.argmin(axis=1).tolist()
+
+    def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
+        chosen = self.choose(sampled, run)
+        self.choice[sampled] = chosen
+        results = run([self.local_training(round_, i, self.models[k]) for i, k in zip(sampled, chosen)])
+        for k in range(len(self.models)):
+            mine = [r for r, c in zip(results, chosen) if c == k]
+            if mine:
+                self.models[k] = weighted_mean([r.weights for r in mine], [r.n_samples for r in mine])
+        if self.params.share_layers:
+            shared = weighted_mean([r.weights for r in results], [r.n_samples for r in results])
+            body = len(shared) - self.ctx.last_layer
+            for w in self.models:
+                w[:body] = shared[:body]
+        return {"choices": np.bincount(chosen, minlength=len(self.models)).tolist()}
+
+    def global_model(self) -> torch.Tensor:
+        return self.models[0] if len(self.models) == 1 else self._mean
+
+    @property
+    def _mean(self) -> torch.Tensor:
+        # IFCA has no global model; the plain mean of the M models stands in for global_accuracy
+        return torch.stack(self.models).mean(0)
+
+    def client_models(self, clients, run):
+        return [self.models[k] for k in self.choose(clients, run)]
+
+    def cluster_labels(self) -> np.ndarray:
+        return self.choice.copy()
+
+    def place_new(self, clients, run):
+        return [Placement(i, k, None, False, self.models[k]) for i, k in zip(clients, self.choose(clients, run))]
+
+    def state(self):
+        return {"models": torch.stack(self.models)}, {"choice": self.choice.tolist()}
+
+    def load_state(self, tensors, meta):
+        self.models = [w.clone() for w in tensors["models"]]
+        self.choice = np.asarray(meta["choice"], dtype=np.int64)
