@@ -47,6 +47,16 @@ def _parser() -> argparse.ArgumentParser:
     new.add_argument("--data-dir", help="directory of the data sets")
     new.add_argument("--out", help="CSV of the placements (default: DIR/new_clients.csv)")
 
+    cmp_ = sub.add_parser("compare", help="several algorithms x seeds on one scenario: one table and one plot")
+    cmp_.add_argument("config", nargs="?", help="TOML config of the scenario, model and training")
+    cmp_.add_argument("--algo", action="append", required=True, metavar="'NAME [key=value ...]'",
+                      help="an algorithm and its parameters, e.g. --algo fedavg --algo 'ifca n_models=2' (repeatable)")
+    cmp_.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    cmp_.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    cmp_.add_argument("--out", default="runs/compare", help="directory of the runs and the table")
+    cmp_.add_argument("--data-dir", help="directory of the data sets")
+    cmp_.add_argument("--quiet", action="store_true", help="no progress bars")
+
     bench = sub.add_parser("bench", help="time one round on each executor; prints JSON")
     bench.add_argument("--data-dir", help="MNIST for the paper's case (default: $STOCFL_DATA_DIR, else ../shared/data)")
     bench.add_argument("--out", help="also write the JSON here")
@@ -94,6 +104,20 @@ def _assign(args) -> int:
     return 0
 
 
+def _compare(args) -> int:
+    from stocfl.compare import compare
+
+    try:
+        seeds = [int(x) for x in args.seeds.split(",")]
+    except ValueError:
+        raise UserError(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. 0,1,2") from None
+    out = Path(args.out)
+    compare(args.config, args.algo, seeds, out, args.overrides, args.data_dir, progress=not args.quiet)
+    print((out / "compare.md").read_text(), end="")
+    print(f"table: {(out / 'compare.md').resolve()}")
+    return 0
+
+
 def _print_summary(summary: dict, out: Path) -> None:
     keys = ("algorithm", "scenario", "dataset", "rounds_done", "accuracy", "global_accuracy", "n_clusters", "ari",
             "seconds")
@@ -108,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.command == "resume":
             return _resume(args)
+        if args.command == "compare":
+            return _compare(args)
         if args.command == "assign":
             return _assign(args)
         if args.command == "config":

@@ -145,13 +145,18 @@ class Experiment:
         return placement_rows(placed, res, self.fed.groups, cluster_majority(self.algorithm.cluster_labels(),
                                                                              self.fed.groups))
 
-    def run(self, progress: bool = True) -> dict[str, Any]:
+    def run(self, progress: bool = True, stop_after: int | None = None) -> dict[str, Any] | None:
+        """Run to ``run.rounds`` and write the summary; with ``stop_after``, stop once that many
+        rounds are done (checkpointed, no summary), as a kill would, and return None."""
         from tqdm import tqdm
 
         r = self.cfg.run
         bar = tqdm(total=r.rounds, initial=self.round, disable=None if progress else True,
                    desc=f"{self.cfg.algorithm['name']} on {self.cfg.scenario.name}", unit="round")
         while self.round < r.rounds:
+            if stop_after is not None and self.round >= stop_after:
+                bar.close()
+                return None
             t0 = time.perf_counter()
             t = self.round + 1
             diag = self.algorithm.round(t, self.sample(), self.executor.run)

@@ -1,0 +1,107 @@
+"""``stocfl compare``: several algorithms on one scenario and several seeds, one table.
+
+Each (algorithm, seed) is an ordinary run in its own sub-directory, so an interrupted
+comparison picks up where it stopped (finished runs are read, unfinished ones resumed).
+Writes ``compare.md``, ``compare.csv`` (mean +- std over seeds of final accuracy, global
+accuracy, ARI, clusters, seconds) and ``compare.png`` (mean accuracy per round).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stocfl import config, report
+from stocfl.errors import UserError
+from stocfl.runner import Experiment
+
+COLUMNS = ("accuracy", "global_accuracy", "ari", "n_clusters", "seconds")
+
+
+def parse_spec(spec: str) -> tuple[str, list[str]]:
+    """``"ifca n_models=2 share_layers=true"`` -> ("ifca-n_models=2-share_layers=true", overrides)."""
+    parts = spec.split()
+    if not parts:
+        raise UserError("--algo '': give an algorithm name and optional key=value parameters")
+    name, params = parts[0], parts[1:]
+    for p in params:
+        if "=" not in p:
+            raise UserError(f"--algo {spec!r}: parameter {p!r} must be key=value")
+    label = re.sub(r"[^A-Za-z0-9_.=+-]", "_", "-".join(parts))
+    return label, [f"algorithm.name={name}", *(f"algorithm.{p}" for p in params)]
+
+
+def run_one(cfg_path, overrides, data_dir, out: Path, progress: bool) -> dict[str, Any]:
+    if (out / "summary.json").exists():
+        summary = json.loads((out / "summary.json").read_text())
+        if summary["rounds_done"] == summary["rounds"]:
+            return summary
+    if (out / "config.toml").exists():
+        return Experiment.resume(out, data_dir).run(progress=progress)
+    return Experiment.create(config.load(cfg_path, overrides, data_dir), out).run(progress=progress)
+
+
+def compare(cfg_path, specs: list[str], seeds: list[int], out: Path, overrides: list[str] = (),
+            data_dir: str | None = None, progress: bool = True) -> list[dict[str, Any]]:
+    parsed = [parse_spec(s) for s in specs]
+    for label, algo in parsed:  # validate every config before the first long run
+        config.load(cfg_path, [*overrides, *algo], data_dir)
+    rows, curves = [], {}
+    for label, algo in parsed:
+        summaries, acc = [], []
+        for seed in seeds:
+            run_dir = out / f"{label}-seed{seed}"
+            summaries.append(run_one(cfg_path, [*overrides, *algo, f"run.seed={seed}"], data_dir, run_dir, progress))
+            metrics = [r for r in report.read_jsonl(run_dir / "metrics.jsonl") if r.get("accuracy") is not None]
+            acc.append(([r["round"] for r in metrics], [r["accuracy"] for r in metrics]))
+        curves[label] = acc
+        row: dict[str, Any] = {"algorithm": label, "seeds": len(seeds)}
+        for col in COLUMNS:
+            vals = [s[col] for s in summaries if s.get(col) is not None]
+            row[f"{col}_mean"] = float(np.mean(vals)) if vals else None
+            row[f"{col}_std"] = float(np.std(vals)) if vals else None
+        rows.append(row)
+    out.mkdir(parents=True, exist_ok=True)
+    report.write_csv(out / "compare.csv", rows)
+    (out / "compare.md").write_text(markdown(rows))
+    plot(curves, out / "compare.png")
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    def cell(r, col, pct):
+        m, s = r[f"{col}_mean"], r[f"{col}_std"]
+        if m is None:
+            return "n/a"
+        return f"{100 * m:.2f} +- {100 * s:.2f}" if pct else f"{m:.2f} +- {s:.2f}"
+
+    head = "| algorithm | seeds | accuracy (%) | global accuracy (%) | ARI | clusters | seconds |\n|---|---|---|---|---|---|---|\n"
+    return head + "".join(
+        f"| {r['algorithm']} | {r['seeds']} | {cell(r, 'accuracy', True)} | {cell(r, 'global_accuracy', True)} | "
+        f"{cell(r, 'ari', False)} | {cell(r, 'n_clusters', False)} | {cell(r, 'seconds', False)} |\n" for r in rows
+    )
+
+
+def plot(curves: dict[str, list], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, runs in curves.items():
+        rounds = runs[0][0]
+        acc = np.array([r[1] for r in runs if r[0] == rounds])
+        ax.plot(rounds, acc.mean(0), label=label)
+        if len(acc) > 1:
+            ax.fill_between(rounds, acc.mean(0) - acc.std(0), acc.mean(0) + acc.std(0), alpha=0.2)
+    ax.set(xlabel="round", ylabel="test accuracy (own model)", ylim=(0, 1))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
