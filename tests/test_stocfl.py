@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -241,3 +243,16 @@ def test_linear_anchor_fast_path_equals_autograd(kind):
     else:
         g = w - local_sgd(lin, x, y, w, 3, 7, 0.1, 11)
     assert torch.allclose(fast, g / g.norm(), atol=1e-5)
+
+
+@pytest.mark.parametrize("scenario, per_client", [("rotated", 30), ("shifted", 30), ("hybrid", 30), ("pathological", 20)])
+def test_groups_found_on_digits_with_defaults(tmp_path, scenario, per_client):
+    from stocfl import config
+    from stocfl.runner import Experiment
+
+    cfg = config.load(Path(__file__).resolve().parents[1] / "configs" / "default.toml",
+                      [f"scenario.name={scenario}", f"scenario.samples_per_client={per_client}", "run.eval_every=50"])
+    s = Experiment.create(cfg, tmp_path / scenario).run(progress=False)
+    assert s["ari"] >= 0.99 and s["accuracy"] > s["global_accuracy"], s
+    for name in ("accuracy.png", "similarity.png", "embedding.png", "clusters.csv"):
+        assert (tmp_path / scenario / name).stat().st_size > 50
