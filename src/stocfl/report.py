@@ -101,6 +101,8 @@ def plot_accuracy(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     ax.grid(alpha=0.3)
     ax2.plot([r["round"] for r in rows], [r["n_clusters"] for r in rows], color="C2", label="clusters")
     ax2.set(xlabel="round", ylabel="number of clusters")
+    ax2.set_ylim(bottom=0, top=max([r["n_clusters"] for r in rows] + [1]) * 1.15 + 0.5)
+    ax2.yaxis.get_major_locator().set_params(integer=True)
     if any(r.get("ari") is not None for r in rows):
         ax3 = ax2.twinx()
         ax3.plot([r["round"] for r in rows], [r["ari"] for r in rows], color="C3", label="ARI")
