@@ -5,7 +5,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 
 from stocfl import config
 from stocfl.cli import main

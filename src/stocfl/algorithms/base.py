@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from stocfl.tasks import Result, Task, Train, task_seed
+from stocfl.tasks import Evaluate, Result, Task, Train, task_seed
 
 RunTasks = Callable[[list[Task]], list[Result]]
 
@@ -41,6 +41,15 @@ class Context:
     init_model: Callable[[int], torch.Tensor] | None = None  # seed -> fresh initial weights
     last_layer: int = 0  # trailing entries of the flat vector that form the output layer
     workdir: Path | None = None  # where per-client stores live (None: in memory)
+
+
+def lowest_train_loss(clients: list[int], models: list[torch.Tensor], run: "RunTasks") -> list[int]:
+    """For each client, the index of the model with the lowest loss on its TRAIN data (ties:
+    the lower index). One Evaluate task per (client, model)."""
+    if not clients:
+        return []
+    res = run([Evaluate(i, w, "train") for i in clients for w in models])
+    return np.array([r.loss for r in res]).reshape(len(clients), len(models)).argmin(axis=1).tolist()
 
 
 @dataclass(frozen=True, eq=False)

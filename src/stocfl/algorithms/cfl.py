@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks
-from stocfl.tasks import Evaluate, weighted_mean
+from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks, lowest_train_loss
+from stocfl.tasks import weighted_mean
 
 
 class CFLParams(Params):
@@ -103,9 +103,7 @@ class CFL(Algorithm):
 
     def place_new(self, clients, run):
         ids = sorted(self.models)
-        res = run([Evaluate(i, self.models[c], "train") for i in clients for c in ids])
-        losses = np.array([r.loss for r in res]).reshape(len(clients), len(ids))
-        best = losses.argmin(axis=1)
+        best = lowest_train_loss(clients, [self.models[c] for c in ids], run)
         return [Placement(i, ids[b], None, False, self.models[ids[b]]) for i, b in zip(clients, best)]
 
     def state(self):

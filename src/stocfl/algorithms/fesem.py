@@ -8,9 +8,8 @@ import numpy as np
 import torch
 from pydantic import ConfigDict, Field
 
-from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks
+from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks, lowest_train_loss
 from stocfl.store import ClientStore
-from stocfl.tasks import Evaluate
 
 
 class FeSEMParams(Params):
@@ -74,8 +73,7 @@ class FeSEM(Algorithm):
         return torch.from_numpy(km.cluster_centers_).float()
 
     def _nearest_by_loss(self, clients, run) -> list[int]:
-        res = run([Evaluate(i, c, "train") for i in clients for c in self.centers])
-        return np.array([r.loss for r in res]).reshape(len(clients), -1).argmin(axis=1).tolist()
+        return lowest_train_loss(clients, list(self.centers), run)
 
     def global_model(self) -> torch.Tensor:
         return self.ctx.init_weights if self.centers is None else self.centers.mean(0)

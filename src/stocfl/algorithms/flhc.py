@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks
-from stocfl.tasks import Evaluate, Train, task_seed, weighted_mean
+from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks, lowest_train_loss
+from stocfl.tasks import Train, task_seed, weighted_mean
 
 
 class FLHCParams(Params):
@@ -104,8 +104,7 @@ class FLHC(Algorithm):
         if not self.models:
             return super().place_new(clients, run)
         ids = sorted(self.models)
-        res = run([Evaluate(i, self.models[k], "train") for i in clients for k in ids])
-        best = np.array([r.loss for r in res]).reshape(len(clients), len(ids)).argmin(axis=1)
+        best = lowest_train_loss(clients, [self.models[k] for k in ids], run)
         return [Placement(i, ids[b], None, False, self.models[ids[b]]) for i, b in zip(clients, best)]
 
     def state(self):

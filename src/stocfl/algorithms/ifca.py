@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks
-from stocfl.tasks import Evaluate, weighted_mean
+from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks, lowest_train_loss
+from stocfl.tasks import weighted_mean
 
 
 class IFCAParams(Params):
@@ -44,10 +44,7 @@ class IFCA(Algorithm):
 
     def choose(self, clients: list[int], run: RunTasks) -> list[int]:
         """argmin_m of the train loss of model m on each client (ties: the lower index)."""
-        res = run([Evaluate(i, w, "train") for i in clients for w in self.models])
-        m = len(self.models)
-        losses = np.array([r.loss for r in res]).reshape(len(clients), m)
-        return losses.argmin(axis=1).tolist()
+        return lowest_train_loss(clients, self.models, run)
 
     def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
         chosen = self.choose(sampled, run)
