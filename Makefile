@@ -1,5 +1,6 @@
 # Set-up is one venv in .venv: torch 2.13.0 first (the CPU wheel on disk; an unpinned torch
-# would pull a multi-GB CUDA build), then the package and its test extra.
+# would pull a multi-GB CUDA build) and Flower 1.41 (1.42 does not install here), then the
+# package and its test extra.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,7 +10,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install --disable-pip-version-check -q torch==2.13.0
+	$(BIN)/pip install --disable-pip-version-check -q torch==2.13.0 'flwr[simulation]==1.41.0'
 	$(BIN)/pip install --disable-pip-version-check -q -e '.[test]'
 	touch $(STAMP)
 

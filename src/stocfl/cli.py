@@ -27,6 +27,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="override a config key, e.g. --set run.rounds=5 (repeatable)")
     run.add_argument("--out", help="results directory (default: runs/<scenario>-<algorithm>-<time>)")
     run.add_argument("--data-dir", help="directory of the data sets (default: $STOCFL_DATA_DIR)")
+    run.add_argument("--engine", choices=("local", "auto", "sequential", "batched", "flower-sim"),
+                     help="shortcut for --set run.engine=...; local = auto (in-process)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
 
     res = sub.add_parser("resume", help="continue a run that was stopped or killed")
@@ -68,20 +70,44 @@ def _run(args) -> int:
     from stocfl import config
     from stocfl.runner import Experiment
 
-    cfg = config.load(args.config, args.overrides, args.data_dir)
+    engine = [] if args.engine is None else [f"run.engine={'auto' if args.engine == 'local' else args.engine}"]
+    cfg = config.load(args.config, [*args.overrides, *engine], args.data_dir)
     out = Path(args.out) if args.out else Path("runs") / (
         f"{cfg.scenario.name}-{cfg.scenario.dataset}-{cfg.algorithm['name']}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
-    summary = Experiment.create(cfg, out).run(progress=not args.quiet)
+    if cfg.run.engine == "flower-sim":
+        from stocfl.data import resolve_data_dir
+
+        if cfg.scenario.data_dir or resolve_data_dir(None):  # clients must find the same data
+            cfg.scenario.data_dir = str(resolve_data_dir(cfg.scenario.data_dir).resolve())
+        summary = _flower(cfg.to_dict(), out, lambda ex: Experiment.create(cfg, out, ex), cfg.scenario.n_clients,
+                          not args.quiet)
+    else:
+        summary = Experiment.create(cfg, out).run(progress=not args.quiet)
     _print_summary(summary, out)
     return 0
+
+
+def _flower(raw, out, make, n_clients, progress):
+    try:
+        from stocfl.flower.engine import simulate
+    except ImportError:
+        raise UserError("run.engine = flower-sim needs Flower: pip install 'flwr[simulation]>=1.41,<1.43'") from None
+    return simulate(raw, out, make, n_clients, progress)
 
 
 def _resume(args) -> int:
     from stocfl.runner import Experiment
 
     out = Path(args.dir)
-    summary = Experiment.resume(out, args.data_dir).run(progress=not args.quiet)
+    from stocfl.runner import read_config
+
+    raw = read_config(out, args.data_dir)
+    if raw.get("run", {}).get("engine") == "flower-sim":
+        summary = _flower(raw, out, lambda ex: Experiment.resume(out, args.data_dir, ex),
+                          raw["scenario"]["n_clients"], not args.quiet)
+    else:
+        summary = Experiment.resume(out, args.data_dir).run(progress=not args.quiet)
     _print_summary(summary, out)
     return 0
 

@@ -42,8 +42,9 @@ class RunConfig(Section):
     )
     seed: int = Field(0, ge=0, description="seeds data split, model init, sampling and local SGD")
     eval_every: int = Field(1, ge=1, description="evaluate all clients every k rounds (and at the end)")
-    engine: Literal["auto", "sequential", "batched"] = Field(
-        "auto", description="executor of client tasks; auto picks by model size and batch size"
+    engine: Literal["auto", "sequential", "batched", "flower-sim"] = Field(
+        "auto", description="executor of client tasks; auto picks sequential or batched by model and batch size; "
+        "flower-sim sends them as Flower messages (simulation engine)"
     )
     threads: int = Field(0, ge=0, description="torch threads; 0 = the free cores of this machine")
     chunk_size: int = Field(

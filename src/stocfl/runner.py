@@ -44,6 +44,7 @@ def build_federation(cfg: Config) -> Federation:
 class Experiment:
     cfg: Config
     out: Path
+    executor: Any = None  # given: an executor from outside (Flower); None: an in-process one
 
     def __post_init__(self):
         self.threads = set_threads(self.cfg.run.threads)
@@ -54,9 +55,14 @@ class Experiment:
         except ValueError as err:
             raise UserError(f"config: model.name: {err}") from None
         t = self.cfg.train
-        self.engine = choose_engine(self.cfg.run.engine, self.model.n_params, t.batch_size,
-                                    float(self.fed.train_sizes.mean()))
-        self.executor = make_executor(self.engine, self.fed, self.model, self.cfg.run.chunk_size)
+        if self.executor is not None:
+            self.engine = self.cfg.run.engine
+        else:
+            if self.cfg.run.engine == "flower-sim":
+                raise UserError("run.engine = flower-sim runs through 'stocfl run'/'stocfl resume' (Flower's simulation)")
+            self.engine = choose_engine(self.cfg.run.engine, self.model.n_params, t.batch_size,
+                                        float(self.fed.train_sizes.mean()))
+            self.executor = make_executor(self.engine, self.fed, self.model, self.cfg.run.chunk_size)
         module = build_module(m.name, self.fed.input_shape, self.fed.n_classes, m.hidden)
         ctx = Context(self.fed.n_clients, w0, t.epochs, t.batch_size, t.lr, self.cfg.run.seed,
                       self.fed.input_shape, self.fed.n_classes,
@@ -69,12 +75,12 @@ class Experiment:
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def create(cls, cfg: Config, out: Path) -> "Experiment":
+    def create(cls, cfg: Config, out: Path, executor: Any = None) -> "Experiment":
         if (out / "config.toml").exists():
             raise UserError(f"{out} already holds a run; continue it with 'stocfl resume {out}' or pick another --out")
         if cfg.scenario.data_dir or resolve_data_dir(None):
             cfg.scenario.data_dir = str(resolve_data_dir(cfg.scenario.data_dir).resolve())
-        exp = cls(cfg, out)  # builds data first: a data error leaves no half-made results directory
+        exp = cls(cfg, out, executor)  # builds data first: a data error leaves no half-made results directory
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.toml").write_text(report.to_toml(cfg.to_dict()))
         (out / "metrics.jsonl").write_text("")
@@ -82,19 +88,19 @@ class Experiment:
         return exp
 
     @classmethod
-    def open(cls, out: Path, data_dir: str | None = None) -> "Experiment":
+    def open(cls, out: Path, data_dir: str | None = None, executor: Any = None) -> "Experiment":
         """A saved run, rebuilt from its config and last checkpoint; nothing on disk changes."""
         path = out / "config.toml"
         if not path.is_file():
             raise UserError(f"{out} holds no run (no config.toml); start one with 'stocfl run --out {out}'")
-        exp = cls(config_mod.validate(read_config(out, data_dir)), out)
+        exp = cls(config_mod.validate(read_config(out, data_dir)), out, executor)
         if (out / CHECKPOINT).exists():
             exp.load_checkpoint()
         return exp
 
     @classmethod
-    def resume(cls, out: Path, data_dir: str | None = None) -> "Experiment":
-        exp = cls.open(out, data_dir)
+    def resume(cls, out: Path, data_dir: str | None = None, executor: Any = None) -> "Experiment":
+        exp = cls.open(out, data_dir, executor)
         rows = [r for r in report.read_jsonl(out / "metrics.jsonl") if r["round"] <= exp.round]
         (out / "metrics.jsonl").write_text("".join(report.json.dumps(r, sort_keys=True) + "\n" for r in rows))
         return exp

@@ -1,0 +1,118 @@
+"""Client tasks and results as Flower records: named keys only, never positional lists.
+
+A task travels as a RecordDict with an ArrayRecord "arrays" (weights, anchor, prox_center)
+and a ConfigRecord "task" (the task kind and its plain numbers); a result comes back as an
+ArrayRecord "arrays" (weights or psi), a MetricRecord "metrics" and a ConfigRecord "client"
+holding the client's own id. Replies are checked before anything is aggregated.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from stocfl.tasks import (Evaluate, Evaluated, Gradient, Gradiented, Represent, Represented, Task, Train,
+                          Trained)
+
+MESSAGE_TYPE = {Train: "train", Evaluate: "evaluate", Represent: "query.represent", Gradient: "query.gradient"}
+
+
+class BadReply(ValueError):
+    """A client's reply that must not reach aggregation (wrong shape, NaN or inf, wrong client)."""
+
+
+def _arrays(**tensors) -> ArrayRecord:
+    return ArrayRecord(array_dict={k: Array(v.detach().numpy()) for k, v in tensors.items() if v is not None})
+
+
+def encode_task(task: Task) -> RecordDict:
+    if isinstance(task, Train):
+        cfg = {"client": task.client, "epochs": task.epochs, "batch_size": task.batch_size, "lr": task.lr,
+               "seed": task.seed, "prox_weight": task.prox_weight}
+        arrays = _arrays(weights=task.weights, prox_center=task.prox_center)
+    elif isinstance(task, Evaluate):
+        cfg = {"client": task.client, "split": task.split}
+        arrays = _arrays(weights=task.weights)
+    elif isinstance(task, Represent):
+        cfg = {"client": task.client, "kind": task.kind, "anchor_model": task.anchor_model, "epochs": task.epochs,
+               "batch_size": task.batch_size, "lr": task.lr, "seed": task.seed, "dim": task.dim,
+               "projection_seed": task.projection_seed}
+        arrays = _arrays(anchor=task.anchor)
+    elif isinstance(task, Gradient):
+        cfg = {"client": task.client}
+        arrays = _arrays(weights=task.weights)
+    else:
+        raise TypeError(f"no message for {type(task).__name__}")
+    return RecordDict({"arrays": arrays, "task": ConfigRecord(cfg)})
+
+
+def _tensor(record: ArrayRecord, key: str) -> torch.Tensor | None:
+    return torch.from_numpy(np.array(record[key].numpy(), dtype=np.float32)) if key in record else None
+
+
+def decode_task(message_type: str, content: RecordDict) -> Task:
+    cfg, arrays = content["task"], content["arrays"]
+    if message_type == "train":
+        return Train(int(cfg["client"]), _tensor(arrays, "weights"), int(cfg["epochs"]), int(cfg["batch_size"]),
+                     float(cfg["lr"]), int(cfg["seed"]), _tensor(arrays, "prox_center"), float(cfg["prox_weight"]))
+    if message_type == "evaluate":
+        return Evaluate(int(cfg["client"]), _tensor(arrays, "weights"), str(cfg["split"]))
+    if message_type == "query.represent":
+        return Represent(int(cfg["client"]), _tensor(arrays, "anchor"), str(cfg["kind"]), str(cfg["anchor_model"]),
+                         int(cfg["epochs"]), int(cfg["batch_size"]), float(cfg["lr"]), int(cfg["seed"]),
+                         int(cfg["dim"]), int(cfg["projection_seed"]))
+    if message_type == "query.gradient":
+        return Gradient(int(cfg["client"]), _tensor(arrays, "weights"))
+    raise ValueError(f"unknown message type {message_type!r}")
+
+
+def encode_result(result, client_id: int) -> RecordDict:
+    if isinstance(result, Trained):
+        arrays, metrics = _arrays(weights=result.weights), {"n_samples": result.n_samples}
+    elif isinstance(result, Evaluated):
+        arrays, metrics = ArrayRecord(), {"loss": result.loss, "correct": result.correct,
+                                          "n_samples": result.n_samples}
+    elif isinstance(result, Represented):
+        arrays, metrics = _arrays(psi=result.psi), {"n_samples": result.n_samples}
+    elif isinstance(result, Gradiented):
+        arrays, metrics = _arrays(gradient=result.gradient), {"n_samples": result.n_samples}
+    else:
+        raise TypeError(f"no reply for {type(result).__name__}")
+    return RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics),
+                       "client": ConfigRecord({"client_id": client_id})})
+
+
+def _finite(t: torch.Tensor, what: str, shape: tuple[int, ...]) -> torch.Tensor:
+    if tuple(t.shape) != shape:
+        raise BadReply(f"{what} has shape {tuple(t.shape)}, expected {shape}")
+    if not torch.isfinite(t).all():
+        raise BadReply(f"{what} holds NaN or inf")
+    return t
+
+
+def decode_result(task: Task, content: RecordDict):
+    """The reply to ``task``, checked: the right client, the right shapes, finite numbers."""
+    try:
+        who = int(content["client"]["client_id"])
+        arrays, m = content["arrays"], content["metrics"]
+        n = int(m["n_samples"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise BadReply(f"reply without the expected records ({err})") from None
+    if who != task.client:
+        raise BadReply(f"reply from client {who} to a task for client {task.client}")
+    if isinstance(task, Train):
+        return Trained(_finite(_tensor(arrays, "weights"), "weights", tuple(task.weights.shape)), n)
+    if isinstance(task, Evaluate):
+        loss = float(m["loss"])
+        if not math.isfinite(loss):
+            raise BadReply("evaluation loss is not finite")
+        return Evaluated(loss, int(m["correct"]), n)
+    if isinstance(task, Represent):
+        psi = _tensor(arrays, "psi")
+        if psi is None or psi.dim() != 1:
+            raise BadReply("representation missing or not a vector")
+        return Represented(psi, n)  # zero or non-finite Psi is rejected by StoCFL itself
+    return Gradiented(_finite(_tensor(arrays, "gradient"), "gradient", tuple(task.weights.shape)), n)
