@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/stocfl run configs/default.toml --out runs/default
+	$(BIN)/stocfl run configs/default.toml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
