@@ -9,6 +9,9 @@ digits_small
     The digits model (64-32-10) on 500 clients of 10 samples, batch 10, 5 epochs
     (per-client overhead dominates).
 
+``flower_sim`` adds the per-round overhead of the flower-sim engine against the local one
+for the same StoCFL run (digits, 20 clients).
+
 Each case times a naive loop in the style of common FL code (``deepcopy`` of an ``nn.Module``
 and a ``DataLoader`` per client), the sequential executor and the batched executor, and
 reports seconds, GFLOP/s (6 * P flops per sample per epoch), the fraction of the machine's
@@ -23,6 +26,7 @@ import platform
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -101,6 +105,38 @@ def run_case(name, fed, model_name, hidden, n_clients, epochs, batch_size, lr, p
     }
 
 
+def flower_overhead(rounds: int = 5) -> dict:
+    """Seconds per round of the same StoCFL run (digits, 20 clients, half sampled per round)
+    on the local sequential engine and on flower-sim; Ray's start-up is reported apart."""
+    import tempfile
+
+    from stocfl import config
+    from stocfl.flower.engine import simulate
+    from stocfl.report import read_jsonl
+    from stocfl.runner import Experiment
+
+    sets = ["algorithm.name=stocfl", "scenario.n_clients=20", f"run.rounds={rounds}", "run.sample_rate=0.5"]
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for engine in ("sequential", "flower-sim"):
+            cfg = config.load(None, [*sets, f"run.engine={engine}"])
+            run_dir = Path(tmp) / engine
+            t = time.perf_counter()
+            if engine == "flower-sim":
+                simulate(cfg.to_dict(), run_dir, lambda ex, c=cfg, d=run_dir: Experiment.create(c, d, ex), 20)
+            else:
+                Experiment.create(cfg, run_dir).run(progress=False)
+            total = time.perf_counter() - t
+            per_round = [r["seconds"] for r in read_jsonl(run_dir / "metrics.jsonl")]
+            out[engine] = {"seconds_per_round": round(float(np.mean(per_round[1:])), 4),
+                           "total_seconds": round(total, 2), "rounds_seconds": round(sum(per_round), 2)}
+    out["overhead_per_round_seconds"] = round(out["flower-sim"]["seconds_per_round"]
+                                              - out["sequential"]["seconds_per_round"], 4)
+    out["ratio"] = round(out["flower-sim"]["seconds_per_round"] / out["sequential"]["seconds_per_round"], 1)
+    out["flower_startup_seconds"] = round(out["flower-sim"]["total_seconds"] - out["flower-sim"]["rounds_seconds"], 2)
+    return out
+
+
 def main(args) -> int:
     threads = set_threads(0)
     root = resolve_data_dir(args.data_dir)
@@ -123,6 +159,10 @@ def main(args) -> int:
             run_case("digits_small", digits, "digits_mlp", 0, digits.n_clients, 5, 10, 0.1, peak, 1 if quick else 3),
         ],
     }
+    try:
+        result["flower_sim"] = flower_overhead(3 if quick else 6)
+    except ImportError:
+        result["flower_sim"] = "Flower not installed (pip install 'flwr[simulation]>=1.41,<1.43')"
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
