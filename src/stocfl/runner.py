@@ -11,6 +11,7 @@ Layout of a results directory::
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import tomllib
@@ -29,9 +30,10 @@ from stocfl.errors import UserError
 from stocfl.executors import choose_engine, make_executor, set_threads
 from stocfl.models import FlatModel, build_module, make_model
 from stocfl.scenarios import Federation, build
-from stocfl.tasks import Evaluate
+from stocfl.tasks import ClientsDropped, Evaluate
 
 CHECKPOINT = "checkpoint.safetensors"
+log = logging.getLogger("stocfl")
 
 
 def build_federation(cfg: Config) -> Federation:
@@ -130,24 +132,62 @@ class Experiment:
         m = min(len(pool), math.ceil(self.cfg.run.sample_rate * len(pool)))
         return sorted(pool[int(k)] for k in self.sampler.choice(len(pool), m, replace=False))
 
+    def play_round(self, t: int, sampled: list[int]) -> tuple[dict[str, Any], list[int]]:
+        """The algorithm's round with the sampled clients. When clients fail, the round is redone
+        without them from the state of the last checkpoint (the algorithms are deterministic,
+        so the result is the round those clients would have had without them)."""
+        dropped: list[int] = []
+        while True:
+            present = [i for i in sampled if i not in dropped]
+            if not present:
+                return {}, dropped
+            try:
+                return self.algorithm.round(t, present, self.executor.run), dropped
+            except ClientsDropped as err:
+                if not set(err.clients) <= set(present):
+                    raise UserError(f"round {t}: clients outside the round failed ({err}); "
+                                    f"resume with 'stocfl resume {self.out}'") from None
+                for reason in err.reasons:
+                    log.warning("round %d: dropped %s", t, reason)
+                dropped += err.clients
+                self.restore_algorithm()
+
+    def restore_algorithm(self) -> None:
+        tensors, meta = checkpoint.load(self.out / CHECKPOINT)
+        prefix = "algorithm/"
+        self.algorithm.load_state({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)},
+                                  meta["algorithm"])
+
     def evaluate(self) -> dict[str, float]:
         """Accuracy of the participating clients, each with the model it would use, weighted
-        by test size; and of the global model on the same clients."""
+        by test size; and of the global model on the same clients. Clients that fail to answer
+        are left out of this evaluation."""
         clients = self.fed.participants
-        models = self.algorithm.client_models(clients, self.executor.run)
-        res = self.executor.run([Evaluate(i, w) for i, w in zip(clients, models)])
-        self.last_eval = dict(zip(clients, res))
-        gw = self.algorithm.global_model()
-        gres = res if all(w is gw for w in models) else self.executor.run([Evaluate(i, gw) for i in clients])
-        return {"accuracy": _pooled(res), "global_accuracy": _pooled(gres)}
+        while True:
+            try:
+                models = self.algorithm.client_models(clients, self.executor.run)
+                res = dict(zip(clients, self.executor.run([Evaluate(i, w) for i, w in zip(clients, models)])))
+                gw = self.algorithm.global_model()
+                gres = res if all(w is gw for w in models) else dict(
+                    zip(clients, self.executor.run([Evaluate(i, gw) for i in clients])))
+                break
+            except ClientsDropped as err:
+                clients = [i for i in clients if i not in err.clients]
+        self.last_eval = res
+        return {"accuracy": _pooled(res.values()), "global_accuracy": _pooled(gres.values())}
 
     def place_heldout(self) -> list[dict[str, Any]]:
         """Held-out clients as new clients: placement and test accuracy with the chosen model."""
         clients = self.fed.heldout_clients
         if not clients:
             return []
-        placed = self.algorithm.place_new(clients, self.executor.run)
-        res = self.executor.run([Evaluate(p.client, p.weights) for p in placed])
+        while True:
+            try:
+                placed = self.algorithm.place_new(clients, self.executor.run)
+                res = self.executor.run([Evaluate(p.client, p.weights) for p in placed])
+                break
+            except ClientsDropped as err:
+                clients = [i for i in clients if i not in err.clients]
         return placement_rows(placed, res, self.fed.groups, cluster_majority(self.algorithm.cluster_labels(),
                                                                              self.fed.groups))
 
@@ -165,8 +205,9 @@ class Experiment:
                 return None
             t0 = time.perf_counter()
             t = self.round + 1
-            diag = self.algorithm.round(t, self.sample(), self.executor.run)
-            row: dict[str, Any] = {"round": t, "accuracy": None, "global_accuracy": None}
+            diag, dropped = self.play_round(t, self.sample())
+            row: dict[str, Any] = {"round": t, "accuracy": None, "global_accuracy": None,
+                                   "dropped": len(dropped), "dropped_clients": dropped}
             if t % r.eval_every == 0 or t == r.rounds:
                 row.update(self.evaluate())
             row.update(report.clustering_scores(self.algorithm.cluster_labels(), self.fed.groups))
@@ -236,6 +277,7 @@ def read_config(out: Path, data_dir: str | None = None) -> dict[str, Any]:
 
 
 def _pooled(results) -> float:
+    results = list(results)
     n = sum(r.n_samples for r in results)
     return sum(r.correct for r in results) / n if n else 0.0
 

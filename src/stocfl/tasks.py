@@ -99,6 +99,15 @@ class Represented:
     n_samples: int
 
 
+class ClientsDropped(Exception):
+    """Raised by an executor after a task list when some clients failed (an error, a bad reply,
+    no reply in time). The round is redone without them; every other task in the list ran."""
+
+    def __init__(self, clients: list[int], reasons: list[str]):
+        super().__init__(f"dropped clients {clients}: {'; '.join(reasons)}")
+        self.clients, self.reasons = clients, reasons
+
+
 Task = Train | Evaluate | Gradient | Represent
 Result = Trained | Evaluated | Gradiented | Represented
 

@@ -9,7 +9,7 @@ import torch
 from pydantic import Field, model_validator
 
 from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks, lowest_train_loss
-from stocfl.tasks import Train, task_seed, weighted_mean
+from stocfl.tasks import ClientsDropped, Train, task_seed, weighted_mean
 
 
 class FLHCParams(Params):
@@ -64,6 +64,9 @@ class FLHC(Algorithm):
             return {}
         if not self.models:
             return self.cluster(round_, run)
+        late = [i for i in sampled if self.labels[i] < 0]
+        for p in self.place_new(late, run):
+            self.labels[p.client] = p.cluster
         results = run([self.local_training(round_, i, self.models[int(self.labels[i])]) for i in sampled])
         for c in self.models:
             mine = [r for i, r in zip(sampled, results) if self.labels[i] == c]
@@ -76,8 +79,13 @@ class FLHC(Algorithm):
 
         c = self.ctx
         everyone = list(range(c.n_clients))
-        results = run([Train(i, self.w, self.params.cluster_epochs, c.batch_size, c.lr, task_seed(c.seed, round_, i))
-                       for i in everyone])
+        while True:  # clients that fail here are clustered later, by lowest loss, like new clients
+            try:
+                results = run([Train(i, self.w, self.params.cluster_epochs, c.batch_size, c.lr,
+                                     task_seed(c.seed, round_, i)) for i in everyone])
+                break
+            except ClientsDropped as err:
+                everyone = [i for i in everyone if i not in err.clients]
         dw = torch.stack([r.weights - self.w for r in results]).double().numpy()
         metric = {"l1": "manhattan", "l2": "euclidean", "cosine": "cosine"}[self.params.metric]
         p = self.params
@@ -85,7 +93,8 @@ class FLHC(Algorithm):
             n_clusters=p.n_clusters or None, distance_threshold=p.distance_threshold or None,
             metric=metric, linkage=p.linkage,
         ).fit(dw).labels_
-        self.labels = np.asarray(labels, dtype=np.int64)
+        self.labels = np.full(c.n_clients, -1, dtype=np.int64)
+        self.labels[everyone] = labels
         self.models = {int(k): self.w.clone() for k in np.unique(labels)}
         return {"clustered": len(self.models)}
 
@@ -95,7 +104,8 @@ class FLHC(Algorithm):
     def client_models(self, clients, run):
         if not self.models:
             return [self.w] * len(clients)
-        return [self.models[int(self.labels[i])] for i in clients]
+        late = {p.client: p.weights for p in self.place_new([i for i in clients if self.labels[i] < 0], run)}
+        return [late[i] if i in late else self.models[int(self.labels[i])] for i in clients]
 
     def cluster_labels(self) -> np.ndarray:
         return self.labels.copy() if self.models else np.zeros(self.ctx.n_clients, dtype=np.int64)

@@ -20,7 +20,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from stocfl.errors import UserError
 from stocfl.flower.codec import MESSAGE_TYPE, BadReply, decode_result, decode_task, encode_result, encode_task
-from stocfl.tasks import Result, Task
+from stocfl.tasks import ClientsDropped, Result, Task
 
 NODE_WAIT_SECONDS = 120.0
 
@@ -40,20 +40,23 @@ class FlowerExecutor:
         replies = list(self.grid.send_and_receive(msgs, timeout=self.timeout))
         index = {m.metadata.message_id: k for k, m in enumerate(msgs)}  # ids are set when pushed
         out: list[Result | None] = [None] * len(tasks)
+        why: dict[int, str] = {}
         for reply in replies:
             k = index.get(reply.metadata.reply_to_message_id)
             if k is None:
                 continue
             if reply.has_error():
-                raise UserError(f"client {tasks[k].client} failed its {msgs[k].metadata.message_type} task: "
-                                f"{reply.error.reason}")
+                why[tasks[k].client] = f"client {tasks[k].client}: {reply.error.reason}"
+                continue
             try:
                 out[k] = decode_result(tasks[k], reply.content)
             except BadReply as err:
-                raise UserError(f"client {tasks[k].client} sent a bad reply: {err}") from None
-        lost = [tasks[k].client for k, r in enumerate(out) if r is None]
-        if lost:
-            raise UserError(f"no reply from client {lost[0]} (and {len(lost) - 1} more) within the timeout")
+                why[tasks[k].client] = f"client {tasks[k].client} sent a bad reply: {err}"
+        for k, r in enumerate(out):
+            if r is None and tasks[k].client not in why:
+                why[tasks[k].client] = f"client {tasks[k].client}: no reply within the timeout"
+        if why:
+            raise ClientsDropped(sorted(why), [why[c] for c in sorted(why)])
         return out  # type: ignore[return-value]
 
 

@@ -1,0 +1,62 @@
+"""Clients that fail are dropped from the round; the round completes with the rest."""
+
+import json
+
+import pytest
+import torch
+
+from stocfl import config
+from stocfl.algorithms import ALGORITHMS
+from stocfl.executors import SequentialExecutor
+from stocfl.runner import Experiment
+from stocfl.tasks import ClientsDropped
+
+
+class FailingExecutor(SequentialExecutor):
+    """The sequential executor, except that the clients in ``fail`` never answer."""
+
+    def __init__(self, federation, model, fail):
+        super().__init__(federation, model)
+        self.fail = set(fail)
+
+    def run(self, tasks):
+        bad = sorted({t.client for t in tasks} & self.fail)
+        results = super().run([t for t in tasks if t.client not in self.fail])
+        if bad:
+            raise ClientsDropped(bad, [f"client {c}: no reply" for c in bad])
+        return results
+
+
+SMALL = ["scenario.n_clients=16", "scenario.samples_per_client=20", "run.rounds=4", "run.sample_rate=0.5"]
+PARAMS = {"flhc": ["algorithm.warmup_rounds=1"], "fesem": ["algorithm.n_centers=2"]}
+
+
+def _experiment(tmp_path, name, fail):
+    cfg = config.load(overrides=[*SMALL, f"algorithm.name={name}", *PARAMS.get(name, [])])
+    probe = Experiment(cfg, tmp_path / "probe")  # the federation and model the run will use
+    return Experiment.create(cfg, tmp_path / name, FailingExecutor(probe.fed, probe.model, fail))
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_every_algorithm_completes_rounds_without_the_failing_client(tmp_path, name):
+    exp = _experiment(tmp_path, name, fail=[3])
+    summary = exp.run(progress=False)
+    assert summary["rounds_done"] == 4 and summary["accuracy"] is not None
+    rows = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["dropped_clients"] in ([], [3]) for r in rows)
+    assert sum(r["dropped"] for r in rows) >= 1, "client 3 is sampled at least once with this seed"
+    assert torch.isfinite(exp.algorithm.global_model()).all()
+
+
+def test_a_dropped_round_equals_the_round_without_that_client(tmp_path):
+    cfg = config.load(overrides=[*SMALL, "algorithm.name=fedavg"])
+    probe = Experiment(cfg, tmp_path / "probe")
+    sampled = probe.sample()  # round 1 of every run with this config samples these clients
+    victim = sampled[0]
+    exp = Experiment.create(cfg, tmp_path / "run", FailingExecutor(probe.fed, probe.model, [victim]))
+    exp.run(progress=False, stop_after=1)
+    ref = ALGORITHMS["fedavg"](ALGORITHMS["fedavg"].Params(), exp.algorithm.ctx)
+    ref.round(1, sampled[1:], SequentialExecutor(exp.fed, exp.model).run)
+    assert torch.equal(ref.global_model(), exp.algorithm.global_model())
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["dropped"] == 1 and row["dropped_clients"] == [victim]
