@@ -76,10 +76,9 @@ def _run(args) -> int:
         f"{cfg.scenario.name}-{cfg.scenario.dataset}-{cfg.algorithm['name']}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
     if cfg.run.engine == "flower-sim":
-        from stocfl.data import resolve_data_dir
+        from stocfl.runner import pin_data_dir
 
-        if cfg.scenario.data_dir or resolve_data_dir(None):  # clients must find the same data
-            cfg.scenario.data_dir = str(resolve_data_dir(cfg.scenario.data_dir).resolve())
+        pin_data_dir(cfg)  # Flower clients must find the same data
         summary = _flower(cfg.to_dict(), out, lambda ex: Experiment.create(cfg, out, ex), cfg.scenario.n_clients,
                           not args.quiet)
     else:

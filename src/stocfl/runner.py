@@ -11,6 +11,7 @@ Layout of a results directory::
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -80,8 +81,7 @@ class Experiment:
     def create(cls, cfg: Config, out: Path, executor: Any = None) -> "Experiment":
         if (out / "config.toml").exists():
             raise UserError(f"{out} already holds a run; continue it with 'stocfl resume {out}' or pick another --out")
-        if cfg.scenario.data_dir or resolve_data_dir(None):
-            cfg.scenario.data_dir = str(resolve_data_dir(cfg.scenario.data_dir).resolve())
+        pin_data_dir(cfg)
         exp = cls(cfg, out, executor)  # builds data first: a data error leaves no half-made results directory
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.toml").write_text(report.to_toml(cfg.to_dict()))
@@ -104,7 +104,7 @@ class Experiment:
     def resume(cls, out: Path, data_dir: str | None = None, executor: Any = None) -> "Experiment":
         exp = cls.open(out, data_dir, executor)
         rows = [r for r in report.read_jsonl(out / "metrics.jsonl") if r["round"] <= exp.round]
-        (out / "metrics.jsonl").write_text("".join(report.json.dumps(r, sort_keys=True) + "\n" for r in rows))
+        (out / "metrics.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
         return exp
 
     # ---- checkpoints --------------------------------------------------------------------
@@ -264,6 +264,13 @@ class Experiment:
         name = f"{self.cfg.scenario.name} ({self.cfg.scenario.dataset})"
         plots.similarity_matrix(reps, groups, self.out / "similarity.png", f"cosine of Psi, {name}")
         plots.embedding(reps, labels[ids], groups, self.out / "embedding.png", name, self.cfg.run.seed)
+
+
+def pin_data_dir(cfg: Config) -> None:
+    """Write the data directory in use ($STOCFL_DATA_DIR included) into the config as an
+    absolute path, so that a resume, a new-client query or a Flower client finds the same data."""
+    if cfg.scenario.data_dir or resolve_data_dir(None):
+        cfg.scenario.data_dir = str(resolve_data_dir(cfg.scenario.data_dir).resolve())
 
 
 def read_config(out: Path, data_dir: str | None = None) -> dict[str, Any]:

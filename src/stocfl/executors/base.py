@@ -156,4 +156,4 @@ def check_train_task(t: Train, n_params: int) -> None:
                          f"the model has {n_params} parameters")
 
 
-__all__ = ["Executor", "Trained", "check_train_task"]
+__all__ = ["Executor", "check_train_task", "linear_softmax_grad", "local_sgd"]
