@@ -76,9 +76,10 @@ def discover(grid: Grid, expected: int) -> dict[int, int]:
     return {int(r.content["client"]["client_id"]): r.metadata.src_node_id for r in replies if not r.has_error()}
 
 
-def client_app(raw_config: dict[str, Any]) -> ClientApp:
+def client_app(raw_config: dict[str, Any] | Callable[[Context], dict[str, Any]]) -> ClientApp:
     """A ClientApp serving the client whose id is the node's ``partition-id`` (simulation) or
-    ``client-id`` (deployment) in its node config."""
+    ``client-id`` (deployment) in its node config. ``raw_config``: the stocfl config, or a
+    function that reads it from the run's context (deployment)."""
     app = ClientApp()
     state: dict[str, Any] = {}
 
@@ -90,7 +91,7 @@ def client_app(raw_config: dict[str, Any]) -> ClientApp:
             from stocfl.runner import build_federation
 
             set_threads(1)  # one CPU per client actor
-            cfg = config_mod.validate(raw_config)
+            cfg = config_mod.validate(raw_config(context) if callable(raw_config) else raw_config)
             fed = build_federation(cfg)
             model, _ = make_model(cfg.model.name, fed.input_shape, fed.n_classes, cfg.model.hidden, cfg.run.seed)
             state["executor"] = SequentialExecutor(fed, model)
@@ -125,6 +126,21 @@ def server_app(make_experiment: Callable[[FlowerExecutor], Any], n_nodes: int, r
         result["summary"] = make_experiment(executor).run(progress=result.get("progress", False))
 
     return app
+
+
+def deployed_main(grid: Grid, run_config: dict[str, Any]) -> None:
+    """The ServerApp body of a deployment: ``run_config`` carries the stocfl config file,
+    the results directory and the number of SuperNodes to wait for. An existing results
+    directory is resumed."""
+    from stocfl import config as config_mod
+    from stocfl.runner import Experiment
+
+    out = Path(str(run_config["out"]))
+    executor = FlowerExecutor(grid, discover(grid, int(run_config["n-clients"])))
+    if (out / "config.toml").exists():
+        Experiment.resume(out, executor=executor).run(progress=False)
+    else:
+        Experiment.create(config_mod.load(str(run_config["config"])), out, executor).run(progress=False)
 
 
 def simulate(raw_config: dict[str, Any], out: Path, make_experiment: Callable[[FlowerExecutor], Any],
