@@ -53,6 +53,7 @@ def test_flower_simulation_agrees_with_the_local_engine(tmp_path):
     """A 20-client StoCFL run through Flower's simulation engine (one SuperNode per client)
     gives the same clusters and accuracies as the in-process engine."""
     common = ["configs/default.toml", "--quiet", "--set", "scenario.n_clients=20", "--set", "run.rounds=4",
+              "--set", "run.client_timeout=300.0",
               "--set", "run.sample_rate=0.3"]
     assert main(["run", *common, "--engine", "local", "--out", str(tmp_path / "local")]) == 0
     assert main(["run", *common, "--engine", "flower-sim", "--out", str(tmp_path / "flower")]) == 0

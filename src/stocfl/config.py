@@ -47,6 +47,10 @@ class RunConfig(Section):
         "flower-sim sends them as Flower messages (simulation engine)"
     )
     threads: int = Field(0, ge=0, description="torch threads; 0 = the free cores of this machine")
+    client_timeout: float = Field(
+        0.0, ge=0, description="Flower engines: seconds to wait for the replies to one task list; clients that "
+        "miss it are dropped from the round (0 = wait without limit)"
+    )
     chunk_size: int = Field(
         0, ge=0, description="clients per batched computation (batched engine); 0 = from a memory budget"
     )

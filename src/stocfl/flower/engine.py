@@ -117,12 +117,17 @@ def client_app(raw_config: dict[str, Any] | Callable[[Context], dict[str, Any]])
     return app
 
 
-def server_app(make_experiment: Callable[[FlowerExecutor], Any], n_nodes: int, result: dict) -> ServerApp:
+def _timeout(raw_config: dict[str, Any]) -> float | None:
+    return float(raw_config.get("run", {}).get("client_timeout", 0.0)) or None
+
+
+def server_app(make_experiment: Callable[[FlowerExecutor], Any], n_nodes: int, result: dict,
+               timeout: float | None = None) -> ServerApp:
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        executor = FlowerExecutor(grid, discover(grid, n_nodes))
+        executor = FlowerExecutor(grid, discover(grid, n_nodes), timeout)
         result["summary"] = make_experiment(executor).run(progress=result.get("progress", False))
 
     return app
@@ -135,9 +140,13 @@ def deployed_main(grid: Grid, run_config: dict[str, Any]) -> None:
     from stocfl import config as config_mod
     from stocfl.runner import Experiment
 
+    import tomllib
+
     out = Path(str(run_config["out"]))
-    executor = FlowerExecutor(grid, discover(grid, int(run_config["n-clients"])))
-    if (out / "config.toml").exists():
+    resuming = (out / "config.toml").exists()
+    raw = tomllib.loads((out / "config.toml" if resuming else Path(str(run_config["config"]))).read_text())
+    executor = FlowerExecutor(grid, discover(grid, int(run_config["n-clients"])), _timeout(raw))
+    if resuming:
         Experiment.resume(out, executor=executor).run(progress=False)
     else:
         Experiment.create(config_mod.load(str(run_config["config"])), out, executor).run(progress=False)
@@ -152,7 +161,8 @@ def simulate(raw_config: dict[str, Any], out: Path, make_experiment: Callable[[F
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("FLWR_HOME", str((out / ".flwr").resolve()))
     result: dict[str, Any] = {"progress": progress}
-    run_simulation(server_app(make_experiment, n_clients, result), client_app(raw_config), num_supernodes=n_clients,
+    run_simulation(server_app(make_experiment, n_clients, result, _timeout(raw_config)), client_app(raw_config),
+                   num_supernodes=n_clients,
                    backend_config={"client_resources": {"num_cpus": 1}})
     if "summary" not in result:
         raise UserError(f"the Flower simulation ended without finishing the run; see the log above, resume with "
