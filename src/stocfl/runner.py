@@ -118,10 +118,7 @@ class Experiment:
         })
 
     def load_checkpoint(self) -> None:
-        tensors, meta = checkpoint.load(self.out / CHECKPOINT)
-        prefix = "algorithm/"
-        self.algorithm.load_state({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)},
-                                  meta["algorithm"])
+        meta = self.restore_algorithm()
         self.sampler.bit_generator.state = meta["sampler"]
         self.round = meta["round"]
         self.elapsed = meta["elapsed"]
@@ -152,11 +149,13 @@ class Experiment:
                 dropped += err.clients
                 self.restore_algorithm()
 
-    def restore_algorithm(self) -> None:
+    def restore_algorithm(self) -> dict[str, Any]:
+        """The algorithm's state as of the last checkpoint; returns the checkpoint's metadata."""
         tensors, meta = checkpoint.load(self.out / CHECKPOINT)
         prefix = "algorithm/"
         self.algorithm.load_state({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)},
                                   meta["algorithm"])
+        return meta
 
     def evaluate(self) -> dict[str, float]:
         """Accuracy of the participating clients, each with the model it would use, weighted

@@ -137,6 +137,11 @@ def task_seed(run_seed: int, round_: int, client: int, purpose: int = 0) -> int:
     return int(np.random.SeedSequence([run_seed, round_, client, purpose]).generate_state(1)[0])
 
 
+def average(results: list[Trained]) -> torch.Tensor:
+    """The mean of trained models weighted by the samples that trained them (FedAvg's rule)."""
+    return weighted_mean([r.weights for r in results], [r.n_samples for r in results])
+
+
 def weighted_mean(vectors: list[torch.Tensor], weights) -> torch.Tensor:
     """sum_i a_i v_i / sum_i a_i, accumulated in float64 for stability, returned as float32."""
     a = torch.as_tensor(np.asarray(weights, dtype=np.float64))

@@ -9,7 +9,7 @@ from pydantic import ConfigDict, Field
 
 from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks
 from stocfl.store import ClientStore
-from stocfl.tasks import weighted_mean
+from stocfl.tasks import average
 
 
 class DittoParams(Params):
@@ -44,7 +44,7 @@ class Ditto(Algorithm):
             tasks.append(self.local_training(round_, i, v, prox_center=self.w, prox_weight=self.params.lam))
         results = run(tasks)
         ws, vs = results[0::2], results[1::2]
-        self.w = weighted_mean([r.weights for r in ws], [r.n_samples for r in ws])
+        self.w = average(ws)
         self.personal.write({i: r.weights for i, r in zip(sampled, vs)})
         return {}
 

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks
-from stocfl.tasks import weighted_mean
+from stocfl.tasks import average
 
 
 class FedAvg(Algorithm):
@@ -28,7 +28,7 @@ class FedAvg(Algorithm):
 
     def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
         results = run([self.local_task(round_, i) for i in sampled])
-        self.w = weighted_mean([r.weights for r in results], [r.n_samples for r in results])
+        self.w = average(results)
         return {}
 
     def global_model(self) -> torch.Tensor:

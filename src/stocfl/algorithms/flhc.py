@@ -9,7 +9,7 @@ import torch
 from pydantic import Field, model_validator
 
 from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks, lowest_train_loss
-from stocfl.tasks import ClientsDropped, Train, task_seed, weighted_mean
+from stocfl.tasks import ClientsDropped, Train, average, task_seed
 
 
 class FLHCParams(Params):
@@ -60,7 +60,7 @@ class FLHC(Algorithm):
     def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
         if round_ <= self.params.warmup_rounds:
             results = run([self.local_training(round_, i, self.w) for i in sampled])
-            self.w = weighted_mean([r.weights for r in results], [r.n_samples for r in results])
+            self.w = average(results)
             return {}
         if not self.models:
             return self.cluster(round_, run)
@@ -71,7 +71,7 @@ class FLHC(Algorithm):
         for c in self.models:
             mine = [r for i, r in zip(sampled, results) if self.labels[i] == c]
             if mine:
-                self.models[c] = weighted_mean([r.weights for r in mine], [r.n_samples for r in mine])
+                self.models[c] = average(mine)
         return {}
 
     def cluster(self, round_: int, run: RunTasks) -> dict[str, Any]:

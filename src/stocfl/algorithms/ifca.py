@@ -9,7 +9,7 @@ import torch
 from pydantic import Field
 
 from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks, lowest_train_loss
-from stocfl.tasks import weighted_mean
+from stocfl.tasks import average
 
 
 class IFCAParams(Params):
@@ -53,18 +53,17 @@ class IFCA(Algorithm):
         for k in range(len(self.models)):
             mine = [r for r, c in zip(results, chosen) if c == k]
             if mine:
-                self.models[k] = weighted_mean([r.weights for r in mine], [r.n_samples for r in mine])
+                self.models[k] = average(mine)
         if self.params.share_layers:
-            shared = weighted_mean([r.weights for r in results], [r.n_samples for r in results])
+            shared = average(results)
             body = len(shared) - self.ctx.last_layer
             for w in self.models:
                 w[:body] = shared[:body]
         return {"choices": np.bincount(chosen, minlength=len(self.models)).tolist()}
 
     def global_model(self) -> torch.Tensor:
-        return self.models[0] if len(self.models) == 1 else self._mean
+        return self.models[0] if len(self.models) == 1 else self._mean()
 
-    @property
     def _mean(self) -> torch.Tensor:
         # IFCA has no global model; the plain mean of the M models stands in for global_accuracy
         return torch.stack(self.models).mean(0)

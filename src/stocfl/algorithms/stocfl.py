@@ -29,7 +29,7 @@ from pydantic import ConfigDict, Field, field_validator
 from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks
 from stocfl.clustering import ClusterSet
 from stocfl.models import linear_anchor_weights
-from stocfl.tasks import Represent, Represented, count_sketch, task_seed, weighted_mean
+from stocfl.tasks import Represent, Represented, average, count_sketch, task_seed, weighted_mean
 
 PLOT_DIM = 1024  # per-client vectors kept for plots are sketched to at most this many numbers
 
@@ -164,7 +164,7 @@ class StoCFL(Algorithm):
         results = run(tasks)
         thetas, ws = results[0::2], results[1::2]
         if ws:
-            self.w = weighted_mean([r.weights for r in ws], [r.n_samples for r in ws])
+            self.w = average(ws)
         for k in start:
             mine = [r for i, r in zip(members, thetas) if labels[i] == k]
             weights = [r.n_samples for r in mine] if self.params.weighting == "samples" else [1.0] * len(mine)
