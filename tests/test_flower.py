@@ -10,7 +10,8 @@ from stocfl.cli import main
 from stocfl.tasks import Evaluate, Evaluated, Gradient, Gradiented, Represent, Represented, Train, Trained
 
 flwr = pytest.importorskip("flwr", reason="Flower is part of the test extra: pip install -e '.[test]'")
-from stocfl.flower.codec import MESSAGE_TYPE, BadReply, decode_result, decode_task, encode_result, encode_task  # noqa: E402
+from stocfl.flower.codec import (MESSAGE_TYPE, BadReply, decode_results, decode_tasks, encode_results,  # noqa: E402
+                                 encode_tasks)
 
 W = torch.arange(6, dtype=torch.float32)
 
@@ -23,29 +24,49 @@ W = torch.arange(6, dtype=torch.float32)
     Gradient(3, W),
 ])
 def test_tasks_survive_the_message_codec(task):
-    back = decode_task(MESSAGE_TYPE[type(task)], encode_task(task))
-    assert type(back) is type(task)
-    for field in task.__dataclass_fields__:
-        a, b = getattr(task, field), getattr(back, field)
-        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, field
+    twin = type(task)(**{**task.__dict__, "weights" if hasattr(task, "weights") else "anchor": W * 2})
+    backs = decode_tasks(MESSAGE_TYPE[type(task)], encode_tasks([task, twin]))  # one message, two tasks
+    assert len(backs) == 2
+    for sent, back in zip([task, twin], backs):
+        assert type(back) is type(sent)
+        for field in sent.__dataclass_fields__:
+            a, b = getattr(sent, field), getattr(back, field)
+            assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, field
+
+
+def test_a_message_carries_one_kind_of_task_for_one_client():
+    with pytest.raises(ValueError):
+        encode_tasks([Train(3, W, 1, 0, 0.1, 1), Train(4, W, 1, 0, 0.1, 1)])
+    with pytest.raises(ValueError):
+        encode_tasks([Train(3, W, 1, 0, 0.1, 1), Evaluate(3, W)])
+
+
+def decode_result(task, result, client):
+    return decode_results([task], encode_results([result], client))[0]
 
 
 def test_replies_are_checked_before_aggregation():
     t = Train(3, W, 1, 0, 0.1, 1)
-    assert torch.equal(decode_result(t, encode_result(Trained(W + 1, 10), 3)).weights, W + 1)
+    assert torch.equal(decode_result(t, Trained(W + 1, 10), 3).weights, W + 1)
     with pytest.raises(BadReply, match="shape"):
-        decode_result(t, encode_result(Trained(torch.zeros(5), 10), 3))
+        decode_result(t, Trained(torch.zeros(5), 10), 3)
     with pytest.raises(BadReply, match="NaN or inf"):
-        decode_result(t, encode_result(Trained(torch.full((6,), math.nan), 10), 3))
+        decode_result(t, Trained(torch.full((6,), math.nan), 10), 3)
     with pytest.raises(BadReply, match="from client 4"):
-        decode_result(t, encode_result(Trained(W, 10), 4))
-    e = decode_result(Evaluate(3, W), encode_result(Evaluated(0.5, 7, 10), 3))
+        decode_result(t, Trained(W, 10), 4)
+    with pytest.raises(BadReply, match="expected records"):  # one result for two tasks
+        decode_results([t, t], encode_results([Trained(W, 10)], 3))
+    with pytest.raises(BadReply, match="2 results for 1 tasks"):
+        decode_results([t], encode_results([Trained(W, 10), Trained(W, 10)], 3))
+    two = decode_results([t, Train(3, W, 1, 0, 0.1, 2)], encode_results([Trained(W, 10), Trained(W + 1, 10)], 3))
+    assert [torch.equal(r.weights, w) for r, w in zip(two, (W, W + 1))] == [True, True]
+    e = decode_result(Evaluate(3, W), Evaluated(0.5, 7, 10), 3)
     assert (e.loss, e.correct, e.n_samples) == (0.5, 7, 10)
     with pytest.raises(BadReply, match="not finite"):
-        decode_result(Evaluate(3, W), encode_result(Evaluated(math.inf, 7, 10), 3))
-    r = decode_result(Represent(3, W), encode_result(Represented(torch.ones(4), 10), 3))
+        decode_result(Evaluate(3, W), Evaluated(math.inf, 7, 10), 3)
+    r = decode_result(Represent(3, W), Represented(torch.ones(4), 10), 3)
     assert r.psi.shape == (4,)
-    g = decode_result(Gradient(3, W), encode_result(Gradiented(W, 10), 3))
+    g = decode_result(Gradient(3, W), Gradiented(W, 10), 3)
     assert torch.equal(g.gradient, W)
 
 
@@ -64,3 +85,24 @@ def test_flower_simulation_agrees_with_the_local_engine(tmp_path):
         assert a["n_clusters"] == b["n_clusters"] and a["ari"] == b["ari"]
         assert abs(a["accuracy"] - b["accuracy"]) <= 1e-4 and abs(a["global_accuracy"] - b["global_accuracy"]) <= 1e-4
     assert (tmp_path / "flower" / ".flwr").is_dir(), "FLWR_HOME must live in the run directory"
+
+
+def test_certs_command_writes_a_ca_and_a_server_certificate_it_signed(tmp_path, capsys):
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    d = tmp_path / "certs"
+    assert main(["certs", str(d), "--host", "127.0.0.1", "--host", "superlink.example"]) == 0
+    assert sorted(p.name for p in d.iterdir()) == ["ca.crt", "ca.key", "server.key", "server.pem"]
+    assert oct((d / "server.key").stat().st_mode & 0o777) == "0o600"
+    ca = x509.load_pem_x509_certificate((d / "ca.crt").read_bytes())
+    server = x509.load_pem_x509_certificate((d / "server.pem").read_bytes())
+    server.verify_directly_issued_by(ca)  # raises if the CA did not sign it
+    ca.public_key().verify(server.signature, server.tbs_certificate_bytes, ec.ECDSA(server.signature_hash_algorithm))
+    san = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert san.get_values_for_type(x509.DNSName) == ["superlink.example"]
+    capsys.readouterr()
+    assert main(["certs", str(d)]) == 2  # a new CA would lock out the SuperNodes holding the old one
+    assert "exists" in capsys.readouterr().err
+    assert main(["certs", str(tmp_path / "other"), "--days", "0"]) == 2

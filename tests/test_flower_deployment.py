@@ -1,93 +1,63 @@
-"""A real Flower deployment on 127.0.0.1: one SuperLink, three SuperNodes, `flwr run`."""
+"""Real Flower deployments on 127.0.0.1: a SuperLink, SuperNodes and `flwr run` as separate
+processes, the stocfl Flower app (flower_app/) on top."""
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("flwr", reason="Flower is part of the test extra: pip install -e '.[test]'")
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
+from flower_deployment import Deployment, rows, wait_for  # noqa: E402
+
+from stocfl.flower.certs import make_certificates  # noqa: E402
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _experiment(path, rounds, extra=""):
+    """Hybrid digits, 3 clients in 2 groups; clients are evaluated after the last round only (each
+    message to a SuperNode starts a ClientApp process: about 4 s of CPU for imports and data)."""
+    path.write_text(f'[run]\nrounds = {rounds}\nsample_rate = 1.0\neval_every = {rounds}\n{extra}\n[scenario]\nname = "hybrid"\n'
+                    'dataset = "digits"\nn_clients = 3\nsamples_per_client = 30\n\n[algorithm]\nname = "stocfl"\n')
+    return path
 
 
-def _wait_port(port: int, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")
+def _finish(d, run, out, seconds=600):
+    assert run.wait(timeout=seconds) == 0, d.log("flwr_run.log")[-3000:]
+    # --stream may return just before the ServerApp writes the summary
+    return json.loads(wait_for(lambda: (out / "summary.json").exists() and (out / "summary.json").read_text(), 120,
+                               "summary.json"))
 
 
-def _alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-
-
-def test_stocfl_over_superlink_and_three_supernodes(tmp_path):
-    home = tmp_path / "flwr_home"  # never the user's home
-    home.mkdir()
-    port = _free_port()
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
-    exp = tmp_path / "exp.toml"
-    exp.write_text('[run]\nrounds = 3\nsample_rate = 1.0\n\n[scenario]\nname = "hybrid"\ndataset = "digits"\n'
-                   'n_clients = 3\nsamples_per_client = 30\n\n[algorithm]\nname = "stocfl"\n')
-    env = dict(os.environ, FLWR_HOME=str(home), PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    procs = []
-
-    def start(args, log):
-        p = subprocess.Popen([str(BIN / args[0]), *args[1:]], env=env, stdout=open(tmp_path / log, "w"),
-                             stderr=subprocess.STDOUT, start_new_session=True)  # own group: its children die with it
-        procs.append(p)
-        return p
-
-    try:
-        start(["flower-superlink", "--insecure", "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
-               "--port", str(port), "--database", ":flwr-in-memory-state:"], "superlink.log")
-        _wait_port(port, 60)
+def test_stocfl_over_tls_superlink_and_three_supernodes(tmp_path):
+    """Secure mode: the SuperLink serves TLS with a certificate signed by a CA made here; the
+    SuperNodes and `flwr` trust only that CA."""
+    certs = make_certificates(tmp_path / "certs", ["127.0.0.1", "localhost"])
+    out = tmp_path / "results"
+    with Deployment(tmp_path, certs) as d:
         for i in range(3):
-            start(["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}", "--node-config",
-                   f"client-id={i}", "--port", str(_free_port())], f"supernode{i}.log")
-        out = tmp_path / "results"
-        run = subprocess.run(
-            [str(BIN / "flwr"), "run", str(ROOT / "flower_app"), "local", "--stream", "--run-config",
-             f'config="{exp}" out="{out}" n-clients=3'],
-            env=env, capture_output=True, text=True, timeout=600)
-        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-        deadline = time.monotonic() + 120  # --stream may return before the summary is written
-        while not (out / "summary.json").exists() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        summary = json.loads((out / "summary.json").read_text())
-        assert summary["rounds_done"] == 3 and summary["n_clusters"] == 2 and summary["ari"] == 1.0, summary
-    finally:
-        for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 20
-        while any(_alive(p.pid) for p in procs) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        for p in procs:
-            if _alive(p.pid):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait(timeout=10)
-    assert not any(_alive(p.pid) for p in procs), "every process started by the test must be gone"
+            d.start_supernode(i)
+        summary = _finish(d, d.flwr_run(_experiment(tmp_path / "exp.toml", 3), out, 3), out)
+        assert "insecure" not in d.log("supernode0.log").lower()
+    assert summary["rounds_done"] == 3 and summary["n_clusters"] == 2 and summary["ari"] == 1.0, summary
+    assert d.all_stopped(), "every process started by the test must be gone"
+
+
+def test_killed_supernode_is_dropped_and_its_restart_rejoins(tmp_path):
+    """SIGKILL one SuperNode while round 2 is under way: the round completes with the other two,
+    metrics.jsonl names the dropped client; the SuperNode restarted with the same client id (a
+    new node id) serves its client again in later rounds, in the same cluster."""
+    out = tmp_path / "results"
+    exp = _experiment(tmp_path / "exp.toml", 3, "client_timeout = 30.0\n")
+    with Deployment(tmp_path) as d:
+        for i in range(3):
+            d.start_supernode(i)
+        run = d.flwr_run(exp, out, 3)
+        wait_for(lambda: rows(out), 300, "round 1 in metrics.jsonl")
+        d.kill_supernode(2)  # round 2's tasks are already on their way to it
+        d.start_supernode(2)
+        summary = _finish(d, run, out)
+    metrics = rows(out)
+    assert [r["round"] for r in metrics] == [1, 2, 3]
+    assert metrics[0]["dropped_clients"] == [] and metrics[1]["dropped_clients"] == [2], metrics
+    assert metrics[-1]["dropped_clients"] == [], "the restarted SuperNode must serve client 2 again"
+    assert summary["rounds_done"] == 3 and summary["n_clusters"] == 2 and summary["ari"] == 1.0, summary
+    assert d.all_stopped(), "every process started by the test must be gone"

@@ -1,4 +1,4 @@
-"""The ``stocfl`` command: run, resume, config, bench."""
+"""The ``stocfl`` command: run, resume, assign, compare, config, certs, bench."""
 
 from __future__ import annotations
 
@@ -58,6 +58,18 @@ def _parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--out", default="runs/compare", help="directory of the runs and the table")
     cmp_.add_argument("--data-dir", help="directory of the data sets")
     cmp_.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    certs = sub.add_parser("certs", help="certificates for a Flower deployment in secure mode (TLS)",
+                           description="Write ca.crt, ca.key, server.pem, server.key into DIR: a private CA and a "
+                           "SuperLink certificate it signed. SuperLink: --ssl-ca-certfile ca.crt --ssl-certfile "
+                           "server.pem --ssl-keyfile server.key; SuperNodes: --root-certificates ca.crt; flwr: "
+                           "root-certificates = \"ca.crt\" in $FLWR_HOME/config.toml.")
+    certs.add_argument("dir", help="directory to write the files into")
+    certs.add_argument("--host", action="append", metavar="NAME_OR_IP",
+                       help="a name or IP address the SuperNodes use to reach the SuperLink (repeatable; "
+                       "default: 127.0.0.1 and localhost)")
+    certs.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
+    certs.add_argument("--overwrite", action="store_true", help="replace existing files (a new CA)")
 
     bench = sub.add_parser("bench", help="time one round on each executor; prints JSON")
     bench.add_argument("--data-dir", help="MNIST for the paper's case (default: $STOCFL_DATA_DIR, else ../shared/data)")
@@ -165,6 +177,12 @@ def main(argv: list[str] | None = None) -> int:
             from stocfl.config import describe
 
             print(describe())
+            return 0
+        if args.command == "certs":
+            from stocfl.flower.certs import make_certificates
+
+            paths = make_certificates(args.dir, args.host or ("127.0.0.1", "localhost"), args.days, args.overwrite)
+            print("\n".join(str(p.resolve()) for p in paths.values()))
             return 0
         if args.command == "bench":
             from stocfl.bench import main as bench_main

@@ -1,9 +1,11 @@
 """Client tasks and results as Flower records: named keys only, never positional lists.
 
-A task travels as a RecordDict with an ArrayRecord "arrays" (weights, anchor, prox_center)
-and a ConfigRecord "task" (the task kind and its plain numbers); a result comes back as an
-ArrayRecord "arrays" (weights or psi), a MetricRecord "metrics" and a ConfigRecord "client"
-holding the client's own id. Replies are checked before anything is aggregated.
+One message carries all the tasks of one kind for one client in a call of the executor (e.g.
+StoCFL's train of w and of theta_k): task k travels as an ArrayRecord "k.arrays" (weights,
+anchor, prox_center) and a ConfigRecord "k.task" (its plain numbers), with a ConfigRecord
+"batch" holding the count. Result k comes back as an ArrayRecord "k.arrays" (weights or psi)
+and a MetricRecord "k.metrics", with a ConfigRecord "client" holding the client's own id.
+Replies are checked before anything is aggregated.
 """
 
 from __future__ import annotations
@@ -28,7 +30,46 @@ def _arrays(**tensors) -> ArrayRecord:
     return ArrayRecord(array_dict={k: Array(v.detach().numpy()) for k, v in tensors.items() if v is not None})
 
 
-def encode_task(task: Task) -> RecordDict:
+def encode_tasks(tasks: list[Task]) -> RecordDict:
+    """One message's content: tasks of one kind for one client."""
+    if len({type(t) for t in tasks}) != 1 or len({t.client for t in tasks}) != 1:
+        raise ValueError("one message carries tasks of one kind for one client")
+    content = RecordDict({"batch": ConfigRecord({"n": len(tasks)})})
+    for k, task in enumerate(tasks):
+        one = _encode_task(task)
+        content[f"{k}.arrays"], content[f"{k}.task"] = one["arrays"], one["task"]
+    return content
+
+
+def decode_tasks(message_type: str, content: RecordDict) -> list[Task]:
+    return [_decode_task(message_type, RecordDict({"arrays": content[f"{k}.arrays"], "task": content[f"{k}.task"]}))
+            for k in range(int(content["batch"]["n"]))]
+
+
+def encode_results(results: list, client_id: int) -> RecordDict:
+    content = RecordDict({"client": ConfigRecord({"client_id": client_id})})
+    for k, result in enumerate(results):
+        one = _encode_result(result)
+        content[f"{k}.arrays"], content[f"{k}.metrics"] = one["arrays"], one["metrics"]
+    return content
+
+
+def decode_results(tasks: list[Task], content: RecordDict) -> list:
+    """The replies to ``tasks`` (one message's), each checked as by :func:`_decode_result`."""
+    try:
+        who = int(content["client"]["client_id"])
+        parts = [RecordDict({"arrays": content[f"{k}.arrays"], "metrics": content[f"{k}.metrics"],
+                             "client": content["client"]}) for k in range(len(tasks))]
+    except (KeyError, TypeError, ValueError) as err:
+        raise BadReply(f"reply without the expected records ({err})") from None
+    if len(content) != 1 + 2 * len(tasks):
+        raise BadReply(f"reply holds {(len(content) - 1) // 2} results for {len(tasks)} tasks")
+    if who != tasks[0].client:
+        raise BadReply(f"reply from client {who} to tasks for client {tasks[0].client}")
+    return [_decode_result(t, part) for t, part in zip(tasks, parts)]
+
+
+def _encode_task(task: Task) -> RecordDict:
     if isinstance(task, Train):
         cfg = {"client": task.client, "epochs": task.epochs, "batch_size": task.batch_size, "lr": task.lr,
                "seed": task.seed, "prox_weight": task.prox_weight}
@@ -53,7 +94,7 @@ def _tensor(record: ArrayRecord, key: str) -> torch.Tensor | None:
     return torch.from_numpy(np.array(record[key].numpy(), dtype=np.float32)) if key in record else None
 
 
-def decode_task(message_type: str, content: RecordDict) -> Task:
+def _decode_task(message_type: str, content: RecordDict) -> Task:
     cfg, arrays = content["task"], content["arrays"]
     if message_type == "train":
         return Train(int(cfg["client"]), _tensor(arrays, "weights"), int(cfg["epochs"]), int(cfg["batch_size"]),
@@ -69,7 +110,7 @@ def decode_task(message_type: str, content: RecordDict) -> Task:
     raise ValueError(f"unknown message type {message_type!r}")
 
 
-def encode_result(result, client_id: int) -> RecordDict:
+def _encode_result(result) -> RecordDict:
     if isinstance(result, Trained):
         arrays, metrics = _arrays(weights=result.weights), {"n_samples": result.n_samples}
     elif isinstance(result, Evaluated):
@@ -81,8 +122,7 @@ def encode_result(result, client_id: int) -> RecordDict:
         arrays, metrics = _arrays(gradient=result.gradient), {"n_samples": result.n_samples}
     else:
         raise TypeError(f"no reply for {type(result).__name__}")
-    return RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics),
-                       "client": ConfigRecord({"client_id": client_id})})
+    return RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)})
 
 
 def _finite(t: torch.Tensor, what: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -93,7 +133,7 @@ def _finite(t: torch.Tensor, what: str, shape: tuple[int, ...]) -> torch.Tensor:
     return t
 
 
-def decode_result(task: Task, content: RecordDict):
+def _decode_result(task: Task, content: RecordDict):
     """The reply to ``task``, checked: the right client, the right shapes, finite numbers."""
     try:
         who = int(content["client"]["client_id"])

@@ -3,12 +3,13 @@
 The server side is a ServerApp whose ``main`` runs the ordinary :class:`~stocfl.runner.Experiment`
 loop with a :class:`FlowerExecutor`; each client is a SuperNode running a ClientApp that
 answers tasks with the in-process sequential executor on its own data. The server never
-reads partition ids from Flower: it asks every node once ("query.identify") for the client
-id it serves and keys everything by that id.
+reads partition ids from Flower: it asks every node it has not seen ("query.identify") for
+the client id it serves and keys everything by that id.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -19,61 +20,110 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from stocfl.errors import UserError
-from stocfl.flower.codec import MESSAGE_TYPE, BadReply, decode_result, decode_task, encode_result, encode_task
+from stocfl.flower.codec import MESSAGE_TYPE, BadReply, decode_results, decode_tasks, encode_results, encode_tasks
 from stocfl.tasks import ClientsDropped, Result, Task
 
 NODE_WAIT_SECONDS = 120.0
+POLL_SECONDS = 0.5  # longest pause between pulls (Grid.send_and_receive waits 3 s on a deployment)
+
+log = logging.getLogger(__name__)
 
 
 class FlowerExecutor:
-    """Runs client tasks as Flower messages, one per task, to the node that serves the client."""
+    """Runs client tasks as Flower messages to the nodes that serve the clients: one message per
+    client and kind of task (StoCFL's two train tasks of a client travel together).
 
-    def __init__(self, grid: Grid, node_of: dict[int, int], timeout: float | None = None):
-        self.grid, self.node_of, self.timeout = grid, node_of, timeout
+    Before every batch of tasks the executor looks at the nodes online: a node that went
+    offline no longer serves its client, and a node it has not seen is asked which client it
+    serves, so a restarted SuperNode (which comes back with a new node id) serves its client
+    again, and the client keeps its cluster. A client without a node, or whose node errs, sends
+    a bad reply or misses ``timeout`` seconds, is reported in :class:`~stocfl.tasks.ClientsDropped`.
+    """
+
+    def __init__(self, grid: Grid, timeout: float | None = None):
+        self.grid, self.timeout = grid, timeout
+        self.node_of: dict[int, int] = {}  # client id -> node id
+        self.seen: set[int] = set()  # online node ids already asked for their client id
+
+    def connect(self, expected: int, wait: float = NODE_WAIT_SECONDS) -> "FlowerExecutor":
+        """Wait until ``expected`` clients each have a node that said who it serves."""
+        deadline = time.monotonic() + wait
+        while True:
+            self.refresh(timeout=max(deadline - time.monotonic(), POLL_SECONDS))
+            if len(self.node_of) >= expected:
+                return self
+            if time.monotonic() >= deadline:
+                raise UserError(f"only {len(self.node_of)} of {expected} Flower clients connected within {wait:.0f} s; "
+                                f"start a SuperNode per client with --node-config \"client-id=<i>\"")
+            time.sleep(POLL_SECONDS)
+
+    def refresh(self, timeout: float | None = None) -> None:
+        """Forget nodes gone offline; ask nodes not seen before which client they serve."""
+        online = set(self.grid.get_node_ids())
+        self.node_of = {c: n for c, n in self.node_of.items() if n in online}
+        self.seen &= online
+        new = sorted(online - self.seen)
+        if not new:
+            return
+        self.seen |= set(new)  # a node that does not answer now is not asked again
+        queries = [Message(RecordDict(), dst_node_id=n, message_type="query.identify") for n in new]
+        for node, reply in zip(new, self.exchange(queries, timeout or self.timeout or NODE_WAIT_SECONDS)):
+            try:
+                if reply is None or reply.has_error():
+                    raise ValueError
+                client = int(reply.content["client"]["client_id"])
+            except (KeyError, TypeError, ValueError):
+                log.warning("Flower node %d did not say which client it serves; it gets no tasks", node)
+                continue
+            if client in self.node_of and self.node_of[client] != node:
+                log.warning("client %d is now served by node %d (was node %d)", client, node, self.node_of[client])
+            self.node_of[client] = node
+
+    def exchange(self, messages: list[Message], timeout: float | None) -> list[Message | None]:
+        """Push ``messages``; their replies in the same order, None where none came within ``timeout``."""
+        ids = list(self.grid.push_messages(messages))
+        pending = {i: k for k, i in enumerate(ids) if i is not None}
+        out: list[Message | None] = [None] * len(messages)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.01  # simulated clients answer in milliseconds, deployed ones in seconds
+        while pending:
+            for reply in self.grid.pull_messages(list(pending)):
+                k = pending.pop(reply.metadata.reply_to_message_id, None)
+                if k is not None:
+                    out[k] = reply
+            if not pending or (deadline is not None and time.monotonic() >= deadline):
+                break
+            time.sleep(pause)
+            pause = min(pause * 1.5, POLL_SECONDS)
+        return out
 
     def run(self, tasks: list[Task]) -> list[Result]:
-        missing = sorted({t.client for t in tasks} - set(self.node_of))
-        if missing:
-            raise UserError(f"no Flower node serves client {missing[0]}; start a SuperNode for it")
-        msgs = [Message(encode_task(t), dst_node_id=self.node_of[t.client], message_type=MESSAGE_TYPE[type(t)])
-                for t in tasks]
-        replies = list(self.grid.send_and_receive(msgs, timeout=self.timeout))
-        index = {m.metadata.message_id: k for k, m in enumerate(msgs)}  # ids are set when pushed
+        self.refresh()
+        why = {t.client: f"client {t.client}: no Flower node serves it (SuperNode offline?)"
+               for t in tasks if t.client not in self.node_of}
+        if why:  # send nothing: the round is replayed without them
+            raise ClientsDropped(sorted(why), [why[c] for c in sorted(why)])
+        groups: dict[tuple[int, type], list[int]] = {}  # one message per client and kind of task
+        for k, t in enumerate(tasks):
+            groups.setdefault((t.client, type(t)), []).append(k)
+        msgs = [Message(encode_tasks([tasks[k] for k in ks]), dst_node_id=self.node_of[client],
+                        message_type=MESSAGE_TYPE[kind]) for (client, kind), ks in groups.items()]
         out: list[Result | None] = [None] * len(tasks)
-        why: dict[int, str] = {}
-        for reply in replies:
-            k = index.get(reply.metadata.reply_to_message_id)
-            if k is None:
-                continue
-            if reply.has_error():
-                why[tasks[k].client] = f"client {tasks[k].client}: {reply.error.reason}"
-                continue
-            try:
-                out[k] = decode_result(tasks[k], reply.content)
-            except BadReply as err:
-                why[tasks[k].client] = f"client {tasks[k].client} sent a bad reply: {err}"
-        for k, r in enumerate(out):
-            if r is None and tasks[k].client not in why:
-                why[tasks[k].client] = f"client {tasks[k].client}: no reply within the timeout"
+        for ks, reply in zip(groups.values(), self.exchange(msgs, self.timeout)):
+            client = tasks[ks[0]].client
+            if reply is None:
+                why[client] = f"client {client}: no reply within {self.timeout} s"
+            elif reply.has_error():
+                why[client] = f"client {client}: {reply.error.reason}"
+            else:
+                try:
+                    for k, result in zip(ks, decode_results([tasks[k] for k in ks], reply.content)):
+                        out[k] = result
+                except BadReply as err:
+                    why[client] = f"client {client} sent a bad reply: {err}"
         if why:
             raise ClientsDropped(sorted(why), [why[c] for c in sorted(why)])
         return out  # type: ignore[return-value]
-
-
-def discover(grid: Grid, expected: int) -> dict[int, int]:
-    """client id -> node id, asked of every node once."""
-    deadline = time.monotonic() + NODE_WAIT_SECONDS
-    nodes: list[int] = []
-    while time.monotonic() < deadline:
-        nodes = list(grid.get_node_ids())
-        if len(nodes) >= expected:
-            break
-        time.sleep(0.2)
-    if len(nodes) < expected:
-        raise UserError(f"only {len(nodes)} of {expected} Flower nodes connected within {NODE_WAIT_SECONDS:.0f} s")
-    replies = grid.send_and_receive([Message(RecordDict(), dst_node_id=n, message_type="query.identify")
-                                     for n in nodes])
-    return {int(r.content["client"]["client_id"]): r.metadata.src_node_id for r in replies if not r.has_error()}
 
 
 def client_app(raw_config: dict[str, Any] | Callable[[Context], dict[str, Any]]) -> ClientApp:
@@ -104,10 +154,10 @@ def client_app(raw_config: dict[str, Any] | Callable[[Context], dict[str, Any]])
 
     def handle(msg: Message, context: Context) -> Message:
         executor, me = local(context)
-        task = decode_task(msg.metadata.message_type, msg.content)
-        if task.client != me:
-            raise ValueError(f"this node serves client {me}, not {task.client}")
-        return Message(encode_result(executor.run([task])[0], me), reply_to=msg)
+        tasks = decode_tasks(msg.metadata.message_type, msg.content)
+        if any(t.client != me for t in tasks):
+            raise ValueError(f"this node serves client {me}, not {tasks[0].client}")
+        return Message(encode_results(executor.run(tasks), me), reply_to=msg)
 
     app.query("identify")(identify)
     app.train()(handle)
@@ -127,7 +177,7 @@ def server_app(make_experiment: Callable[[FlowerExecutor], Any], n_nodes: int, r
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        executor = FlowerExecutor(grid, discover(grid, n_nodes), timeout)
+        executor = FlowerExecutor(grid, timeout).connect(n_nodes)
         result["summary"] = make_experiment(executor).run(progress=result.get("progress", False))
 
     return app
@@ -145,7 +195,7 @@ def deployed_main(grid: Grid, run_config: dict[str, Any]) -> None:
     out = Path(str(run_config["out"]))
     resuming = (out / "config.toml").exists()
     raw = tomllib.loads((out / "config.toml" if resuming else Path(str(run_config["config"]))).read_text())
-    executor = FlowerExecutor(grid, discover(grid, int(run_config["n-clients"])), _timeout(raw))
+    executor = FlowerExecutor(grid, _timeout(raw)).connect(int(run_config["n-clients"]))
     if resuming:
         Experiment.resume(out, executor=executor).run(progress=False)
     else:
