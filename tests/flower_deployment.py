@@ -66,7 +66,8 @@ class Deployment:
 
     def _start(self, args: list[str], log: str) -> subprocess.Popen:
         p = subprocess.Popen([str(BIN / args[0]), *args[1:]], env=self.env, stdout=open(self.dir / log, "a"),
-                             stderr=subprocess.STDOUT, start_new_session=True)  # own group: its children die with it
+                             stderr=subprocess.STDOUT, cwd=self.dir,  # stray files stay in the test's directory
+                             start_new_session=True)  # own group: its children die with it
         self.procs.append(p)
         return p
 
@@ -74,7 +75,7 @@ class Deployment:
         tls = (["--ssl-ca-certfile", str(self.certs["ca.crt"]), "--ssl-certfile", str(self.certs["server.pem"]),
                 "--ssl-keyfile", str(self.certs["server.key"])] if self.certs else ["--insecure"])
         self._start(["flower-superlink", *tls, "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
-                     "--port", str(self.port), "--database", ":flwr-in-memory-state:"], "superlink.log")
+                     "--port", str(self.port)], "superlink.log")  # no --database: state in memory
         wait_port(self.port, 60)
         return self
 

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("flwr", reason="Flower is part of the test extra: pip install -e '.[test]'")
 
-from flower_deployment import Deployment, rows, wait_for  # noqa: E402
+from flower_deployment import ROOT, Deployment, rows, wait_for  # noqa: E402
 
 from stocfl.flower.certs import make_certificates  # noqa: E402
 
@@ -39,6 +39,7 @@ def test_stocfl_over_tls_superlink_and_three_supernodes(tmp_path):
         assert "insecure" not in d.log("supernode0.log").lower()
     assert summary["rounds_done"] == 3 and summary["n_clusters"] == 2 and summary["ari"] == 1.0, summary
     assert d.all_stopped(), "every process started by the test must be gone"
+    assert not list(ROOT.glob(":flwr*")), "the SuperLink's state must not land in the project"
 
 
 def test_killed_supernode_is_dropped_and_its_restart_rejoins(tmp_path):
@@ -61,3 +62,4 @@ def test_killed_supernode_is_dropped_and_its_restart_rejoins(tmp_path):
     assert metrics[-1]["dropped_clients"] == [], "the restarted SuperNode must serve client 2 again"
     assert summary["rounds_done"] == 3 and summary["n_clusters"] == 2 and summary["ari"] == 1.0, summary
     assert d.all_stopped(), "every process started by the test must be gone"
+    assert not list(ROOT.glob(":flwr*")), "the SuperLink's state must not land in the project"
