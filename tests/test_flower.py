@@ -106,3 +106,39 @@ def test_certs_command_writes_a_ca_and_a_server_certificate_it_signed(tmp_path, 
     assert main(["certs", str(d)]) == 2  # a new CA would lock out the SuperNodes holding the old one
     assert "exists" in capsys.readouterr().err
     assert main(["certs", str(tmp_path / "other"), "--days", "0"]) == 2
+
+
+def test_deployed_server_body_resumes_a_stopped_run_over_flower(tmp_path, monkeypatch):
+    """`flwr run` with an `out` that holds a stopped run continues it from its checkpoint (the
+    deployment's ServerApp body, here on Flower's simulation engine) and ends where an
+    uninterrupted run ends."""
+    import tomllib
+
+    from flwr.serverapp import ServerApp
+    from flwr.simulation import run_simulation
+
+    from stocfl import config
+    from stocfl.flower.engine import client_app, deployed_main
+    from stocfl.runner import Experiment
+
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr_home"))
+    exp = tmp_path / "exp.toml"
+    exp.write_text('[run]\nrounds = 4\nsample_rate = 0.5\n\n[scenario]\nname = "rotated"\ndataset = "digits"\n'
+                   'n_clients = 8\nsamples_per_client = 30\n\n[algorithm]\nname = "stocfl"\n')
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    Experiment.create(config.load(str(exp)), whole).run(progress=False)
+    assert Experiment.create(config.load(str(exp)), stopped).run(progress=False, stop_after=2) is None
+
+    server = ServerApp()
+
+    @server.main()
+    def _main(grid, context):
+        deployed_main(grid, {"config": str(exp), "out": str(stopped), "n-clients": 8})
+
+    run_simulation(server, client_app(tomllib.loads(exp.read_text())), num_supernodes=8,
+                   backend_config={"client_resources": {"num_cpus": 1}})
+    rows = [[json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (whole, stopped)]
+    assert [r["round"] for r in rows[1]] == [1, 2, 3, 4]
+    for a, b in zip(*rows):
+        assert a["ari"] == b["ari"] and abs(a["accuracy"] - b["accuracy"]) <= 1e-4
+    assert json.loads((stopped / "summary.json").read_text())["rounds_done"] == 4
