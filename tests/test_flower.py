@@ -142,3 +142,31 @@ def test_deployed_server_body_resumes_a_stopped_run_over_flower(tmp_path, monkey
     for a, b in zip(*rows):
         assert a["ari"] == b["ari"] and abs(a["accuracy"] - b["accuracy"]) <= 1e-4
     assert json.loads((stopped / "summary.json").read_text())["rounds_done"] == 4
+
+
+def test_a_client_that_cannot_start_stops_the_run_with_its_reason(tmp_path, monkeypatch):
+    """A SuperNode whose ClientApp cannot build its data answers the identity query with an
+    error; the server gives up at once with that reason instead of training without it."""
+    import time
+
+    from flwr.serverapp import ServerApp
+    from flwr.simulation import run_simulation
+
+    from stocfl.errors import UserError
+    from stocfl.flower.engine import FlowerExecutor, client_app
+
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr_home"))
+    raw = {"scenario": {"name": "rotated", "dataset": "mnist", "n_clients": 2, "data_dir": str(tmp_path / "nowhere")}}
+    result = {}
+    server = ServerApp()
+
+    @server.main()
+    def _main(grid, context):
+        t = time.monotonic()
+        try:
+            FlowerExecutor(grid, timeout=60.0).connect(2, wait=100.0)
+        except UserError as err:
+            result["error"], result["seconds"] = str(err), time.monotonic() - t
+
+    run_simulation(server, client_app(raw), num_supernodes=2, backend_config={"client_resources": {"num_cpus": 1}})
+    assert "nowhere" in result["error"] and result["seconds"] < 60, result

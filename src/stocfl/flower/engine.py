@@ -44,6 +44,7 @@ class FlowerExecutor:
         self.grid, self.timeout = grid, timeout
         self.node_of: dict[int, int] = {}  # client id -> node id
         self.seen: set[int] = set()  # online node ids already asked for their client id
+        self.refusals: dict[int, str] = {}  # node id -> why it did not say which client it serves
 
     def connect(self, expected: int, wait: float = NODE_WAIT_SECONDS) -> "FlowerExecutor":
         """Wait until ``expected`` clients each have a node that said who it serves."""
@@ -52,9 +53,11 @@ class FlowerExecutor:
             self.refresh(timeout=max(deadline - time.monotonic(), POLL_SECONDS))
             if len(self.node_of) >= expected:
                 return self
-            if time.monotonic() >= deadline:
+            # a node that refused is not asked again: with too few others, waiting cannot help
+            if time.monotonic() >= deadline or (self.refusals and len(self.node_of) + len(self.refusals) >= expected):
+                why = "".join(f"; node {n}: {r}" for n, r in list(self.refusals.items())[:1])
                 raise UserError(f"only {len(self.node_of)} of {expected} Flower clients connected within {wait:.0f} s; "
-                                f"start a SuperNode per client with --node-config \"client-id=<i>\"")
+                                f"start a SuperNode per client with --node-config \"client-id=<i>\"{why}")
             time.sleep(POLL_SECONDS)
 
     def refresh(self, timeout: float | None = None) -> None:
@@ -69,11 +72,15 @@ class FlowerExecutor:
         queries = [Message(RecordDict(), dst_node_id=n, message_type="query.identify") for n in new]
         for node, reply in zip(new, self.exchange(queries, timeout or self.timeout or NODE_WAIT_SECONDS)):
             try:
-                if reply is None or reply.has_error():
-                    raise ValueError
+                if reply is None:
+                    raise ValueError("no reply")
+                if reply.has_error():
+                    raise ValueError(reply.error.reason)
                 client = int(reply.content["client"]["client_id"])
-            except (KeyError, TypeError, ValueError):
-                log.warning("Flower node %d did not say which client it serves; it gets no tasks", node)
+            except (KeyError, TypeError, ValueError) as err:
+                self.refusals[node] = str(err) or type(err).__name__
+                log.warning("Flower node %d did not say which client it serves (%s); it gets no tasks", node,
+                            self.refusals[node])
                 continue
             if client in self.node_of and self.node_of[client] != node:
                 log.warning("client %d is now served by node %d (was node %d)", client, node, self.node_of[client])
