@@ -54,7 +54,7 @@ class Deployment:
     def __init__(self, workdir: Path, certs: dict[str, Path] | None = None):
         self.dir, self.certs, self.port = workdir, certs, free_port()
         self.procs: list[subprocess.Popen] = []
-        self.nodes: dict[int, subprocess.Popen] = {}
+        self.nodes: dict[str, subprocess.Popen] = {}
         home = workdir / "flwr_home"  # never the user's home
         home.mkdir()
         tls = f'root-certificates = "{certs["ca.crt"]}"' if certs else "insecure = true"
@@ -79,16 +79,18 @@ class Deployment:
         wait_port(self.port, 60)
         return self
 
-    def start_supernode(self, client: int) -> subprocess.Popen:
+    def start_supernode(self, clients: str) -> subprocess.Popen:
+        """A SuperNode serving ``clients``: one id ("2") or ids and ranges ("0-1,5")."""
         tls = ["--root-certificates", str(self.certs["ca.crt"])] if self.certs else ["--insecure"]
-        self.nodes[client] = self._start(
-            ["flower-supernode", *tls, "--superlink", f"127.0.0.1:{self.port}", "--node-config", f"client-id={client}",
-             "--port", str(free_port())], f"supernode{client}.log")
-        return self.nodes[client]
+        config = f'client-ids="{clients}"' if "-" in clients or "," in clients else f"client-id={clients}"
+        self.nodes[clients] = self._start(
+            ["flower-supernode", *tls, "--superlink", f"127.0.0.1:{self.port}", "--node-config", config,
+             "--port", str(free_port())], f"supernode{clients}.log")
+        return self.nodes[clients]
 
-    def kill_supernode(self, client: int) -> None:
+    def kill_supernode(self, clients: str) -> None:
         """SIGKILL the SuperNode and its SuperExec and ClientApp processes: no goodbye to the SuperLink."""
-        p = self.nodes.pop(client)
+        p = self.nodes.pop(clients)
         kill_group(p, signal.SIGKILL)
         p.wait(timeout=10)
 

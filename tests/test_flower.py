@@ -10,6 +10,8 @@ from stocfl.cli import main
 from stocfl.tasks import Evaluate, Evaluated, Gradient, Gradiented, Represent, Represented, Train, Trained
 
 flwr = pytest.importorskip("flwr", reason="Flower is part of the test extra: pip install -e '.[test]'")
+from flwr.app import ConfigRecord, RecordDict  # noqa: E402
+
 from stocfl.flower.codec import (MESSAGE_TYPE, BadReply, decode_results, decode_tasks, encode_results,  # noqa: E402
                                  encode_tasks)
 
@@ -34,15 +36,28 @@ def test_tasks_survive_the_message_codec(task):
             assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, field
 
 
-def test_a_message_carries_one_kind_of_task_for_one_client():
-    with pytest.raises(ValueError):
-        encode_tasks([Train(3, W, 1, 0, 0.1, 1), Train(4, W, 1, 0, 0.1, 1)])
+def test_a_message_carries_one_kind_of_task_for_any_clients_of_a_node():
+    two = decode_tasks("train", encode_tasks([Train(3, W, 1, 0, 0.1, 1), Train(4, W, 1, 0, 0.1, 1)]))
+    assert [t.client for t in two] == [3, 4]
     with pytest.raises(ValueError):
         encode_tasks([Train(3, W, 1, 0, 0.1, 1), Evaluate(3, W)])
 
 
+def test_node_config_names_the_clients_a_node_serves():
+    from stocfl.flower.engine import served_clients
+
+    assert served_clients({"client-id": 3}) == [3]
+    assert served_clients({"partition-id": 5}) == [5]
+    assert served_clients({"client-ids": "0-2,7, 9-10"}) == [0, 1, 2, 7, 9, 10]
+    for bad in ("a-b", "3-1", ""):
+        with pytest.raises(ValueError, match="client-ids"):
+            served_clients({"client-ids": bad})
+    with pytest.raises(ValueError, match="client-id=<i>"):
+        served_clients({})
+
+
 def decode_result(task, result, client):
-    return decode_results([task], encode_results([result], client))[0]
+    return decode_results([task], encode_results([result], [client]))[0]
 
 
 def test_replies_are_checked_before_aggregation():
@@ -54,12 +69,17 @@ def test_replies_are_checked_before_aggregation():
         decode_result(t, Trained(torch.full((6,), math.nan), 10), 3)
     with pytest.raises(BadReply, match="from client 4"):
         decode_result(t, Trained(W, 10), 4)
-    with pytest.raises(BadReply, match="expected records"):  # one result for two tasks
-        decode_results([t, t], encode_results([Trained(W, 10)], 3))
+    with pytest.raises(BadReply, match="1 results for 2 tasks"):
+        decode_results([t, t], encode_results([Trained(W, 10)], [3]))
     with pytest.raises(BadReply, match="2 results for 1 tasks"):
-        decode_results([t], encode_results([Trained(W, 10), Trained(W, 10)], 3))
-    two = decode_results([t, Train(3, W, 1, 0, 0.1, 2)], encode_results([Trained(W, 10), Trained(W + 1, 10)], 3))
+        decode_results([t], encode_results([Trained(W, 10), Trained(W, 10)], [3, 3]))
+    with pytest.raises(BadReply, match="expected records"):
+        decode_results([t], RecordDict({"clients": ConfigRecord({"ids": [3]})}))
+    u = Train(4, W, 1, 0, 0.1, 2)
+    two = decode_results([t, u], encode_results([Trained(W, 10), Trained(W + 1, 10)], [3, 4]))
     assert [torch.equal(r.weights, w) for r, w in zip(two, (W, W + 1))] == [True, True]
+    with pytest.raises(BadReply, match="from client 3 to a task for client 4"):  # results swapped
+        decode_results([u, t], encode_results([Trained(W, 10), Trained(W + 1, 10)], [3, 4]))
     e = decode_result(Evaluate(3, W), Evaluated(0.5, 7, 10), 3)
     assert (e.loss, e.correct, e.n_samples) == (0.5, 7, 10)
     with pytest.raises(BadReply, match="not finite"):

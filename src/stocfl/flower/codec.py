@@ -1,11 +1,11 @@
 """Client tasks and results as Flower records: named keys only, never positional lists.
 
-One message carries all the tasks of one kind for one client in a call of the executor (e.g.
-StoCFL's train of w and of theta_k): task k travels as an ArrayRecord "k.arrays" (weights,
-anchor, prox_center) and a ConfigRecord "k.task" (its plain numbers), with a ConfigRecord
-"batch" holding the count. Result k comes back as an ArrayRecord "k.arrays" (weights or psi)
-and a MetricRecord "k.metrics", with a ConfigRecord "client" holding the client's own id.
-Replies are checked before anything is aggregated.
+One message carries all the tasks of one kind for the clients of one node in a call of the
+executor (e.g. StoCFL's train of w and of theta_k): task k travels as an ArrayRecord
+"k.arrays" (weights, anchor, prox_center) and a ConfigRecord "k.task" (its client and plain
+numbers), with a ConfigRecord "batch" holding the count. Result k comes back as an ArrayRecord
+"k.arrays" (weights or psi) and a MetricRecord "k.metrics", with a ConfigRecord "clients"
+whose "ids" name the client of each result. Replies are checked before anything is aggregated.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ def _arrays(**tensors) -> ArrayRecord:
 
 
 def encode_tasks(tasks: list[Task]) -> RecordDict:
-    """One message's content: tasks of one kind for one client."""
-    if len({type(t) for t in tasks}) != 1 or len({t.client for t in tasks}) != 1:
-        raise ValueError("one message carries tasks of one kind for one client")
+    """One message's content: tasks of one kind."""
+    if len({type(t) for t in tasks}) != 1:
+        raise ValueError("one message carries tasks of one kind")
     content = RecordDict({"batch": ConfigRecord({"n": len(tasks)})})
     for k, task in enumerate(tasks):
         one = _encode_task(task)
@@ -46,8 +46,9 @@ def decode_tasks(message_type: str, content: RecordDict) -> list[Task]:
             for k in range(int(content["batch"]["n"]))]
 
 
-def encode_results(results: list, client_id: int) -> RecordDict:
-    content = RecordDict({"client": ConfigRecord({"client_id": client_id})})
+def encode_results(results: list, clients: list[int]) -> RecordDict:
+    """The reply to one message: ``results[k]`` is client ``clients[k]``'s."""
+    content = RecordDict({"clients": ConfigRecord({"ids": [int(c) for c in clients]})})
     for k, result in enumerate(results):
         one = _encode_result(result)
         content[f"{k}.arrays"], content[f"{k}.metrics"] = one["arrays"], one["metrics"]
@@ -57,15 +58,13 @@ def encode_results(results: list, client_id: int) -> RecordDict:
 def decode_results(tasks: list[Task], content: RecordDict) -> list:
     """The replies to ``tasks`` (one message's), each checked as by :func:`_decode_result`."""
     try:
-        who = int(content["client"]["client_id"])
+        who = [int(c) for c in content["clients"]["ids"]]
         parts = [RecordDict({"arrays": content[f"{k}.arrays"], "metrics": content[f"{k}.metrics"],
-                             "client": content["client"]}) for k in range(len(tasks))]
+                             "client": ConfigRecord({"client_id": c})}) for k, c in zip(range(len(tasks)), who)]
     except (KeyError, TypeError, ValueError) as err:
         raise BadReply(f"reply without the expected records ({err})") from None
-    if len(content) != 1 + 2 * len(tasks):
+    if len(who) != len(tasks) or len(content) != 1 + 2 * len(tasks):
         raise BadReply(f"reply holds {(len(content) - 1) // 2} results for {len(tasks)} tasks")
-    if who != tasks[0].client:
-        raise BadReply(f"reply from client {who} to tasks for client {tasks[0].client}")
     return [_decode_result(t, part) for t, part in zip(tasks, parts)]
 
 

@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 class FlowerExecutor:
     """Runs client tasks as Flower messages to the nodes that serve the clients: one message per
-    client and kind of task (StoCFL's two train tasks of a client travel together).
+    node and kind of task (StoCFL's two train tasks of a client travel together, as do the
+    tasks of all the clients one SuperNode serves).
 
     Before every batch of tasks the executor looks at the nodes online: a node that went
     offline no longer serves its client, and a node it has not seen is asked which client it
@@ -61,7 +62,7 @@ class FlowerExecutor:
             time.sleep(POLL_SECONDS)
 
     def refresh(self, timeout: float | None = None) -> None:
-        """Forget nodes gone offline; ask nodes not seen before which client they serve."""
+        """Forget nodes gone offline; ask nodes not seen before which clients they serve."""
         online = set(self.grid.get_node_ids())
         self.node_of = {c: n for c, n in self.node_of.items() if n in online}
         self.seen &= online
@@ -76,15 +77,17 @@ class FlowerExecutor:
                     raise ValueError("no reply")
                 if reply.has_error():
                     raise ValueError(reply.error.reason)
-                client = int(reply.content["client"]["client_id"])
+                clients = [int(c) for c in reply.content["client"]["client_ids"]]
             except (KeyError, TypeError, ValueError) as err:
                 self.refusals[node] = str(err) or type(err).__name__
-                log.warning("Flower node %d did not say which client it serves (%s); it gets no tasks", node,
+                log.warning("Flower node %d did not say which clients it serves (%s); it gets no tasks", node,
                             self.refusals[node])
                 continue
-            if client in self.node_of and self.node_of[client] != node:
-                log.warning("client %d is now served by node %d (was node %d)", client, node, self.node_of[client])
-            self.node_of[client] = node
+            for client in clients:
+                if client in self.node_of and self.node_of[client] != node:
+                    log.warning("client %d is now served by node %d (was node %d)", client, node,
+                                self.node_of[client])
+                self.node_of[client] = node
 
     def exchange(self, messages: list[Message], timeout: float | None) -> list[Message | None]:
         """Push ``messages``; their replies in the same order, None where none came within ``timeout``."""
@@ -110,33 +113,55 @@ class FlowerExecutor:
                for t in tasks if t.client not in self.node_of}
         if why:  # send nothing: the round is replayed without them
             raise ClientsDropped(sorted(why), [why[c] for c in sorted(why)])
-        groups: dict[tuple[int, type], list[int]] = {}  # one message per client and kind of task
+        groups: dict[tuple[int, type], list[int]] = {}  # one message per node and kind of task
         for k, t in enumerate(tasks):
-            groups.setdefault((t.client, type(t)), []).append(k)
-        msgs = [Message(encode_tasks([tasks[k] for k in ks]), dst_node_id=self.node_of[client],
-                        message_type=MESSAGE_TYPE[kind]) for (client, kind), ks in groups.items()]
+            groups.setdefault((self.node_of[t.client], type(t)), []).append(k)
+        msgs = [Message(encode_tasks([tasks[k] for k in ks]), dst_node_id=node, message_type=MESSAGE_TYPE[kind])
+                for (node, kind), ks in groups.items()]
         out: list[Result | None] = [None] * len(tasks)
-        for ks, reply in zip(groups.values(), self.exchange(msgs, self.timeout)):
-            client = tasks[ks[0]].client
-            if reply is None:
-                why[client] = f"client {client}: no reply within {self.timeout} s"
-            elif reply.has_error():
-                why[client] = f"client {client}: {reply.error.reason}"
-            else:
-                try:
-                    for k, result in zip(ks, decode_results([tasks[k] for k in ks], reply.content)):
-                        out[k] = result
-                except BadReply as err:
-                    why[client] = f"client {client} sent a bad reply: {err}"
+        for (node, _), ks, reply in zip(groups, groups.values(), self.exchange(msgs, self.timeout)):
+            clients = sorted({tasks[k].client for k in ks})
+            try:
+                if reply is None:
+                    raise BadReply(f"no reply within {self.timeout} s")
+                if reply.has_error():
+                    raise BadReply(reply.error.reason)
+                for k, result in zip(ks, decode_results([tasks[k] for k in ks], reply.content)):
+                    out[k] = result
+            except BadReply as err:
+                for c in clients:
+                    why[c] = f"client {c} (node {node}): {err}"
         if why:
             raise ClientsDropped(sorted(why), [why[c] for c in sorted(why)])
         return out  # type: ignore[return-value]
 
 
+def served_clients(node_config: dict[str, Any]) -> list[int]:
+    """The clients a node serves, from its node config: ``client-ids`` ("0-9,12"), else
+    ``client-id`` (deployment), else ``partition-id`` (simulation)."""
+    if "client-ids" in node_config:
+        spec = str(node_config["client-ids"])
+        try:
+            out: list[int] = []
+            for part in spec.split(","):
+                lo, _, hi = part.strip().partition("-")
+                out += range(int(lo), int(hi or lo) + 1)
+        except ValueError:
+            raise ValueError(f"node config client-ids={spec!r}: expected ids and ranges, e.g. \"0-9,12\"") from None
+        if not out or min(out) < 0:
+            raise ValueError(f"node config client-ids={spec!r}: expected ids >= 0 and ranges lo-hi with lo <= hi")
+        return sorted(set(out))
+    key = "client-id" if "client-id" in node_config else "partition-id"
+    if key not in node_config:
+        raise ValueError('node config names no client: start the SuperNode with --node-config "client-id=<i>" '
+                         'or "client-ids=<i>-<j>"')
+    return [int(node_config[key])]
+
+
 def client_app(raw_config: dict[str, Any] | Callable[[Context], dict[str, Any]]) -> ClientApp:
-    """A ClientApp serving the client whose id is the node's ``partition-id`` (simulation) or
-    ``client-id`` (deployment) in its node config. ``raw_config``: the stocfl config, or a
-    function that reads it from the run's context (deployment)."""
+    """A ClientApp serving the clients named in its node's config (:func:`served_clients`).
+    ``raw_config``: the stocfl config, or a function that reads it from the run's context
+    (deployment)."""
     app = ClientApp()
     state: dict[str, Any] = {}
 
@@ -152,19 +177,23 @@ def client_app(raw_config: dict[str, Any] | Callable[[Context], dict[str, Any]])
             fed = build_federation(cfg)
             model, _ = make_model(cfg.model.name, fed.input_shape, fed.n_classes, cfg.model.hidden, cfg.run.seed)
             state["executor"] = SequentialExecutor(fed, model)
-        nc = context.node_config
-        return state["executor"], int(nc["client-id"] if "client-id" in nc else nc["partition-id"])
+        mine = served_clients(context.node_config)
+        n = state["executor"].fed.n_clients
+        if max(mine) >= n:
+            raise ValueError(f"this node serves client {max(mine)}, but the federation has clients 0-{n - 1}")
+        return state["executor"], mine
 
     def identify(msg: Message, context: Context) -> Message:
-        _, me = local(context)
-        return Message(RecordDict({"client": ConfigRecord({"client_id": me})}), reply_to=msg)
+        _, mine = local(context)
+        return Message(RecordDict({"client": ConfigRecord({"client_ids": mine})}), reply_to=msg)
 
     def handle(msg: Message, context: Context) -> Message:
-        executor, me = local(context)
+        executor, mine = local(context)
         tasks = decode_tasks(msg.metadata.message_type, msg.content)
-        if any(t.client != me for t in tasks):
-            raise ValueError(f"this node serves client {me}, not {tasks[0].client}")
-        return Message(encode_results(executor.run(tasks), me), reply_to=msg)
+        strangers = sorted({t.client for t in tasks} - set(mine))
+        if strangers:
+            raise ValueError(f"this node serves clients {mine}, not {strangers[0]}")
+        return Message(encode_results(executor.run(tasks), [t.client for t in tasks]), reply_to=msg)
 
     app.query("identify")(identify)
     app.train()(handle)
