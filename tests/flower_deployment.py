@@ -118,8 +118,10 @@ class Deployment:
 
 
 def rows(out: Path) -> list[dict]:
+    """The finished lines of ``out``/metrics.jsonl (it may be mid-write while the run goes on)."""
     path = out / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
 
 
 def wait_for(condition, seconds: float, what: str, poll: float = 0.3):
