@@ -190,3 +190,23 @@ def test_a_client_that_cannot_start_stops_the_run_with_its_reason(tmp_path, monk
 
     run_simulation(server, client_app(raw), num_supernodes=2, backend_config={"client_resources": {"num_cpus": 1}})
     assert "nowhere" in result["error"] and result["seconds"] < 60, result
+
+
+def test_deployment_run_config_is_checked_before_anything_starts(tmp_path):
+    from stocfl.errors import UserError
+    from stocfl.flower.engine import run_config_paths
+
+    exp = tmp_path / "exp.toml"
+    exp.write_text("[run]\nrounds = 1\n")
+    out = tmp_path / "results"
+    assert run_config_paths({"config": str(exp), "out": str(out), "n-clients": 3}) == (exp, out, 3)
+    for bad, match in [({"config": str(exp), "out": "results"}, "out="),
+                       ({"config": "exp.toml", "out": str(out)}, "config="),
+                       ({"config": str(tmp_path / "missing.toml"), "out": str(out)}, "config="),
+                       ({"config": str(exp), "out": str(out), "n-clients": -1}, "n-clients"),
+                       ({"config": str(exp), "out": str(out), "n-clients": "three"}, "n-clients")]:
+        with pytest.raises(UserError, match=match):
+            run_config_paths(bad)
+    out.mkdir()
+    (out / "config.toml").write_text("")
+    assert run_config_paths({"config": "", "out": str(out)})[1:] == (out, 0)  # resuming needs no config

@@ -219,23 +219,55 @@ def server_app(make_experiment: Callable[[FlowerExecutor], Any], n_nodes: int, r
     return app
 
 
-def deployed_main(grid: Grid, run_config: dict[str, Any]) -> None:
-    """The ServerApp body of a deployment: ``run_config`` carries the stocfl config file,
-    the results directory and the number of SuperNodes to wait for. An existing results
-    directory is resumed."""
-    from stocfl import config as config_mod
-    from stocfl.runner import Experiment
+RUN_CONFIG_HINT = "flwr run flower_app <superlink> --run-config 'config=\"/abs/exp.toml\" out=\"/abs/results\"'"
 
+
+def run_config_paths(run_config: dict[str, Any]) -> tuple[Path, Path, int]:
+    """``config``, ``out`` and ``n-clients`` of a deployment's run config, checked: absolute
+    paths (the apps run in directories of Flower's choosing), ``n-clients`` >= 0."""
+    config, out = str(run_config.get("config", "")), str(run_config.get("out", ""))
+    resuming = bool(out) and Path(out).is_absolute() and (Path(out) / "config.toml").exists()
+    if not out or not Path(out).is_absolute():
+        raise UserError(f"run config out={out!r}: expected the absolute path of the results directory: {RUN_CONFIG_HINT}")
+    if not resuming and (not config or not Path(config).is_absolute() or not Path(config).is_file()):
+        raise UserError(f"run config config={config!r}: expected the absolute path of a stocfl TOML config on "
+                        f"every machine: {RUN_CONFIG_HINT}")
+    try:
+        n = int(run_config.get("n-clients", 0))
+    except (TypeError, ValueError):
+        n = -1
+    if n < 0:
+        raise UserError(f"run config n-clients={run_config.get('n-clients')!r}: expected the number of clients to "
+                        f"wait for (0 = all of the config's scenario)")
+    return Path(config), Path(out), n
+
+
+def deployed_client_config(context: Context) -> dict[str, Any]:
+    """A deployed ClientApp's stocfl config: the file ``config`` of the run config, read on the
+    SuperNode's own machine (each client builds its data from it)."""
     import tomllib
 
-    out = Path(str(run_config["out"]))
+    path = Path(str(context.run_config.get("config", "")))
+    try:
+        return tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise UserError(f"run config config={str(path)!r} cannot be read on this SuperNode ({err}); the stocfl "
+                        f"config must be at the same absolute path on every machine") from None
+
+
+def deployed_main(grid: Grid, run_config: dict[str, Any]) -> None:
+    """The ServerApp body of a deployment: ``run_config`` carries the stocfl config file,
+    the results directory and the number of clients to wait for (0: every client of the
+    scenario). An existing results directory is resumed."""
+    from stocfl import config as config_mod
+    from stocfl.runner import Experiment, read_config
+
+    config, out, n = run_config_paths(run_config)
     resuming = (out / "config.toml").exists()
-    raw = tomllib.loads((out / "config.toml" if resuming else Path(str(run_config["config"]))).read_text())
-    executor = FlowerExecutor(grid, _timeout(raw)).connect(int(run_config["n-clients"]))
-    if resuming:
-        Experiment.resume(out, executor=executor).run(progress=False)
-    else:
-        Experiment.create(config_mod.load(str(run_config["config"])), out, executor).run(progress=False)
+    cfg = config_mod.validate(read_config(out)) if resuming else config_mod.load(str(config))  # before connecting
+    executor = FlowerExecutor(grid, cfg.run.client_timeout or None).connect(n or cfg.scenario.n_clients)
+    (Experiment.resume(out, executor=executor) if resuming else Experiment.create(cfg, out, executor)).run(
+        progress=False)
 
 
 def simulate(raw_config: dict[str, Any], out: Path, make_experiment: Callable[[FlowerExecutor], Any],
