@@ -1,10 +1,12 @@
-"""The ``flower-sim`` engine: the same algorithm code, client tasks sent as Flower messages.
+"""Flower as the transport: the same algorithm code, client tasks sent as Flower messages.
 
 The server side is a ServerApp whose ``main`` runs the ordinary :class:`~stocfl.runner.Experiment`
-loop with a :class:`FlowerExecutor`; each client is a SuperNode running a ClientApp that
-answers tasks with the in-process sequential executor on its own data. The server never
-reads partition ids from Flower: it asks every node it has not seen ("query.identify") for
-the client id it serves and keys everything by that id.
+loop with a :class:`FlowerExecutor`; each SuperNode runs a ClientApp that answers the tasks of
+the clients it serves with the in-process sequential executor. :func:`simulate` runs this on
+Flower's simulation engine (``flower-sim``); :func:`deployed_main` and
+:func:`deployed_client_config` are the bodies of the deployment app (``flower_app/``). The
+server never reads partition ids from Flower: it asks every node it has not seen
+("query.identify") which clients it serves and keys everything by client id.
 """
 
 from __future__ import annotations
