@@ -46,14 +46,17 @@ def test_a_message_carries_one_kind_of_task_for_any_clients_of_a_node():
 def test_node_config_names_the_clients_a_node_serves():
     from stocfl.flower.engine import served_clients
 
-    assert served_clients({"client-id": 3}) == [3]
-    assert served_clients({"partition-id": 5}) == [5]
-    assert served_clients({"client-ids": "0-2,7, 9-10"}) == [0, 1, 2, 7, 9, 10]
+    assert served_clients({"client-id": 3}, 20) == [3]
+    assert served_clients({"partition-id": 5, "num-partitions": 20}, 20) == [5]
+    assert served_clients({"partition-id": 1, "num-partitions": 3}, 8) == [1, 4, 7]  # run.sim_nodes = 3
+    assert served_clients({"client-ids": "0-2,7, 9-10"}, 20) == [0, 1, 2, 7, 9, 10]
     for bad in ("a-b", "3-1", ""):
         with pytest.raises(ValueError, match="client-ids"):
-            served_clients({"client-ids": bad})
+            served_clients({"client-ids": bad}, 20)
+    with pytest.raises(ValueError, match="clients 0-9"):
+        served_clients({"client-ids": "8-12"}, 10)
     with pytest.raises(ValueError, match="client-id=<i>"):
-        served_clients({})
+        served_clients({}, 20)
 
 
 def decode_result(task, result, client):
@@ -98,12 +101,17 @@ def test_flower_simulation_agrees_with_the_local_engine(tmp_path):
               "--set", "run.sample_rate=0.3"]
     assert main(["run", *common, "--engine", "local", "--out", str(tmp_path / "local")]) == 0
     assert main(["run", *common, "--engine", "flower-sim", "--out", str(tmp_path / "flower")]) == 0
+    # two simulated SuperNodes sharing the 20 clients: one message per node and kind of task
+    assert main(["run", *common, "--engine", "flower-sim", "--set", "run.sim_nodes=2",
+                 "--out", str(tmp_path / "flower2")]) == 0
     rows = [[json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
-            for d in ("local", "flower")]
-    assert len(rows[0]) == len(rows[1]) == 4
-    for a, b in zip(*rows):
-        assert a["n_clusters"] == b["n_clusters"] and a["ari"] == b["ari"]
-        assert abs(a["accuracy"] - b["accuracy"]) <= 1e-4 and abs(a["global_accuracy"] - b["global_accuracy"]) <= 1e-4
+            for d in ("local", "flower", "flower2")]
+    assert len(rows[0]) == len(rows[1]) == len(rows[2]) == 4
+    for other in rows[1:]:
+        for a, b in zip(rows[0], other):
+            assert a["n_clusters"] == b["n_clusters"] and a["ari"] == b["ari"]
+            assert abs(a["accuracy"] - b["accuracy"]) <= 1e-4
+            assert abs(a["global_accuracy"] - b["global_accuracy"]) <= 1e-4
     assert (tmp_path / "flower" / ".flwr").is_dir(), "FLWR_HOME must live in the run directory"
 
 

@@ -107,7 +107,8 @@ def run_case(name, fed, model_name, hidden, n_clients, epochs, batch_size, lr, p
 
 def flower_overhead(rounds: int = 5) -> dict:
     """Seconds per round of the same StoCFL run (digits, 20 clients, half sampled per round)
-    on the local sequential engine and on flower-sim; Ray's start-up is reported apart."""
+    on the local sequential engine and on flower-sim, with one simulated SuperNode per client
+    and with 2 SuperNodes sharing the clients; Ray's start-up is reported apart."""
     import tempfile
 
     from stocfl import config
@@ -116,24 +117,27 @@ def flower_overhead(rounds: int = 5) -> dict:
     from stocfl.runner import Experiment
 
     sets = ["algorithm.name=stocfl", "scenario.n_clients=20", f"run.rounds={rounds}", "run.sample_rate=0.5"]
-    out = {}
+    cases = {"sequential": ["run.engine=sequential"], "flower-sim": ["run.engine=flower-sim"],
+             "flower-sim-2-nodes": ["run.engine=flower-sim", "run.sim_nodes=2"]}
+    out: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for engine in ("sequential", "flower-sim"):
-            cfg = config.load(None, [*sets, f"run.engine={engine}"])
-            run_dir = Path(tmp) / engine
+        for name, extra in cases.items():
+            cfg = config.load(None, [*sets, *extra])
+            run_dir = Path(tmp) / name
             t = time.perf_counter()
-            if engine == "flower-sim":
+            if cfg.run.engine == "flower-sim":
                 simulate(cfg.to_dict(), run_dir, lambda ex, c=cfg, d=run_dir: Experiment.create(c, d, ex), 20)
             else:
                 Experiment.create(cfg, run_dir).run(progress=False)
             total = time.perf_counter() - t
             per_round = [r["seconds"] for r in read_jsonl(run_dir / "metrics.jsonl")]
-            out[engine] = {"seconds_per_round": round(float(np.mean(per_round[1:])), 4),
-                           "total_seconds": round(total, 2), "rounds_seconds": round(sum(per_round), 2)}
-    out["overhead_per_round_seconds"] = round(out["flower-sim"]["seconds_per_round"]
-                                              - out["sequential"]["seconds_per_round"], 4)
-    out["ratio"] = round(out["flower-sim"]["seconds_per_round"] / out["sequential"]["seconds_per_round"], 1)
-    out["flower_startup_seconds"] = round(out["flower-sim"]["total_seconds"] - out["flower-sim"]["rounds_seconds"], 2)
+            out[name] = {"seconds_per_round": round(float(np.mean(per_round[1:])), 4),
+                         "total_seconds": round(total, 2), "rounds_seconds": round(sum(per_round), 2)}
+    local = out["sequential"]["seconds_per_round"]
+    for name in ("flower-sim", "flower-sim-2-nodes"):
+        out[name]["overhead_per_round_seconds"] = round(out[name]["seconds_per_round"] - local, 4)
+        out[name]["ratio"] = round(out[name]["seconds_per_round"] / local, 1)
+        out[name]["startup_seconds"] = round(out[name]["total_seconds"] - out[name]["rounds_seconds"], 2)
     return out
 
 

@@ -54,6 +54,10 @@ class RunConfig(Section):
     chunk_size: int = Field(
         0, ge=0, description="clients per batched computation (batched engine); 0 = from a memory budget"
     )
+    sim_nodes: int = Field(
+        0, ge=0, description="flower-sim: simulated SuperNodes, node i serving clients i, i+k, i+2k, ... "
+        "(one message per node and kind of task); 0 = one SuperNode per client"
+    )
 
 
 class ScenarioConfig(Section):

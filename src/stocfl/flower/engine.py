@@ -138,9 +138,10 @@ class FlowerExecutor:
         return out  # type: ignore[return-value]
 
 
-def served_clients(node_config: dict[str, Any]) -> list[int]:
-    """The clients a node serves, from its node config: ``client-ids`` ("0-9,12"), else
-    ``client-id`` (deployment), else ``partition-id`` (simulation)."""
+def served_clients(node_config: dict[str, Any], n_clients: int) -> list[int]:
+    """The clients a node serves, from its node config: ``client-ids`` ("0-9,12") or
+    ``client-id`` (deployment), else ``partition-id`` i of ``num-partitions`` k (simulation:
+    clients i, i+k, i+2k, ... of the ``n_clients``)."""
     if "client-ids" in node_config:
         spec = str(node_config["client-ids"])
         try:
@@ -152,12 +153,18 @@ def served_clients(node_config: dict[str, Any]) -> list[int]:
             raise ValueError(f"node config client-ids={spec!r}: expected ids and ranges, e.g. \"0-9,12\"") from None
         if not out or min(out) < 0:
             raise ValueError(f"node config client-ids={spec!r}: expected ids >= 0 and ranges lo-hi with lo <= hi")
-        return sorted(set(out))
-    key = "client-id" if "client-id" in node_config else "partition-id"
-    if key not in node_config:
+        mine = sorted(set(out))
+    elif "client-id" in node_config:
+        mine = [int(node_config["client-id"])]
+    elif "partition-id" in node_config:
+        k = int(node_config.get("num-partitions", n_clients))
+        mine = list(range(int(node_config["partition-id"]), n_clients, k))
+    else:
         raise ValueError('node config names no client: start the SuperNode with --node-config "client-id=<i>" '
                          'or "client-ids=<i>-<j>"')
-    return [int(node_config[key])]
+    if not mine or max(mine) >= n_clients:
+        raise ValueError(f"this node would serve clients {mine}, but the federation has clients 0-{n_clients - 1}")
+    return mine
 
 
 def client_app(raw_config: dict[str, Any] | Callable[[Context], dict[str, Any]]) -> ClientApp:
@@ -179,11 +186,7 @@ def client_app(raw_config: dict[str, Any] | Callable[[Context], dict[str, Any]])
             fed = build_federation(cfg)
             model, _ = make_model(cfg.model.name, fed.input_shape, fed.n_classes, cfg.model.hidden, cfg.run.seed)
             state["executor"] = SequentialExecutor(fed, model)
-        mine = served_clients(context.node_config)
-        n = state["executor"].fed.n_clients
-        if max(mine) >= n:
-            raise ValueError(f"this node serves client {max(mine)}, but the federation has clients 0-{n - 1}")
-        return state["executor"], mine
+        return state["executor"], served_clients(context.node_config, state["executor"].fed.n_clients)
 
     def identify(msg: Message, context: Context) -> Message:
         _, mine = local(context)
@@ -274,15 +277,17 @@ def deployed_main(grid: Grid, run_config: dict[str, Any]) -> None:
 
 def simulate(raw_config: dict[str, Any], out: Path, make_experiment: Callable[[FlowerExecutor], Any],
              n_clients: int, progress: bool = False) -> dict[str, Any]:
-    """Run an experiment on Flower's simulation engine (Ray), one SuperNode per client, one CPU
-    per client actor. FLWR_HOME goes inside the run directory, never the user's home."""
+    """Run an experiment on Flower's simulation engine (Ray): one SuperNode per client, or
+    ``run.sim_nodes`` SuperNodes sharing the clients; one CPU per ClientApp actor. FLWR_HOME
+    goes inside the run directory, never the user's home."""
     from flwr.simulation import run_simulation
 
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("FLWR_HOME", str((out / ".flwr").resolve()))
     result: dict[str, Any] = {"progress": progress}
+    nodes = min(int(raw_config.get("run", {}).get("sim_nodes", 0)) or n_clients, n_clients)
     run_simulation(server_app(make_experiment, n_clients, result, _timeout(raw_config)), client_app(raw_config),
-                   num_supernodes=n_clients,
+                   num_supernodes=nodes,
                    backend_config={"client_resources": {"num_cpus": 1}})
     if "summary" not in result:
         raise UserError(f"the Flower simulation ended without finishing the run; see the log above, resume with "
