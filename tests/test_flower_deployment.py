@@ -9,6 +9,7 @@ pytest.importorskip("flwr", reason="Flower is part of the test extra: pip instal
 
 from flower_deployment import ROOT, Deployment, rows, wait_for  # noqa: E402
 
+from stocfl.cli import main  # noqa: E402
 from stocfl.flower.certs import make_certificates  # noqa: E402
 
 
@@ -41,6 +42,12 @@ def test_stocfl_over_tls_superlink_and_three_supernodes(tmp_path):
     assert summary["rounds_done"] == 3 and summary["n_clusters"] == 2 and summary["ari"] == 1.0, summary
     assert d.all_stopped(), "every process started by the test must be gone"
     assert not list(ROOT.glob(":flwr*")), "the SuperLink's state must not land in the project"
+    # the same config in-process: the same numbers
+    assert main(["run", str(tmp_path / "exp.toml"), "--quiet", "--out", str(tmp_path / "local")]) == 0
+    local = json.loads((tmp_path / "local" / "summary.json").read_text())
+    assert local["n_clusters"] == summary["n_clusters"]
+    assert abs(local["accuracy"] - summary["accuracy"]) <= 1e-4, (local["accuracy"], summary["accuracy"])
+    assert abs(local["global_accuracy"] - summary["global_accuracy"]) <= 1e-4
 
 
 def test_killed_supernode_is_dropped_and_its_restart_rejoins(tmp_path):
