@@ -31,7 +31,7 @@ from stocfl.errors import UserError
 from stocfl.executors import choose_engine, make_executor, set_threads
 from stocfl.models import FlatModel, build_module, make_model
 from stocfl.scenarios import Federation, build
-from stocfl.tasks import ClientsDropped, Evaluate
+from stocfl.tasks import ClientsDropped, Evaluate, without_dropped
 
 CHECKPOINT = "checkpoint.safetensors"
 log = logging.getLogger("stocfl")
@@ -161,32 +161,26 @@ class Experiment:
         """Accuracy of the participating clients, each with the model it would use, weighted
         by test size; and of the global model on the same clients. Clients that fail to answer
         are left out of this evaluation."""
-        clients = self.fed.participants
-        while True:
-            try:
-                models = self.algorithm.client_models(clients, self.executor.run)
-                res = dict(zip(clients, self.executor.run([Evaluate(i, w) for i, w in zip(clients, models)])))
-                gw = self.algorithm.global_model()
-                gres = res if all(w is gw for w in models) else dict(
-                    zip(clients, self.executor.run([Evaluate(i, gw) for i in clients])))
-                break
-            except ClientsDropped as err:
-                clients = [i for i in clients if i not in err.clients]
-        self.last_eval = res
-        return {"accuracy": _pooled(res.values()), "global_accuracy": _pooled(gres.values())}
+        def attempt(clients):
+            models = self.algorithm.client_models(clients, self.executor.run)
+            res = self.executor.run([Evaluate(i, w) for i, w in zip(clients, models)])
+            gw = self.algorithm.global_model()
+            return res, res if all(w is gw for w in models) else self.executor.run([Evaluate(i, gw) for i in clients])
+
+        clients, (res, gres) = without_dropped(self.fed.participants, attempt)
+        self.last_eval = dict(zip(clients, res))
+        return {"accuracy": _pooled(res), "global_accuracy": _pooled(gres)}
 
     def place_heldout(self) -> list[dict[str, Any]]:
         """Held-out clients as new clients: placement and test accuracy with the chosen model."""
         clients = self.fed.heldout_clients
         if not clients:
             return []
-        while True:
-            try:
-                placed = self.algorithm.place_new(clients, self.executor.run)
-                res = self.executor.run([Evaluate(p.client, p.weights) for p in placed])
-                break
-            except ClientsDropped as err:
-                clients = [i for i in clients if i not in err.clients]
+        def attempt(clients):
+            placed = self.algorithm.place_new(clients, self.executor.run)
+            return placed, self.executor.run([Evaluate(p.client, p.weights) for p in placed])
+
+        _, (placed, res) = without_dropped(clients, attempt)
         return placement_rows(placed, res, self.fed.groups, cluster_majority(self.algorithm.cluster_labels(),
                                                                              self.fed.groups))
 
@@ -283,7 +277,6 @@ def read_config(out: Path, data_dir: str | None = None) -> dict[str, Any]:
 
 
 def _pooled(results) -> float:
-    results = list(results)
     n = sum(r.n_samples for r in results)
     return sum(r.correct for r in results) / n if n else 0.0
 

@@ -7,7 +7,7 @@ that every executor (in-process loop, batched ``vmap``, Flower messages) runs th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal, TypeVar
 
 import numpy as np
 import torch
@@ -99,6 +99,9 @@ class Represented:
     n_samples: int
 
 
+T = TypeVar("T")
+
+
 class ClientsDropped(Exception):
     """Raised by an executor after a task list when some clients failed (an error, a bad reply,
     no reply in time). The round is redone without them; every other task in the list ran."""
@@ -106,6 +109,16 @@ class ClientsDropped(Exception):
     def __init__(self, clients: list[int], reasons: list[str]):
         super().__init__(f"dropped clients {clients}: {'; '.join(reasons)}")
         self.clients, self.reasons = clients, reasons
+
+
+def without_dropped(clients: list[int], attempt: Callable[[list[int]], T]) -> tuple[list[int], T]:
+    """``attempt(clients)``, repeated without the clients that failed until none fails; returns
+    the clients that answered and the result (for steps that simply leave failed clients out)."""
+    while True:
+        try:
+            return clients, attempt(clients)
+        except ClientsDropped as err:
+            clients = [i for i in clients if i not in err.clients]
 
 
 Task = Train | Evaluate | Gradient | Represent

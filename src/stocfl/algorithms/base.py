@@ -64,6 +64,14 @@ class Placement:
     weights: torch.Tensor
 
 
+def place_by_lowest_loss(clients: list[int], models: dict[int, torch.Tensor], run: RunTasks) -> list[Placement]:
+    """Each client joins the cluster whose model (``models``: cluster id -> weights) has the
+    lowest loss on its train data (ties: the lower cluster id)."""
+    ids = sorted(models)
+    best = lowest_train_loss(clients, [models[k] for k in ids], run)
+    return [Placement(i, ids[b], None, False, models[ids[b]]) for i, b in zip(clients, best)]
+
+
 class Algorithm:
     """Base class. Subclasses set ``name``, ``Params`` and implement ``round``.
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks, lowest_train_loss
+from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks, place_by_lowest_loss
 from stocfl.tasks import weighted_mean
 
 
@@ -102,9 +102,7 @@ class CFL(Algorithm):
         return self.labels.copy()
 
     def place_new(self, clients, run):
-        ids = sorted(self.models)
-        best = lowest_train_loss(clients, [self.models[c] for c in ids], run)
-        return [Placement(i, ids[b], None, False, self.models[ids[b]]) for i, b in zip(clients, best)]
+        return place_by_lowest_loss(clients, self.models, run)
 
     def state(self):
         ids = sorted(self.models)

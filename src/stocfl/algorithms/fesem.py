@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from pydantic import ConfigDict, Field
 
-from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks, lowest_train_loss
+from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks, lowest_train_loss, place_by_lowest_loss
 from stocfl.store import ClientStore
 
 
@@ -72,18 +72,15 @@ class FeSEM(Algorithm):
         km = KMeans(n_clusters=k, n_init=self.params.restarts, random_state=self.ctx.seed).fit(local.double().numpy())
         return torch.from_numpy(km.cluster_centers_).float()
 
-    def _nearest_by_loss(self, clients, run) -> list[int]:
-        return lowest_train_loss(clients, list(self.centers), run)
-
     def global_model(self) -> torch.Tensor:
         return self.ctx.init_weights if self.centers is None else self.centers.mean(0)
 
     def client_models(self, clients, run):
         if self.centers is None:
             return [self.ctx.init_weights] * len(clients)
-        rows = [self.centers[k] for k in range(len(self.centers))]
+        rows = list(self.centers)
         unseen = [i for i in clients if self.labels[i] < 0]
-        guess = dict(zip(unseen, self._nearest_by_loss(unseen, run))) if unseen else {}
+        guess = dict(zip(unseen, lowest_train_loss(unseen, rows, run)))
         return [rows[int(self.labels[i])] if self.labels[i] >= 0 else rows[guess[i]] for i in clients]
 
     def cluster_labels(self) -> np.ndarray:
@@ -92,8 +89,7 @@ class FeSEM(Algorithm):
     def place_new(self, clients, run):
         if self.centers is None:
             return super().place_new(clients, run)
-        best = self._nearest_by_loss(clients, run)
-        return [Placement(i, k, None, False, self.centers[k]) for i, k in zip(clients, best)]
+        return place_by_lowest_loss(clients, dict(enumerate(self.centers)), run)
 
     def state(self):
         rows, meta = self.local.state()

@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks, lowest_train_loss
-from stocfl.tasks import ClientsDropped, Train, average, task_seed
+from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks, place_by_lowest_loss
+from stocfl.tasks import Train, average, task_seed, without_dropped
 
 
 class FLHCParams(Params):
@@ -78,14 +78,10 @@ class FLHC(Algorithm):
         from sklearn.cluster import AgglomerativeClustering
 
         c = self.ctx
-        everyone = list(range(c.n_clients))
-        while True:  # clients that fail here are clustered later, by lowest loss, like new clients
-            try:
-                results = run([Train(i, self.w, self.params.cluster_epochs, c.batch_size, c.lr,
-                                     task_seed(c.seed, round_, i)) for i in everyone])
-                break
-            except ClientsDropped as err:
-                everyone = [i for i in everyone if i not in err.clients]
+        # clients that fail here are clustered later, by lowest loss, like new clients
+        everyone, results = without_dropped(list(range(c.n_clients)), lambda clients: run(
+            [Train(i, self.w, self.params.cluster_epochs, c.batch_size, c.lr, task_seed(c.seed, round_, i))
+             for i in clients]))
         dw = torch.stack([r.weights - self.w for r in results]).double().numpy()
         metric = {"l1": "manhattan", "l2": "euclidean", "cosine": "cosine"}[self.params.metric]
         p = self.params
@@ -113,9 +109,7 @@ class FLHC(Algorithm):
     def place_new(self, clients, run):
         if not self.models:
             return super().place_new(clients, run)
-        ids = sorted(self.models)
-        best = lowest_train_loss(clients, [self.models[k] for k in ids], run)
-        return [Placement(i, ids[b], None, False, self.models[ids[b]]) for i, b in zip(clients, best)]
+        return place_by_lowest_loss(clients, self.models, run)
 
     def state(self):
         ids = sorted(self.models)

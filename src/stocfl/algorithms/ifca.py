@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks, lowest_train_loss
+from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks, lowest_train_loss, place_by_lowest_loss
 from stocfl.tasks import average
 
 
@@ -75,7 +75,7 @@ class IFCA(Algorithm):
         return self.choice.copy()
 
     def place_new(self, clients, run):
-        return [Placement(i, k, None, False, self.models[k]) for i, k in zip(clients, self.choose(clients, run))]
+        return place_by_lowest_loss(clients, dict(enumerate(self.models)), run)
 
     def state(self):
         return {"models": torch.stack(self.models)}, {"choice": self.choice.tolist()}

@@ -36,13 +36,12 @@ def encode_tasks(tasks: list[Task]) -> RecordDict:
         raise ValueError("one message carries tasks of one kind")
     content = RecordDict({"batch": ConfigRecord({"n": len(tasks)})})
     for k, task in enumerate(tasks):
-        one = _encode_task(task)
-        content[f"{k}.arrays"], content[f"{k}.task"] = one["arrays"], one["task"]
+        content[f"{k}.arrays"], content[f"{k}.task"] = _encode_task(task)
     return content
 
 
 def decode_tasks(message_type: str, content: RecordDict) -> list[Task]:
-    return [_decode_task(message_type, RecordDict({"arrays": content[f"{k}.arrays"], "task": content[f"{k}.task"]}))
+    return [_decode_task(message_type, content[f"{k}.task"], content[f"{k}.arrays"])
             for k in range(int(content["batch"]["n"]))]
 
 
@@ -50,8 +49,7 @@ def encode_results(results: list, clients: list[int]) -> RecordDict:
     """The reply to one message: ``results[k]`` is client ``clients[k]``'s."""
     content = RecordDict({"clients": ConfigRecord({"ids": [int(c) for c in clients]})})
     for k, result in enumerate(results):
-        one = _encode_result(result)
-        content[f"{k}.arrays"], content[f"{k}.metrics"] = one["arrays"], one["metrics"]
+        content[f"{k}.arrays"], content[f"{k}.metrics"] = _encode_result(result)
     return content
 
 
@@ -59,16 +57,15 @@ def decode_results(tasks: list[Task], content: RecordDict) -> list:
     """The replies to ``tasks`` (one message's), each checked as by :func:`_decode_result`."""
     try:
         who = [int(c) for c in content["clients"]["ids"]]
-        parts = [RecordDict({"arrays": content[f"{k}.arrays"], "metrics": content[f"{k}.metrics"],
-                             "client": ConfigRecord({"client_id": c})}) for k, c in zip(range(len(tasks)), who)]
+        parts = [(content[f"{k}.arrays"], content[f"{k}.metrics"]) for k in range(min(len(tasks), len(who)))]
     except (KeyError, TypeError, ValueError) as err:
         raise BadReply(f"reply without the expected records ({err})") from None
     if len(who) != len(tasks) or len(content) != 1 + 2 * len(tasks):
         raise BadReply(f"reply holds {(len(content) - 1) // 2} results for {len(tasks)} tasks")
-    return [_decode_result(t, part) for t, part in zip(tasks, parts)]
+    return [_decode_result(t, c, arrays, m) for t, c, (arrays, m) in zip(tasks, who, parts)]
 
 
-def _encode_task(task: Task) -> RecordDict:
+def _encode_task(task: Task) -> tuple[ArrayRecord, ConfigRecord]:
     if isinstance(task, Train):
         cfg = {"client": task.client, "epochs": task.epochs, "batch_size": task.batch_size, "lr": task.lr,
                "seed": task.seed, "prox_weight": task.prox_weight}
@@ -86,15 +83,14 @@ def _encode_task(task: Task) -> RecordDict:
         arrays = _arrays(weights=task.weights)
     else:
         raise TypeError(f"no message for {type(task).__name__}")
-    return RecordDict({"arrays": arrays, "task": ConfigRecord(cfg)})
+    return arrays, ConfigRecord(cfg)
 
 
 def _tensor(record: ArrayRecord, key: str) -> torch.Tensor | None:
     return torch.from_numpy(np.array(record[key].numpy(), dtype=np.float32)) if key in record else None
 
 
-def _decode_task(message_type: str, content: RecordDict) -> Task:
-    cfg, arrays = content["task"], content["arrays"]
+def _decode_task(message_type: str, cfg: ConfigRecord, arrays: ArrayRecord) -> Task:
     if message_type == "train":
         return Train(int(cfg["client"]), _tensor(arrays, "weights"), int(cfg["epochs"]), int(cfg["batch_size"]),
                      float(cfg["lr"]), int(cfg["seed"]), _tensor(arrays, "prox_center"), float(cfg["prox_weight"]))
@@ -109,7 +105,7 @@ def _decode_task(message_type: str, content: RecordDict) -> Task:
     raise ValueError(f"unknown message type {message_type!r}")
 
 
-def _encode_result(result) -> RecordDict:
+def _encode_result(result) -> tuple[ArrayRecord, MetricRecord]:
     if isinstance(result, Trained):
         arrays, metrics = _arrays(weights=result.weights), {"n_samples": result.n_samples}
     elif isinstance(result, Evaluated):
@@ -121,7 +117,7 @@ def _encode_result(result) -> RecordDict:
         arrays, metrics = _arrays(gradient=result.gradient), {"n_samples": result.n_samples}
     else:
         raise TypeError(f"no reply for {type(result).__name__}")
-    return RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)})
+    return arrays, MetricRecord(metrics)
 
 
 def _finite(t: torch.Tensor, what: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -132,11 +128,10 @@ def _finite(t: torch.Tensor, what: str, shape: tuple[int, ...]) -> torch.Tensor:
     return t
 
 
-def _decode_result(task: Task, content: RecordDict):
-    """The reply to ``task``, checked: the right client, the right shapes, finite numbers."""
+def _decode_result(task: Task, who: int, arrays: ArrayRecord, m: MetricRecord):
+    """Client ``who``'s result for ``task``, checked: the right client, the right shapes,
+    finite numbers."""
     try:
-        who = int(content["client"]["client_id"])
-        arrays, m = content["arrays"], content["metrics"]
         n = int(m["n_samples"])
     except (KeyError, TypeError, ValueError) as err:
         raise BadReply(f"reply without the expected records ({err})") from None
