@@ -20,3 +20,12 @@ def data_dir() -> Path:
     if d is None:
         pytest.skip("real data not found: set STOCFL_DATA_DIR to a copy of ../shared/data")
     return d
+
+
+# Property-based tests: a fast profile in the suite, a long search on demand
+# (HYPOTHESIS_PROFILE=long: thousands of examples).
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("ci", max_examples=150, derandomize=True, print_blob=True)
+settings.register_profile("long", max_examples=5000, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -9,7 +9,7 @@ from sklearn.metrics import adjusted_rand_score
 from stocfl.algorithms import Context
 from stocfl.algorithms.cfl import CFL, CFLParams
 from stocfl.algorithms.ditto import Ditto, DittoParams
-from stocfl.algorithms.flhc import FLHC, FLHCParams
+from stocfl.algorithms.flhc import DEFAULT_THRESHOLD, FLHC, FLHCParams
 from stocfl.algorithms.ifca import IFCA, IFCAParams
 from stocfl.store import ClientStore
 from stocfl.tasks import Evaluate, Evaluated, Train, Trained
@@ -78,19 +78,25 @@ def test_cfl_respects_warmup_and_needs_more_than_two_fresh_clients():
 def test_flhc_clusters_updates_not_weights(metric, linkage):
     groups = np.random.default_rng(2).permutation(np.repeat(np.arange(4), 6))
     # weights far from the origin: cosines of WEIGHTS are all ~1, only the updates tell groups apart
-    alg = FLHC(FLHCParams(warmup_rounds=1, metric=metric, linkage=linkage), ctx(24, torch.full((P,), 50.0)))
+    alg = FLHC(FLHCParams(warmup_rounds=1, metric=metric, linkage=linkage, n_clusters=4),
+               ctx(24, torch.full((P,), 50.0)))
     run = fake_run(groups)
     alg.round(1, [0, 1, 2], run)
     diag = alg.round(2, [0, 1, 2], run)
-    assert diag == {"clustered": 4}
+    assert diag["clustered"] == 4 and diag["clustered_clients"] == 24 and len(diag["flhc_heights"]) == 10
     assert adjusted_rand_score(groups, alg.cluster_labels()) == 1.0
     for k in alg.models:
         assert torch.equal(alg.models[k], alg.w)
 
 
 def test_flhc_distance_threshold_and_parameter_rules():
-    with pytest.raises(ValueError, match="exactly one"):
-        FLHCParams(distance_threshold=1.0)
+    with pytest.raises(ValueError, match="not both"):
+        FLHCParams(distance_threshold=1.0, n_clusters=4)
+    # no number of clusters is handed to it: by default the tree is cut at the metric's distance
+    for metric in ("l1", "l2", "cosine"):
+        p = FLHCParams(metric=metric)
+        assert p.n_clusters == 0 and p.distance_threshold == DEFAULT_THRESHOLD[metric] > 0
+    assert FLHCParams(n_clusters=3).distance_threshold == 0
     with pytest.raises(ValueError, match="ward"):
         FLHCParams(metric="l1", linkage="ward")
     groups = np.repeat(np.arange(4), 3)
@@ -174,3 +180,41 @@ def test_client_store_undo_restores_rows_the_checkpoint_did_not_see(tmp_path):
     reopened.load_state({}, seen)
     assert torch.equal(reopened.get(1), torch.ones(P)) and 4 not in reopened and 3 in reopened
     assert reopened.version == 1
+
+
+def test_fesem_assigns_trains_then_updates_centres_from_fresh_models():
+    """Group g of client i = i % 2 pulls along +e0 (g = 0) or -e0 (g = 1), 10 per training."""
+    from stocfl.algorithms.fesem import FeSEM, FeSEMParams
+    from stocfl.errors import UserError
+
+    step = [torch.eye(P)[0] * 10, -torch.eye(P)[0] * 10]
+    seen = []
+
+    def run(tasks):
+        seen.extend(tasks)
+        out = []
+        for t in tasks:
+            g = t.client % 2
+            if isinstance(t, Evaluate):
+                assert t.split == "train"
+                out.append(Evaluated(float((t.weights - 10 * step[g]).norm()), 1, 1))
+            else:
+                out.append(Trained(t.weights + step[g], 10))
+        return out
+
+    c = Context(8, torch.zeros(P), epochs=1, batch_size=0, lr=0.1, seed=0, sample_size=4)
+    alg = FeSEM(FeSEMParams(n_centers=2), c)
+    alg.round(1, [0, 1, 2, 3], run)
+    k = {g: int(alg.labels[g]) for g in (0, 1)}
+    assert k[0] != k[1] and alg.labels[:4].tolist() == [k[0], k[1], k[0], k[1]]
+    # K-means of the first models (+-10 e0), one local step from the centres (+-20 e0), and the
+    # centres are the mean of those FRESH models
+    assert torch.allclose(alg.centers[k[0]], 2 * step[0]) and torch.allclose(alg.centers[k[1]], 2 * step[1])
+    seen.clear()
+    alg.round(2, [0, 5], run)  # client 0 was seen (stored +20 e0); client 5 is new, of group 1
+    assert sorted(t.client for t in seen if isinstance(t, Evaluate)) == [5, 5], "a new client is placed by train loss"
+    assert alg.labels[5] == k[1]
+    # the centres moved to this round's fresh models only: clients 1-3's stored models do not count
+    assert torch.allclose(alg.centers[k[0]], 3 * step[0]) and torch.allclose(alg.centers[k[1]], 3 * step[1])
+    with pytest.raises(UserError, match="n_centers"):
+        FeSEM(FeSEMParams(n_centers=5), c)

@@ -29,7 +29,7 @@ def test_cfl_splits_shifted_mnist_into_the_four_groups(tmp_path, data_dir):
 def test_flhc_l1_complete_recovers_label_swap_groups(tmp_path, data_dir):
     cfg = _load(data_dir, ["scenario.name=label_swap", "scenario.n_clients=40", "scenario.samples_per_client=300",
                            "run.rounds=11", "run.sample_rate=0.2", "run.eval_every=11", "algorithm.name=flhc",
-                           "algorithm.metric=\"l1\"", "algorithm.linkage=\"complete\""])
+                           "algorithm.metric=\"l1\"", "algorithm.linkage=\"complete\"", "algorithm.n_clusters=4"])
     s = Experiment.create(cfg, tmp_path / "flhc").run(progress=False)
     assert s["n_clusters"] == 4 and s["ari"] == 1.0, s
 
@@ -57,3 +57,18 @@ def test_per_client_models_survive_a_stop_and_an_unrecorded_store_write(tmp_path
     assert np.array_equal(store_a.has, store_b.has) and store_a.has.sum() > 0
     for i in np.flatnonzero(store_a.has):
         assert torch.equal(store_a.get(i), store_b.get(i))
+
+
+def test_fesem_accuracy_rises_with_rounds_on_dirichlet_mnist_at_ten_percent(tmp_path, data_dir):
+    """FeSEM's setting (configs/dirichlet_mnist.toml: 100 clients, Dirichlet 0.5, 10% per round).
+    With the centres updated from the fresh local models, accuracy climbs: measured 43.0% after
+    round 1, 85.3% after round 10 (the former order, centres from stale models: 54.2%)."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "dirichlet_mnist.toml"
+    cfg = config.load(path, ["algorithm.name=fesem", "run.rounds=10", "run.eval_every=1"], str(data_dir))
+    s = Experiment.create(cfg, tmp_path / "fesem").run(progress=False)
+    acc = [r["accuracy"] for r in map(json.loads, (tmp_path / "fesem" / "metrics.jsonl").read_text().splitlines())
+           if r["accuracy"] is not None]
+    assert len(acc) == 10 and acc[0] < acc[4] < acc[-1], acc
+    assert s["accuracy"] >= 0.8 and s["accuracy"] - acc[0] >= 0.2, acc

@@ -95,3 +95,31 @@ def test_config_listing_documents_every_key(capsys):
             for key in model.annotation.model_fields:
                 assert f"  {key} = " in out
     assert "mu = 0.01" in out
+
+
+def test_run_dependent_errors_are_one_line_exit_2(tmp_path, capsys):
+    """Errors that only show once the run's data and sampling are known: one line, exit
+    code 2, and no results directory left behind."""
+    for argv in (
+        ["run", "--set", "algorithm.name=fesem", "--set", "algorithm.n_centers=9", "--set", "scenario.n_clients=20",
+         "--out", str(tmp_path / "fesem")],  # round 1 samples 2 clients, K = 9
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("stocfl: error:") and "\n" not in err and "n_centers" in err, err
+        assert not (tmp_path / "fesem").exists()
+
+
+def test_a_model_that_does_not_fit_the_data_is_one_line():
+    from stocfl.data import load_dataset
+    from stocfl.models import FlatModel, cnn28, mlp
+    from stocfl.runner import check_model_fits
+    from stocfl.scenarios import build
+
+    fed = build("iid", load_dataset("digits"), 2, 10, seed=0)
+    for module, what in ((cnn28(1, 10), "does not fit digits inputs of shape (1, 8, 8)"),
+                         (mlp(64, 8, 7), "outputs of shape (7,)")):
+        w0 = FlatModel.init_weights(module, 0)
+        with pytest.raises(UserError, match=what.replace("(", r"\(").replace(")", r"\)")) as err:
+            check_model_fits(FlatModel(module), w0, fed, "mine")
+        assert "\n" not in str(err.value)

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from stocfl.data import load_dataset
+from stocfl.errors import UserError
 from stocfl.executors import BatchedExecutor, SequentialExecutor, choose_engine
 from stocfl.models import build_module, make_model
 from stocfl.scenarios import build
@@ -94,7 +95,7 @@ def test_mixed_task_list_keeps_order():
 
 
 def test_wrong_weight_shape_is_refused():
-    with pytest.raises(ValueError, match="parameters"):
+    with pytest.raises(UserError, match="parameters"):
         SequentialExecutor(FED, MODEL).run([Train(0, torch.zeros(3), 1, 0, 0.1, 0)])
 
 

@@ -107,6 +107,48 @@ def test_merged_models_weigh_by_trained_samples_untrained_weigh_zero():
     assert torch.allclose(alg.theta[3], torch.full((3,), 3.25))
 
 
+def test_a_client_whose_psi_is_rejected_still_trains_w():
+    class ZeroPsi(SequentialExecutor):
+        def represent(self, tasks):
+            return [Represented(torch.zeros_like(r.psi), r.n_samples) if t.client == 5 else r
+                    for t, r in zip(tasks, super().represent(tasks))]
+
+    ex = ZeroPsi(FED, MODEL)
+    alg = StoCFL(StoCFLParams(), CTX)
+    w = alg.w.clone()
+    diag = alg.round(1, SAMPLES[0], ex.run)
+    assert diag["rejected_representations"] == 1 and alg.cluster_labels()[5] == -1
+    plain = SequentialExecutor(FED, MODEL).run([alg.local_training(1, i, w) for i in SAMPLES[0]])
+    n = [r.n_samples for r in plain]
+    expected = sum(r.weights * k for r, k in zip(plain, n)) / sum(n)
+    assert torch.allclose(alg.w, expected, atol=1e-6), "w is the mean over every sampled client, client 5 included"
+
+
+def test_auto_tau_needs_no_kept_representations_and_says_what_it_did():
+    alg = StoCFL(StoCFLParams(tau="auto", keep_representations=False), CTX)
+    ex = SequentialExecutor(FED, MODEL)
+    diag = alg.round(1, [0, 5], ex.run)  # two clients: too few to suggest tau, no merges yet
+    assert diag["tau"] is None and diag["tau_auto"].startswith("waiting: 2 of 3") and diag["merges"] == 0
+    assert len(alg.clusters) == 2 and not alg.reps
+    tensors, meta = alg.state()
+    resumed = StoCFL(StoCFLParams(tau="auto", keep_representations=False), CTX)
+    resumed.load_state(tensors, meta)
+    for a in (alg, resumed):
+        diag = a.round(2, [1, 7, 9, 13, 20], ex.run)
+        assert diag["tau"] is not None and diag["tau_auto"] == "suggested from 7 representations"
+    arrival = [0, 5, 1, 7, 9, 13, 20]
+    assert diag["tau"] == suggest_tau(torch.stack([_psi(ex, i) for i in arrival]))
+    assert np.array_equal(alg.cluster_labels(), resumed.cluster_labels())
+    # every pair of clusters ends at or below the decided tau, the two early singletons included
+    u = alg.clusters.units(alg.clusters.ids)
+    assert float((u @ u.T - 4 * torch.eye(len(u), dtype=torch.float64)).max()) <= alg.tau + 1e-9
+
+
+def _psi(ex, client):
+    alg = StoCFL(StoCFLParams(), CTX)
+    return ex.run([alg.represent_task(client)])[0].psi.double()
+
+
 def test_bad_representations_are_rejected():
     alg = StoCFL(StoCFLParams(), CTX)
     psi = torch.zeros(5)
@@ -114,44 +156,6 @@ def test_bad_representations_are_rejected():
         [Represented(psi, 10), Represented(torch.tensor([1.0, float("nan"), 0, 0, 0]), 10),
          Represented(torch.tensor([1.0, 0, 0, 0, 0]), 10)], [0, 1, 2])
     assert accepted == [2] and alg.cluster_labels()[:3].tolist() == [-1, -1, 0]
-
-
-def _brute_force(psis, tau):
-    """Reference: recompute every pairwise centroid cosine after every merge."""
-    clusters = [[i] for i in range(len(psis))]
-    while len(clusters) > 1:
-        cents = [torch.stack([psis[i] for i in c]).double().sum(0) for c in clusters]
-        cents = [c / c.norm() for c in cents]
-        best, pair = -np.inf, None
-        for a in range(len(clusters)):
-            for b in range(a + 1, len(clusters)):
-                s = float(cents[a] @ cents[b])
-                if s > best:
-                    best, pair = s, (a, b)
-        if best <= tau:
-            break
-        a, b = pair
-        clusters[a] += clusters.pop(b)
-    return sorted(sorted(c) for c in clusters)
-
-
-@pytest.mark.parametrize("tau", [0.0, 0.3, 0.6])
-def test_incremental_merging_equals_brute_force(tau):
-    g = torch.Generator().manual_seed(1)
-    centers = torch.randn(5, 16, generator=g)
-    psis = [centers[i % 5] + 0.9 * torch.randn(16, generator=g) for i in range(60)]
-    cs = ClusterSet(60)
-    new = [cs.add(i, p) for i, p in enumerate(psis)]
-    cs.merge_greedy(new, tau)
-    got = sorted(sorted(m) for m in cs.members_.values())
-    assert got == _brute_force(psis, tau)
-    # arriving in rounds: after each round no pair of clusters is above tau
-    cs = ClusterSet(60)
-    for r in range(0, 60, 7):
-        cs.merge_greedy([cs.add(i, psis[i]) for i in range(r, min(r + 7, 60))], tau)
-        u = cs.units(cs.ids)
-        sims = u @ u.T - 3 * torch.eye(len(u), dtype=torch.float64)
-        assert float(sims.max()) <= tau + 1e-12
 
 
 def test_objective_is_eq2():

@@ -1,15 +1,25 @@
 """Stochastic client clustering (StoCFL, Zeng et al. 2023, section 3.2 and Algorithm 1).
 
-The server keeps, per cluster, the SUM of its members' representations Psi and their count:
-never one full vector per client. Cosine is scale-free, so the sum stands for the mean.
+The server keeps, per cluster, the SUM of its members' representations Psi (float64) and their
+count: never one full vector per client. Cosine is scale-free, so the sum stands for the mean.
 
-Each round the newly sampled clients join as singletons; then, greedily, the pair of clusters
-with the highest cosine similarity is merged while that similarity exceeds tau (centroid
-linkage; the merged centroid is recomputed after every merge). Before the round every pair of
-clusters is at or below tau, so only pairs that involve a cluster changed this round (a
-"dirty" one) can exceed it: the loop keeps the similarities of dirty clusters to all
-clusters, (dirty x K), and updates one row and one column per merge. A round costs
-O((newcomers + merges) * K * dim), independent of the number of clients N.
+The rule (``merge_greedy``): newly sampled clients join as singletons; then, while the most
+similar pair of clusters has a cosine above tau, that pair is merged and its centroid
+recomputed (greedy centroid linkage). Cosines are compared at a resolution of ``EPS``, so that
+the partition does not depend on the order in which floating-point sums were formed:
+
+* a pair merges only when its cosine exceeds tau by more than EPS;
+* cosines within EPS of the highest are ties; among tied pairs the one with the smallest
+  (older id, younger id) merges, and the merged cluster keeps the older id.
+
+Incremental evaluation: after a call with threshold tau every pair is at or below tau + EPS, so
+the next call with the same tau only needs the pairs that involve a cluster changed since (a
+"dirty" one). The loop keeps the similarities of dirty clusters to all clusters, one row per
+dirty cluster, and updates one row and one column per merge; a merge can make an older cluster
+dirty, so rows are added as needed. A round costs O((newcomers + merges) * K * dim),
+independent of the number of clients N. A call with another tau than the last one treats
+every cluster as dirty. ``tests/test_clustering_reference.py`` checks all of this against a
+brute-force recomputation on generated inputs.
 """
 
 from __future__ import annotations
@@ -18,6 +28,13 @@ from typing import Callable
 
 import numpy as np
 import torch
+
+EPS = 1e-9  # resolution of cosine comparisons (ties and the threshold)
+
+
+def check_representation(psi: torch.Tensor) -> None:
+    if psi.dim() != 1 or not bool(torch.isfinite(psi).all()) or float(psi.double().norm()) == 0.0:
+        raise ValueError("a representation must be a finite, non-zero vector")
 
 
 class ClusterSet:
@@ -28,7 +45,9 @@ class ClusterSet:
     labels_ : np.ndarray of shape (N,)
         Cluster id of every client, -1 for clients not seen yet.
     sums_, counts_ : dict[int, Tensor], dict[int, int]
-        Per cluster: sum of members' Psi and number of members.
+        Per cluster: sum of members' Psi (float64) and number of members.
+    merged_at : float or None
+        The tau of the last ``merge_greedy`` call (every pair is at or below it + EPS).
     """
 
     def __init__(self, n_clients: int):
@@ -37,6 +56,7 @@ class ClusterSet:
         self.counts_: dict[int, int] = {}
         self.members_: dict[int, list[int]] = {}
         self.next_id = 0
+        self.merged_at: float | None = None
 
     @property
     def ids(self) -> list[int]:
@@ -46,7 +66,7 @@ class ClusterSet:
         return len(self.sums_)
 
     def unit(self, cid: int) -> torch.Tensor:
-        s = self.sums_[cid].double()
+        s = self.sums_[cid]
         n = s.norm()
         return s / n if n > 0 else s
 
@@ -55,19 +75,16 @@ class ClusterSet:
 
     def add(self, client: int, psi: torch.Tensor) -> int:
         """Client ``client`` joins as a new singleton cluster; returns its id."""
+        check_representation(psi)
+        if self.labels_[client] >= 0:
+            raise ValueError(f"client {client} is already in cluster {self.labels_[client]}")
         cid = self.next_id
         self.next_id += 1
-        self.sums_[cid] = psi.detach().float().clone()
+        self.sums_[cid] = psi.detach().double().clone()
         self.counts_[cid] = 1
         self.members_[cid] = [client]
         self.labels_[client] = cid
         return cid
-
-    def join(self, client: int, cid: int, psi: torch.Tensor) -> None:
-        self.sums_[cid] += psi.float()
-        self.counts_[cid] += 1
-        self.members_[cid].append(client)
-        self.labels_[client] = cid
 
     def similarities(self, psi: torch.Tensor) -> tuple[list[int], torch.Tensor]:
         """Cosine of ``psi`` to every cluster representation."""
@@ -85,98 +102,150 @@ class ClusterSet:
             return 0.0
         return float((u.sum(0).pow(2).sum() - (u * u).sum()) / 2)
 
+    def _fold(self, keep: int, gone: int) -> None:
+        self.sums_[keep] += self.sums_.pop(gone)
+        self.counts_[keep] += self.counts_.pop(gone)
+        moved = self.members_.pop(gone)
+        self.labels_[moved] = keep
+        self.members_[keep] += moved
+
     def merge_greedy(self, dirty: list[int], tau: float, on_merge: Callable[[int, int], None] | None = None,
                      heights: list[float] | None = None) -> int:
-        """Merge the most similar pair while its cosine exceeds ``tau``; returns the number of merges.
+        """Merge the most similar pair while its cosine exceeds ``tau`` (see the module
+        docstring for ties and resolution); returns the number of merges.
 
         ``dirty``: clusters changed since the last call (newcomers). ``on_merge(keep, gone)`` is
-        called before cluster ``gone`` is folded into ``keep`` (the older id is kept); the cosine
-        of every merge is appended to ``heights`` when given."""
+        called before cluster ``gone`` is folded into ``keep`` (the older id); the cosine of
+        every merge is appended to ``heights`` when given."""
         ids = self.ids
+        if self.merged_at is None or tau != self.merged_at:
+            dirty = ids  # the invariant of the last call does not hold for this tau
+        self.merged_at = tau
         slot = {c: i for i, c in enumerate(ids)}
-        u = self.units(ids)
-        dead = torch.zeros(len(ids), dtype=torch.bool)
         first = sorted({slot[c] for c in dirty if c in slot})
         if not first:
             return 0
-        # one row per dirty cluster; every merge adds at most one, so allocate that up front
-        cap = 2 * len(first) + 1
-        sims = torch.full((cap, len(ids)), -np.inf, dtype=torch.float64)
-        row_slot = torch.full((cap,), -1, dtype=torch.long)  # cluster slot of each row, -1 = none
-        slot_row = torch.full((len(ids),), -1, dtype=torch.long)
-        first_t = torch.tensor(first)
-        sims[: len(first)] = u[first_t] @ u.T
-        sims[torch.arange(len(first)), first_t] = -np.inf
-        row_slot[: len(first)] = first_t
-        slot_row[first_t] = torch.arange(len(first))
-        n_rows = len(first)
-        best, arg = sims.max(dim=1)  # cached maximum of every row
+        rows = _Rows(self.units(ids), first)
         merges = 0
         while True:
-            r = int(torch.argmax(best[:n_rows]))
-            if not float(best[r]) > tau:
-                break
-            a, b = ids[int(row_slot[r])], ids[int(arg[r])]
-            keep, gone = min(a, b), max(a, b)
+            pair = rows.best_pair(ids, tau)
+            if pair is None:
+                return merges
+            keep, gone, cos = pair
             if on_merge is not None:
                 on_merge(keep, gone)
             if heights is not None:
-                heights.append(float(best[r]))
-            self.sums_[keep] += self.sums_.pop(gone)
-            self.counts_[keep] += self.counts_.pop(gone)
-            moved = self.members_.pop(gone)
-            self.labels_[moved] = keep
-            self.members_[keep] += moved
+                heights.append(cos)
+            self._fold(keep, gone)
             merges += 1
-            ks, gs = slot[keep], slot[gone]
-            dead[gs] = True
-            u[ks] = self.unit(keep)
-            if slot_row[gs] >= 0:  # the folded cluster's row goes
-                gr = int(slot_row[gs])
-                sims[gr], best[gr], row_slot[gr], slot_row[gs] = -np.inf, -np.inf, -1, -1
-            if slot_row[ks] < 0:  # the merged cluster is dirty now
-                slot_row[ks], row_slot[n_rows] = n_rows, ks
-                n_rows += 1
-            kr = int(slot_row[ks])
-            live = torch.nonzero(row_slot[:n_rows] >= 0).squeeze(1)
-            # the merged cluster's row, and its column in every dirty row
-            row = u @ u[ks]
-            row[dead] = -np.inf
-            row[ks] = -np.inf
-            sims[kr] = row
-            col = u[row_slot[live]] @ u[ks]
-            col[row_slot[live] == ks] = -np.inf
-            sims[live, ks] = col
-            sims[live, gs] = -np.inf
-            # rows whose cached best pointed at a changed column are recomputed at once; the
-            # others only compare with the new value in column ks
-            stale = live[(arg[live] == ks) | (arg[live] == gs) | (live == kr)]
-            if len(stale):
-                best[stale], arg[stale] = sims[stale].max(dim=1)
-            better = sims[live, ks] > best[live]
-            best[live[better]] = sims[live[better], ks]
-            arg[live[better]] = ks
-        return merges
+            rows.merged(slot[keep], slot[gone], self.unit(keep))
 
     def lookup(self, psi: torch.Tensor, tau: float) -> tuple[int, float, bool]:
-        """Most similar cluster to ``psi``, the cosine, and whether it reaches tau (paper 4.4)."""
+        """Most similar cluster to ``psi`` (ties within EPS: the smallest id), the cosine, and
+        whether it reaches tau (paper 4.4: joins when the cosine >= tau, at resolution EPS)."""
         ids, sims = self.similarities(psi)
         if not ids:
             return -1, float("nan"), False
-        k = int(torch.argmax(sims))
-        return ids[k], float(sims[k]), bool(sims[k] >= tau)
+        top = float(sims.max())
+        k = int(torch.nonzero(sims >= top - EPS)[0])
+        return ids[k], float(sims[k]), bool(float(sims[k]) >= tau - EPS)
 
     # ---- state ---------------------------------------------------------------------------
     def state(self) -> tuple[dict[str, torch.Tensor], dict]:
         ids = self.ids
         tensors = {"cluster_sums": torch.stack([self.sums_[c] for c in ids])} if ids else {}
         return tensors, {"ids": ids, "counts": [self.counts_[c] for c in ids], "next_id": self.next_id,
-                         "labels": self.labels_.tolist()}
+                         "labels": self.labels_.tolist(), "merged_at": self.merged_at}
 
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         ids = meta["ids"]
-        self.sums_ = {c: tensors["cluster_sums"][k].clone() for k, c in enumerate(ids)}
+        self.sums_ = {c: tensors["cluster_sums"][k].double().clone() for k, c in enumerate(ids)}
         self.counts_ = dict(zip(ids, meta["counts"]))
         self.next_id = meta["next_id"]
         self.labels_ = np.asarray(meta["labels"], dtype=np.int64)
         self.members_ = {c: np.flatnonzero(self.labels_ == c).tolist() for c in ids}
+        self.merged_at = meta.get("merged_at")
+
+
+class _Rows:
+    """Cosines of the dirty clusters (rows) to every cluster (columns, by slot), each row's
+    cached maximum, and the bookkeeping of a merge. Dead slots and a row's own slot hold -inf."""
+
+    def __init__(self, u: torch.Tensor, first: list[int]):
+        self.u = u
+        k = len(u)
+        self.dead = torch.zeros(k, dtype=torch.bool)
+        cap = 2 * len(first)
+        self.sims = torch.full((cap, k), -np.inf, dtype=torch.float64)
+        self.row_slot = torch.full((cap,), -1, dtype=torch.long)  # cluster slot of each row, -1 = none
+        self.slot_row = torch.full((k,), -1, dtype=torch.long)
+        self.best = torch.full((cap,), -np.inf, dtype=torch.float64)
+        self.arg = torch.zeros(cap, dtype=torch.long)
+        first_t = torch.tensor(first)
+        n = len(first)
+        self.sims[:n] = u[first_t] @ u.T
+        self.sims[torch.arange(n), first_t] = -np.inf
+        self.row_slot[:n] = first_t
+        self.slot_row[first_t] = torch.arange(n)
+        self.n_rows = n
+        self.best[:n], self.arg[:n] = self.sims[:n].max(dim=1)
+
+    def _add_row(self, s: int) -> int:
+        if self.n_rows == len(self.row_slot):  # grow: a merge can make an older cluster dirty
+            cap = 2 * len(self.row_slot)
+            grow = cap - len(self.row_slot)
+            self.sims = torch.cat([self.sims, torch.full((grow, self.sims.shape[1]), -np.inf, dtype=torch.float64)])
+            self.row_slot = torch.cat([self.row_slot, torch.full((grow,), -1, dtype=torch.long)])
+            self.best = torch.cat([self.best, torch.full((grow,), -np.inf, dtype=torch.float64)])
+            self.arg = torch.cat([self.arg, torch.zeros(grow, dtype=torch.long)])
+        r = self.n_rows
+        self.row_slot[r], self.slot_row[s] = s, r
+        self.n_rows += 1
+        return r
+
+    def best_pair(self, ids: list[int], tau: float) -> tuple[int, int, float] | None:
+        """The pair to merge next as (older id, younger id, cosine), or None."""
+        live = torch.nonzero(self.row_slot[: self.n_rows] >= 0).squeeze(1)
+        if not len(live):
+            return None
+        top = float(self.best[live].max())
+        if not top > tau + EPS:
+            return None
+        floor = max(top - EPS, tau + EPS)
+        pairs = []
+        for r in live[self.best[live] >= floor].tolist():
+            a = ids[int(self.row_slot[r])]
+            row = self.sims[r]
+            for s in torch.nonzero((row >= floor) & (row > tau + EPS)).squeeze(1).tolist():
+                b = ids[s]
+                pairs.append((min(a, b), max(a, b), float(row[s])))
+        return min(pairs)
+
+    def merged(self, ks: int, gs: int, unit_keep: torch.Tensor) -> None:
+        """Cluster in slot ``gs`` was folded into slot ``ks`` (new unit vector ``unit_keep``)."""
+        u = self.u
+        self.dead[gs] = True
+        u[ks] = unit_keep
+        if self.slot_row[gs] >= 0:  # the folded cluster's row goes
+            gr = int(self.slot_row[gs])
+            self.sims[gr], self.best[gr], self.row_slot[gr], self.slot_row[gs] = -np.inf, -np.inf, -1, -1
+        kr = int(self.slot_row[ks]) if self.slot_row[ks] >= 0 else self._add_row(ks)
+        live = torch.nonzero(self.row_slot[: self.n_rows] >= 0).squeeze(1)
+        # the merged cluster's row, and its column in every dirty row
+        row = u @ u[ks]
+        row[self.dead] = -np.inf
+        row[ks] = -np.inf
+        self.sims[kr] = row
+        slots = self.row_slot[live]
+        col = u[slots] @ u[ks]
+        col[slots == ks] = -np.inf
+        self.sims[live, ks] = col
+        self.sims[live, gs] = -np.inf
+        # rows whose cached maximum was in a changed column are recomputed; the others only
+        # compare with the new value in column ks
+        stale = live[(self.arg[live] == ks) | (self.arg[live] == gs) | (live == kr)]
+        if len(stale):
+            self.best[stale], self.arg[stale] = self.sims[stale].max(dim=1)
+        better = self.sims[live, ks] > self.best[live]
+        self.best[live[better]] = self.sims[live[better], ks]
+        self.arg[live[better]] = ks

@@ -43,6 +43,7 @@ def embedding(reps: torch.Tensor, labels: np.ndarray, groups: np.ndarray | None,
     marker by true group (paper Fig. 3)."""
     plt = _plt()
     x = reps.double().numpy()
+    x = np.pad(x, ((0, 0), (0, max(0, 2 - x.shape[1]))))  # 1-dimensional (sketched) representations
     if len(x) >= 10:
         from sklearn.manifold import TSNE
 

@@ -10,12 +10,17 @@ from typing import Any
 import numpy as np
 
 
-def clustering_scores(labels: np.ndarray, groups: np.ndarray | None) -> dict[str, Any]:
-    """Number of clusters among assigned clients; ARI and NMI against the true groups."""
+def clustering_scores(labels: np.ndarray, groups: np.ndarray | None, participants: list[int] | None = None
+                      ) -> dict[str, Any]:
+    """Over the participants placed so far (held-out clients never count): their number
+    (``placed``), the number of clusters among them, ARI and NMI against the true groups."""
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
     assigned = labels >= 0
-    out: dict[str, Any] = {"n_clusters": int(len(np.unique(labels[assigned]))), "ari": None, "nmi": None}
+    if participants is not None:
+        assigned &= np.isin(np.arange(len(labels)), participants)
+    out: dict[str, Any] = {"n_clusters": int(len(np.unique(labels[assigned]))), "placed": int(assigned.sum()),
+                           "ari": None, "nmi": None}
     if groups is not None and assigned.any():
         out["ari"] = float(adjusted_rand_score(groups[assigned], labels[assigned]))
         out["nmi"] = float(normalized_mutual_info_score(groups[assigned], labels[assigned]))

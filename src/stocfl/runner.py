@@ -57,6 +57,7 @@ class Experiment:
             self.model, w0 = make_model(m.name, self.fed.input_shape, self.fed.n_classes, m.hidden, self.cfg.run.seed)
         except ValueError as err:
             raise UserError(f"config: model.name: {err}") from None
+        check_model_fits(self.model, w0, self.fed, m.name)
         t = self.cfg.train
         if self.executor is not None:
             self.engine = self.cfg.run.engine
@@ -70,7 +71,8 @@ class Experiment:
         ctx = Context(self.fed.n_clients, w0, t.epochs, t.batch_size, t.lr, self.cfg.run.seed,
                       self.fed.input_shape, self.fed.n_classes,
                       init_model=lambda seed: FlatModel.init_weights(module, seed),
-                      last_layer=self.model.numels[-1] + self.model.numels[-2], workdir=self.out)
+                      last_layer=self.model.numels[-1] + self.model.numels[-2], workdir=self.out,
+                      participants=tuple(self.fed.participants), sample_size=self.sample_size())
         self.algorithm = algorithm_class(self.cfg.algorithm["name"])(self.cfg.algorithm_params(), ctx)
         self.sampler = np.random.default_rng([self.cfg.run.seed, 1])
         self.round = 0
@@ -124,10 +126,14 @@ class Experiment:
         self.elapsed = meta["elapsed"]
 
     # ---- the loop -----------------------------------------------------------------------
+    def sample_size(self) -> int:
+        """m = ceil(rate * N) of the participating clients."""
+        pool = len(self.fed.participants)
+        return min(pool, math.ceil(self.cfg.run.sample_rate * pool))
+
     def sample(self) -> list[int]:
         pool = self.fed.participants
-        m = min(len(pool), math.ceil(self.cfg.run.sample_rate * len(pool)))
-        return sorted(pool[int(k)] for k in self.sampler.choice(len(pool), m, replace=False))
+        return sorted(pool[int(k)] for k in self.sampler.choice(len(pool), self.sample_size(), replace=False))
 
     def play_round(self, t: int, sampled: list[int]) -> tuple[dict[str, Any], list[int]]:
         """The algorithm's round with the sampled clients. When clients fail, the round is redone
@@ -203,7 +209,7 @@ class Experiment:
                                    "dropped": len(dropped), "dropped_clients": dropped}
             if t % r.eval_every == 0 or t == r.rounds:
                 row.update(self.evaluate())
-            row.update(report.clustering_scores(self.algorithm.cluster_labels(), self.fed.groups))
+            row.update(report.clustering_scores(self.algorithm.cluster_labels(), self.fed.groups, self.fed.participants))
             row.update(diag)
             row["seconds"] = time.perf_counter() - t0
             self.elapsed += row["seconds"]
@@ -229,6 +235,7 @@ class Experiment:
             "rounds_done": self.round, "engine": self.engine, "threads": self.threads,
             "accuracy": last_eval.get("accuracy"), "global_accuracy": last_eval.get("global_accuracy"),
             "n_clusters": last.get("n_clusters"), "ari": last.get("ari"), "nmi": last.get("nmi"),
+            "placed": last.get("placed"), "participants": len(self.fed.participants),
             "seconds": round(self.elapsed, 3), "notes": self.fed.notes,
         }
         summary.update({k: v for k, v in rows[-1].items() if k in ("objective", "tau")} if rows else {})
@@ -242,9 +249,10 @@ class Experiment:
         reps = self.algorithm.representations()
         if reps is not None:
             self.plot_representations(*reps, labels)
-            from stocfl.tau import suggest_tau
+            if len(reps[0]) >= 3:
+                from stocfl.tau import suggest_tau
 
-            summary["tau_suggested"] = suggest_tau(reps[1])
+                summary["tau_suggested"] = suggest_tau(reps[1])
         report.write_json(self.out / "summary.json", summary)
         report.plot_accuracy(rows, self.out / "accuracy.png",
                              f"{summary['algorithm']} on {summary['scenario']} ({summary['dataset']})")
@@ -257,6 +265,22 @@ class Experiment:
         name = f"{self.cfg.scenario.name} ({self.cfg.scenario.dataset})"
         plots.similarity_matrix(reps, groups, self.out / "similarity.png", f"cosine of Psi, {name}")
         plots.embedding(reps, labels[ids], groups, self.out / "embedding.png", name, self.cfg.run.seed)
+
+
+def check_model_fits(model: FlatModel, w0: torch.Tensor, fed: Federation, name: str) -> None:
+    """One forward pass on one train sample: the model must take the data's inputs and give
+    one logit per class, before a round runs."""
+    x = fed.x_train[:1]
+    try:
+        with torch.no_grad():
+            out = model.forward(w0, x)
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"config: model.name = {name!r} does not fit {fed.dataset} inputs of shape "
+                        f"{tuple(x.shape[1:])} ({first}); pick a model for this data") from None
+    if tuple(out.shape) != (1, fed.n_classes):
+        raise UserError(f"config: model.name = {name!r} gives outputs of shape {tuple(out.shape[1:])} on "
+                        f"{fed.dataset}, which has {fed.n_classes} classes; pick a model for this data")
 
 
 def pin_data_dir(cfg: Config) -> None:
@@ -276,9 +300,10 @@ def read_config(out: Path, data_dir: str | None = None) -> dict[str, Any]:
     return raw
 
 
-def _pooled(results) -> float:
+def _pooled(results) -> float | None:
+    """Correct over samples of all results; None when no client was evaluated."""
     n = sum(r.n_samples for r in results)
-    return sum(r.correct for r in results) / n if n else 0.0
+    return sum(r.correct for r in results) / n if n else None
 
 
 def cluster_majority(labels: np.ndarray, groups: np.ndarray | None) -> dict[int, int]:

@@ -26,9 +26,9 @@ def merge_heights(reps: torch.Tensor) -> list[float]:
 
 
 def suggest_tau(reps: torch.Tensor, max_clusters: int = 20) -> float:
-    """Suggested tau for representations ``reps`` (n, d); 0.5 (the paper's value) for n < 3."""
+    """Suggested tau for representations ``reps`` (n, d), n >= 3."""
     if len(reps) < 3:
-        return 0.5
+        raise ValueError(f"the tau helper needs at least 3 representations, got {len(reps)}")
     h = np.sort(np.asarray(merge_heights(reps)))[::-1]  # descending
     lowest_cut = max(1, len(h) - (max_clusters - 1))  # at most max_clusters - 1 merges below tau
     gaps = h[lowest_cut - 1 : -1] - h[lowest_cut:]

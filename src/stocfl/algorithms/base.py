@@ -41,6 +41,13 @@ class Context:
     init_model: Callable[[int], torch.Tensor] | None = None  # seed -> fresh initial weights
     last_layer: int = 0  # trailing entries of the flat vector that form the output layer
     workdir: Path | None = None  # where per-client stores live (None: in memory)
+    participants: tuple[int, ...] | None = None  # clients that may train (None: all); the rest are held out
+    sample_size: int = 0  # clients sampled per round, m (0: not known)
+
+    @property
+    def training_clients(self) -> list[int]:
+        """The clients that take part in training: never a held-out one."""
+        return list(range(self.n_clients)) if self.participants is None else list(self.participants)
 
 
 def lowest_train_loss(clients: list[int], models: list[torch.Tensor], run: "RunTasks") -> list[int]:
@@ -105,8 +112,12 @@ class Algorithm:
         return [w] * len(clients)
 
     def cluster_labels(self) -> np.ndarray:
-        """Found cluster of every client (-1 = not yet assigned)."""
-        return np.zeros(self.ctx.n_clients, dtype=np.int64)
+        """Found cluster of every client (-1 = not placed: held out, or not yet seen by an
+        algorithm that places clients when it sees them). One model for all: every participant
+        is in cluster 0."""
+        labels = np.full(self.ctx.n_clients, -1, dtype=np.int64)
+        labels[self.ctx.training_clients] = 0
+        return labels
 
     def place_new(self, clients: list[int], run: RunTasks) -> list[Placement]:
         """Clients that never took part in training: which model each would use.

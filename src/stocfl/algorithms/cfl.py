@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks, place_by_lowest_loss
+from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks, place_by_lowest_loss
 from stocfl.tasks import weighted_mean
 
 
@@ -31,7 +31,10 @@ def bipartition(updates: torch.Tensor) -> np.ndarray:
 
 
 class CFL(Algorithm):
-    """All clients start in one cluster. Each round the sampled members of every cluster c
+    """All clients start in one cluster: a client joins cluster 0 when first sampled while
+    there is one cluster, and the cluster whose model has the lowest loss on its train data
+    once there are several (partial participation; with all clients every round, as in the
+    paper, every client is in cluster 0 from round 1). Each round the sampled members of every cluster c
     train c's model (FedAvg within c); with updates dW_i = w_i - w_c:
     mean_norm = ||weighted mean of dW_i||, max_norm = max_i ||dW_i||. After the warm-up, if
     mean_norm < eps1 and max_norm > eps2 and more than 2 members have fresh updates, c is split
@@ -51,11 +54,13 @@ class CFL(Algorithm):
 
     def __init__(self, params: CFLParams, ctx: Context):
         super().__init__(params, ctx)
-        self.labels = np.zeros(ctx.n_clients, dtype=np.int64)
+        self.labels = np.full(ctx.n_clients, -1, dtype=np.int64)  # -1: not sampled yet
         self.models: dict[int, torch.Tensor] = {0: ctx.init_weights.clone()}
         self.next_id = 1
 
     def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
+        for p in self.place_new([i for i in sampled if self.labels[i] < 0], run):
+            self.labels[p.client] = p.cluster
         results = run([self.local_training(round_, i, self.models[int(self.labels[i])]) for i in sampled])
         norms, splits = [], 0
         for c in sorted(self.models):
@@ -93,15 +98,21 @@ class CFL(Algorithm):
     def _mean(self) -> torch.Tensor:
         # CFL has no global model; the members-weighted mean of the cluster models stands in
         counts = {c: int((self.labels == c).sum()) for c in self.models}
+        if not sum(counts.values()):
+            return self.models[min(self.models)]
         return weighted_mean([self.models[c] for c in self.models], [counts[c] for c in self.models])
 
     def client_models(self, clients, run):
-        return [self.models[int(self.labels[i])] for i in clients]
+        late = {p.client: p.weights for p in self.place_new([i for i in clients if self.labels[i] < 0], run)}
+        return [late[i] if i in late else self.models[int(self.labels[i])] for i in clients]
 
     def cluster_labels(self) -> np.ndarray:
         return self.labels.copy()
 
     def place_new(self, clients, run):
+        if len(self.models) == 1:
+            (c,) = self.models
+            return [Placement(i, c, None, False, self.models[c]) for i in clients]
         return place_by_lowest_loss(clients, self.models, run)
 
     def state(self):

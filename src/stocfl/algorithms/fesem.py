@@ -9,6 +9,7 @@ import torch
 from pydantic import ConfigDict, Field
 
 from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks, lowest_train_loss, place_by_lowest_loss
+from stocfl.errors import UserError
 from stocfl.store import ClientStore
 
 
@@ -20,14 +21,23 @@ class FeSEMParams(Params):
 
 
 class FeSEM(Algorithm):
-    """K centers W~_k; clients keep local models W_i (stateful). A client sampled for the first
-    time first trains w_0 plainly to get W_i. Round 1: the centers are K-means of the first
-    local models (``restarts`` random starts, least inertia kept). Every round, for the sampled
-    clients: E-step, i -> argmin_k ||W_i - W~_k||_2; M-step, W~_k <- mean of its assigned W_i
-    (a center with none keeps its weights); local step, i trains from W~_k(i) on
-    f_i(W) + lambda ||W - W~_k(i)||^2 and stores the result as W_i. All parameters are
-    clustered (the authors' code uses one layer; this follows the paper). Clients use their
-    center's model; clients never sampled the center with the lowest train loss.
+    """K centers W~_k; clients keep local models W_i (stateful). Each round, for the sampled
+    clients S_t (Long et al., section 4.3, in the order assign -> train -> update centres):
+
+    1. E-step: i -> argmin_k ||W_i - W~_k||_2 on its stored local model W_i. A client sampled
+       for the first time has no W_i: in round 1 every sampled client trains w_0 plainly for
+       W_i and the centers are K-means of those models (``restarts`` random starts, least
+       inertia kept); later, a first-time client joins the center with the lowest loss on its
+       train data (its plain model from w_0 would sit nearest whichever center moved least).
+    2. Local step: i trains from W~_k(i) on f_i(W) + lambda ||W - W~_k(i)||^2; the result is
+       its new W_i.
+    3. M-step (eq. 9): W~_k <- mean of the FRESH W_i of this round's clients assigned to k. The
+       stored models of unsampled clients do not count: they date from earlier centers and
+       would pull W~_k back; a center with no sampled client keeps its weights.
+
+    All parameters are clustered (the authors' code uses one layer; this follows the paper).
+    Clients use their center's model; clients never sampled the center with the lowest train
+    loss. Round 1 needs at least K clients (m = ceil(rate * N) >= K).
 
     Parameters
     ----------
@@ -41,34 +51,47 @@ class FeSEM(Algorithm):
 
     def __init__(self, params: FeSEMParams, ctx: Context):
         super().__init__(params, ctx)
+        if 0 < ctx.sample_size < params.n_centers:
+            raise UserError(f"fesem: K = algorithm.n_centers = {params.n_centers} centers need at least K clients in "
+                            f"round 1, but a round samples {ctx.sample_size}; raise run.sample_rate or lower n_centers")
         self.local = ClientStore(ctx.n_clients, len(ctx.init_weights), ctx.workdir, "fesem_local")
         self.centers: torch.Tensor | None = None
         self.labels = np.full(ctx.n_clients, -1, dtype=np.int64)
 
     def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
-        fresh = [i for i in sampled if i not in self.local]
-        first = {i: r.weights for i, r in zip(fresh, run([self.local_training(round_, i, self.ctx.init_weights, 1)
-                                                           for i in fresh]))}
-        local = torch.stack([first[i] if i in first else self.local.get(i) for i in sampled])
         if self.centers is None:
-            self.centers = self.kmeans(local)
-        assign = torch.cdist(local.double(), self.centers.double()).argmin(dim=1).numpy()  # E-step
-        for k in range(len(self.centers)):  # M-step
-            if (assign == k).any():
-                self.centers[k] = local[torch.from_numpy(assign == k)].double().mean(0).float()
-        self.labels[sampled] = assign
+            first = torch.stack([r.weights for r in run([self.local_training(round_, i, self.ctx.init_weights, 1)
+                                                          for i in sampled])])
+            self.centers = self.kmeans(first)
+            assign = self.nearest(first)
+        else:
+            known = [i for i in sampled if i in self.local]
+            unknown = [i for i in sampled if i not in self.local]
+            where = dict(zip(known, self.nearest(torch.stack([self.local.get(i) for i in known])) if known else []))
+            where.update(zip(unknown, lowest_train_loss(unknown, list(self.centers), run)))
+            assign = np.array([where[i] for i in sampled], dtype=np.int64)
         mu = 2 * self.params.lam  # tasks carry (mu/2)||.||^2
         results = run([self.local_training(round_, i, self.centers[k], prox_center=self.centers[k], prox_weight=mu)
                        for i, k in zip(sampled, assign)])
+        fresh = torch.stack([r.weights for r in results])
+        for k in range(len(self.centers)):
+            if (assign == k).any():
+                self.centers[k] = fresh[torch.from_numpy(assign == k)].double().mean(0).float()
+        self.labels[sampled] = assign
         self.local.write({i: r.weights for i, r in zip(sampled, results)})
         return {"assigned": np.bincount(assign, minlength=len(self.centers)).tolist()}
+
+    def nearest(self, models: torch.Tensor) -> np.ndarray:
+        """E-step: the nearest center of each model (L2; ties: the lower index)."""
+        return torch.cdist(models.double(), self.centers.double()).argmin(dim=1).numpy()
 
     def kmeans(self, local: torch.Tensor) -> torch.Tensor:
         from sklearn.cluster import KMeans
 
         k = self.params.n_centers
         if len(local) < k:
-            raise ValueError(f"FeSEM needs at least K = {k} clients in the first round, got {len(local)}")
+            raise UserError(f"fesem: K = algorithm.n_centers = {k} centers need at least K clients in round 1, "
+                            f"got {len(local)} (clients dropped?); raise run.sample_rate or lower n_centers")
         km = KMeans(n_clusters=k, n_init=self.params.restarts, random_state=self.ctx.seed).fit(local.double().numpy())
         return torch.from_numpy(km.cluster_centers_).float()
 

@@ -12,20 +12,37 @@ from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks, place_b
 from stocfl.tasks import Train, average, task_seed, without_dropped
 
 
+# The distance threshold that cuts the tree when none is given, per metric. l2: the paper's 3.0
+# (Briggs et al., section III-A: Ward linkage, Euclidean distance, their MNIST CNN). l1 and cosine:
+# the paper tried a range per setting and reports no values; ours were measured on the paper's own
+# label-swap setting (100 clients x 600 MNIST images, the same CNN, B = 10, E = 3, lr 0.1, 10 FedAvg
+# rounds at cf = 0.2; benchmarks/flhc_threshold.py, results in benchmarks/flhc_threshold.json) with
+# complete linkage, as the middle of the gap between the highest merge inside a true group and the
+# lowest merge across groups: l1 1786 / 1879 -> 1830, cosine 0.826 / 1.077 -> 0.95 (l2: Ward 2.99 /
+# 8.18 and complete 2.82 / 3.19, both cut into the 4 true groups at 3.0). Distances of updates scale with the model, lr and epochs: on another
+# setting read the clustering step's merge heights in metrics.jsonl (flhc_heights) and set
+# distance_threshold, or n_clusters.
+DEFAULT_THRESHOLD = {"l1": 1830.0, "l2": 3.0, "cosine": 0.95}
+
+
 class FLHCParams(Params):
     warmup_rounds: int = Field(10, ge=0, description="n: FedAvg rounds before the clustering step")
     cluster_epochs: int = Field(3, ge=1, description="local epochs of every client at the clustering step")
     metric: Literal["l1", "l2", "cosine"] = Field("l1", description="distance between client updates")
     linkage: Literal["single", "complete", "average", "ward"] = Field("complete", description="ward needs l2")
-    distance_threshold: float = Field(0.0, ge=0, description="cut the tree at this distance (0 = use n_clusters)")
-    n_clusters: int = Field(4, ge=0, description="cut the tree into this many clusters (0 = use distance_threshold)")
+    distance_threshold: float = Field(
+        0.0, ge=0, description="cut the tree at this distance; 0 = the metric's default "
+        f"({', '.join(f'{k} {v:g}' for k, v in DEFAULT_THRESHOLD.items())}) unless n_clusters is set")
+    n_clusters: int = Field(0, ge=0, description="cut the tree into this many clusters instead (0 = cut by distance)")
 
     @model_validator(mode="after")
     def _one_cut(self):
-        if (self.distance_threshold > 0) == (self.n_clusters > 0):
-            raise ValueError("set exactly one of distance_threshold and n_clusters (the other to 0)")
+        if self.distance_threshold > 0 and self.n_clusters > 0:
+            raise ValueError("set one of distance_threshold and n_clusters, not both")
         if self.linkage == "ward" and self.metric != "l2":
             raise ValueError("linkage 'ward' works only with metric 'l2'")
+        if not self.distance_threshold and not self.n_clusters:
+            self.distance_threshold = DEFAULT_THRESHOLD[self.metric]
         return self
 
 
@@ -35,7 +52,8 @@ class FLHC(Algorithm):
     the flattened UPDATES dW_i = w_i - w (``metric``, ``linkage``, cut by ``distance_threshold``
     or ``n_clusters``); every cluster's model starts from w. Afterwards each cluster runs FedAvg
     on its sampled members. A client that was not clustered (new clients) uses the cluster
-    model with the lowest loss on its train data.
+    model with the lowest loss on its train data. Held-out clients never take part. The
+    clustering step logs the highest merge distances of the full tree (``flhc_heights``).
 
     Parameters
     ----------
@@ -44,8 +62,8 @@ class FLHC(Algorithm):
     metric : {"l1", "l2", "cosine"}, default "l1"
     linkage : {"single", "complete", "average", "ward"}, default "complete"
         L1 + complete linkage is the paper's recommendation.
-    distance_threshold : float, default 0 (unused)
-    n_clusters : int, default 4
+    distance_threshold : float, default: per metric (``DEFAULT_THRESHOLD``)
+    n_clusters : int, default 0 (cut by distance)
     """
 
     name = "flhc"
@@ -77,22 +95,33 @@ class FLHC(Algorithm):
     def cluster(self, round_: int, run: RunTasks) -> dict[str, Any]:
         from sklearn.cluster import AgglomerativeClustering
 
-        c = self.ctx
-        # clients that fail here are clustered later, by lowest loss, like new clients
-        everyone, results = without_dropped(list(range(c.n_clients)), lambda clients: run(
-            [Train(i, self.w, self.params.cluster_epochs, c.batch_size, c.lr, task_seed(c.seed, round_, i))
+        c, p = self.ctx, self.params
+        # every participant (never a held-out client); clients that fail here are clustered
+        # later, by lowest loss, like new clients
+        everyone, results = without_dropped(c.training_clients, lambda clients: run(
+            [Train(i, self.w, p.cluster_epochs, c.batch_size, c.lr, task_seed(c.seed, round_, i))
              for i in clients]))
-        dw = torch.stack([r.weights - self.w for r in results]).double().numpy()
-        metric = {"l1": "manhattan", "l2": "euclidean", "cosine": "cosine"}[self.params.metric]
-        p = self.params
-        labels = AgglomerativeClustering(
-            n_clusters=p.n_clusters or None, distance_threshold=p.distance_threshold or None,
-            metric=metric, linkage=p.linkage,
-        ).fit(dw).labels_
+        unanswered = sorted(set(c.training_clients) - set(everyone))
+        if not everyone:  # nobody answered: the clustering step is tried again next round
+            return {"clustered": 0, "clustering_unanswered": unanswered}
         self.labels = np.full(c.n_clients, -1, dtype=np.int64)
+        heights: list[float] = []
+        if len(everyone) == 1:
+            labels = np.zeros(1, dtype=np.int64)
+        else:
+            dw = torch.stack([r.weights - self.w for r in results]).double().numpy()
+            metric = {"l1": "manhattan", "l2": "euclidean", "cosine": "cosine"}[p.metric]
+            n_clusters = min(p.n_clusters, len(everyone)) if p.n_clusters else None
+            tree = AgglomerativeClustering(
+                n_clusters=n_clusters, distance_threshold=None if n_clusters else p.distance_threshold,
+                metric=metric, linkage=p.linkage, compute_full_tree=True, compute_distances=True,
+            ).fit(dw)
+            labels = tree.labels_
+            heights = sorted(float(h) for h in tree.distances_)[-10:][::-1]
         self.labels[everyone] = labels
         self.models = {int(k): self.w.clone() for k in np.unique(labels)}
-        return {"clustered": len(self.models)}
+        return {"clustered": len(self.models), "flhc_heights": heights, "clustered_clients": len(everyone),
+                "clustering_unanswered": unanswered}
 
     def global_model(self) -> torch.Tensor:
         return self.w
@@ -104,7 +133,7 @@ class FLHC(Algorithm):
         return [late[i] if i in late else self.models[int(self.labels[i])] for i in clients]
 
     def cluster_labels(self) -> np.ndarray:
-        return self.labels.copy() if self.models else np.zeros(self.ctx.n_clients, dtype=np.int64)
+        return self.labels.copy() if self.models else super().cluster_labels()
 
     def place_new(self, clients, run):
         if not self.models:

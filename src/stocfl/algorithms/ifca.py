@@ -9,6 +9,7 @@ import torch
 from pydantic import Field
 
 from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks, lowest_train_loss, place_by_lowest_loss
+from stocfl.errors import UserError
 from stocfl.tasks import average
 
 
@@ -38,7 +39,7 @@ class IFCA(Algorithm):
     def __init__(self, params: IFCAParams, ctx: Context):
         super().__init__(params, ctx)
         if ctx.init_model is None:
-            raise ValueError("IFCA needs Context.init_model to initialise its models independently")
+            raise UserError("ifca needs Context.init_model (seed -> weights) to initialise its models independently")
         self.models = [ctx.init_model(ctx.seed + 1 + m) for m in range(params.n_models)]
         self.choice = np.full(ctx.n_clients, -1, dtype=np.int64)  # latest choice of every client
 

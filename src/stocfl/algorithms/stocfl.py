@@ -20,6 +20,7 @@ tau = -1 and lambda = 0 is FedAvg, number for number.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 import numpy as np
@@ -31,12 +32,15 @@ from stocfl.clustering import ClusterSet
 from stocfl.models import linear_anchor_weights
 from stocfl.tasks import Represent, Represented, average, count_sketch, task_seed, weighted_mean
 
+log = logging.getLogger("stocfl")
 PLOT_DIM = 1024  # per-client vectors kept for plots are sketched to at most this many numbers
+AUTO_TAU_MIN = 3  # tau = "auto" waits for this many representations
 
 
 class StoCFLParams(Params):
     tau: float | Literal["auto"] = Field(
-        0.5, description="merge threshold tau in [-1, 1]: merge while cos > tau; 'auto' = suggest from the first round"
+        0.5, description="merge threshold tau in [-1, 1]: merge while cos > tau; 'auto' = suggested from the first "
+        f"{AUTO_TAU_MIN} or more representations (metrics: tau, tau_auto)"
     )
     lam: float = Field(0.05, ge=0, alias="lambda",
                        description="lambda: weight of the proximal pull of cluster models toward w")
@@ -102,6 +106,7 @@ class StoCFL(Algorithm):
         self.trained: dict[int, float] = {}  # samples that have trained each theta_k
         self.reps: dict[int, torch.Tensor] = {}  # per-client Psi for plots (optional)
         self.tau = params.tau if params.tau != "auto" else None
+        self.tau_note = "" if params.tau != "auto" else f"waiting: 0 of {AUTO_TAU_MIN} representations, no merges yet"
         if params.anchor == "linear":
             self.anchor = linear_anchor_weights(ctx.input_shape, ctx.n_classes, ctx.seed + 7919)
         else:
@@ -136,17 +141,30 @@ class StoCFL(Algorithm):
         """Add valid representations as singletons, then merge; returns (accepted, merges)."""
         accepted, fresh = [], []
         for i, r in zip(clients, results):
-            if not torch.isfinite(r.psi).all() or float(r.psi.norm()) == 0.0:
+            if r.psi.dim() != 1 or not torch.isfinite(r.psi).all() or float(r.psi.norm()) == 0.0:
                 continue  # rejected: a zero or non-finite Psi carries no direction
             fresh.append(self.clusters.add(i, r.psi))
             accepted.append(i)
             if self.params.keep_representations:
                 self.reps[i] = r.psi if r.psi.numel() <= PLOT_DIM else count_sketch(r.psi, PLOT_DIM, 1)
-        if self.tau is None and self.reps:
-            from stocfl.tau import suggest_tau
-
-            self.tau = suggest_tau(torch.stack(list(self.reps.values())))
+        if self.tau is None:
+            self.decide_tau()
+            if self.tau is None:
+                return accepted, 0  # no merges until tau is decided: clusters stay singletons
         return accepted, self.clusters.merge_greedy(fresh, self.tau, self._merge_models)
+
+    def decide_tau(self) -> None:
+        """tau = "auto": suggested (``stocfl.tau``) from the first AUTO_TAU_MIN representations
+        received, full size. Until then no cluster has merged, so each cluster's sum is one
+        client's Psi and no per-client vector needs keeping."""
+        from stocfl.tau import suggest_tau
+
+        ids = self.clusters.ids
+        if len(ids) >= AUTO_TAU_MIN:
+            self.tau = suggest_tau(torch.stack([self.clusters.sums_[c] for c in ids]))
+            self.tau_note = f"suggested from {len(ids)} representations"
+        else:
+            self.tau_note = f"waiting: {len(ids)} of {AUTO_TAU_MIN} representations, no merges yet"
 
     # ---- the round ---------------------------------------------------------------------------
     def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
@@ -154,15 +172,13 @@ class StoCFL(Algorithm):
         new = [i for i in sampled if labels[i] < 0]
         accepted, merges = self.cluster_newcomers(run([self.represent_task(i) for i in new]), new) if new else ([], 0)
         rejected = sorted(set(new) - set(accepted))
-        members = [i for i in sampled if labels[i] >= 0]
+        members = [i for i in sampled if labels[i] >= 0]  # a client whose Psi was rejected trains w only
         start = {k: self.model_of(k) for k in sorted({int(labels[i]) for i in members})}
-        tasks = []
-        for i in members:
-            k = int(labels[i])
-            tasks.append(self.local_training(round_, i, start[k], prox_center=self.w, prox_weight=self.params.lam))
-            tasks.append(self.local_training(round_, i, self.w))
+        tasks = [self.local_training(round_, i, start[int(labels[i])], prox_center=self.w, prox_weight=self.params.lam)
+                 for i in members]
+        tasks += [self.local_training(round_, i, self.w) for i in sampled]
         results = run(tasks)
-        thetas, ws = results[0::2], results[1::2]
+        thetas, ws = results[: len(members)], results[len(members):]
         if ws:
             self.w = average(ws)
         for k in start:
@@ -170,8 +186,11 @@ class StoCFL(Algorithm):
             weights = [r.n_samples for r in mine] if self.params.weighting == "samples" else [1.0] * len(mine)
             self.theta[k] = weighted_mean([r.weights for r in mine], weights)
             self.trained[k] = self.trained.get(k, 0.0) + float(sum(r.n_samples for r in mine))
-        return {"objective": self.clusters.objective(), "merges": merges, "new_clients": len(accepted),
-                "rejected_representations": len(rejected), "tau": self.tau}
+        out = {"objective": self.clusters.objective(), "merges": merges, "new_clients": len(accepted),
+               "rejected_representations": len(rejected), "tau": self.tau}
+        if self.params.tau == "auto":
+            out["tau_auto"] = self.tau_note
+        return out
 
     # ---- what users see ----------------------------------------------------------------------
     def global_model(self) -> torch.Tensor:
@@ -198,10 +217,13 @@ class StoCFL(Algorithm):
         """New clients after training (paper 4.4): each sends Psi; with max cosine d >= tau it
         joins the argmax cluster, otherwise it would open a new cluster; either way it is
         predicted with the closest cluster's model. The partition itself is not changed."""
-        tau = self.tau if self.tau is not None else 0.5
+        tau = self.tau
+        if tau is None:
+            log.warning("tau = 'auto' is still undecided (%s): new clients join their closest cluster", self.tau_note)
+            tau = -1.0
         out = []
         for i, r in zip(clients, run([self.represent_task(i) for i in clients])):
-            if not torch.isfinite(r.psi).all() or float(r.psi.norm()) == 0.0:
+            if r.psi.dim() != 1 or not torch.isfinite(r.psi).all() or float(r.psi.norm()) == 0.0:
                 out.append(Placement(i, -1, None, True, self.w))
                 continue
             k, sim, joins = self.clusters.lookup(r.psi, tau)
@@ -223,7 +245,7 @@ class StoCFL(Algorithm):
         if rep_ids:
             tensors["reps"] = torch.stack([self.reps[i] for i in rep_ids])
         meta = {**meta, "theta_ids": ids, "trained": [self.trained[k] for k in ids], "rep_ids": rep_ids,
-                "tau": self.tau}
+                "tau": self.tau, "tau_note": self.tau_note}
         return tensors, meta
 
     def load_state(self, tensors, meta):
@@ -234,3 +256,4 @@ class StoCFL(Algorithm):
         self.trained = dict(zip(meta["theta_ids"], meta["trained"]))
         self.reps = {i: tensors["reps"][j].clone() for j, i in enumerate(meta["rep_ids"])}
         self.tau = meta["tau"]
+        self.tau_note = meta.get("tau_note", "")

@@ -6,6 +6,7 @@ import os
 
 import torch
 
+from stocfl.errors import UserError
 from stocfl.executors.base import Executor
 from stocfl.executors.batched import BatchedExecutor
 from stocfl.executors.sequential import SequentialExecutor
@@ -41,7 +42,7 @@ def make_executor(engine: str, federation, model, chunk_size: int = 0) -> Execut
         return SequentialExecutor(federation, model)
     if engine == "batched":
         return BatchedExecutor(federation, model, chunk_size=chunk_size)
-    raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    raise UserError(f"run.engine = {engine!r} is not an in-process executor; choose one of {', '.join(ENGINES)}")
 
 
 __all__ = ["Executor", "SequentialExecutor", "BatchedExecutor", "make_executor", "choose_engine", "set_threads"]

@@ -7,6 +7,7 @@ from collections import defaultdict
 import torch
 import torch.nn.functional as F
 
+from stocfl.errors import UserError
 from stocfl.models import FlatModel
 from stocfl.scenarios import Federation
 from stocfl.models import linear_model
@@ -95,7 +96,7 @@ class Executor:
                 self._linear = linear_model(self.fed.input_shape, self.fed.n_classes)
             model = self._linear
         if t.anchor.shape != (model.n_params,):
-            raise ValueError(f"represent task for client {t.client}: anchor has shape {tuple(t.anchor.shape)}, "
+            raise UserError(f"represent task for client {t.client}: anchor has shape {tuple(t.anchor.shape)}, "
                              f"the {t.anchor_model} anchor model has {model.n_params} parameters")
         x, y = self.fed.train_data(t.client)
         grad = linear_softmax_grad if t.anchor_model == "linear" else None
@@ -152,7 +153,7 @@ def local_sgd(model: FlatModel, x, y, w, epochs, batch_size, lr, seed, center=No
 
 def check_train_task(t: Train, n_params: int) -> None:
     if t.weights.shape != (n_params,):
-        raise ValueError(f"train task for client {t.client}: weights have shape {tuple(t.weights.shape)}, "
+        raise UserError(f"train task for client {t.client}: weights have shape {tuple(t.weights.shape)}, "
                          f"the model has {n_params} parameters")
 
 

@@ -1,0 +1,220 @@
+"""The incremental clustering (``ClusterSet``) against a brute-force reference, on generated
+inputs: dimensions, group structures, exact ties, cosines at and near tau, thresholds that
+change between rounds, and sequences of newcomer batches.
+
+The reference recomputes every centroid from its members' representations and every pairwise
+cosine after each merge, and applies the rule of ``stocfl.clustering`` literally. The fast
+profile runs in the suite; ``HYPOTHESIS_PROFILE=long`` runs thousands of examples.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from stocfl.clustering import EPS, ClusterSet
+
+
+class Reference:
+    """Greedy centroid linkage recomputed from scratch after every merge."""
+
+    def __init__(self, n: int):
+        self.psi: dict[int, torch.Tensor] = {}
+        self.clusters: dict[int, list[int]] = {}
+        self.next_id = 0
+        self.n = n
+
+    def add(self, client: int, psi: torch.Tensor) -> None:
+        self.psi[client] = psi.double()
+        self.clusters[self.next_id] = [client]
+        self.next_id += 1
+
+    def centroid(self, cid: int) -> torch.Tensor:
+        s = torch.zeros_like(next(iter(self.psi.values())))
+        for i in self.clusters[cid]:
+            s = s + self.psi[i]
+        return s / s.norm() if s.norm() > 0 else s
+
+    def merge(self, tau: float) -> int:
+        merges = 0
+        while len(self.clusters) > 1:
+            ids = sorted(self.clusters)
+            cent = {c: self.centroid(c) for c in ids}
+            cos = {(a, b): float(torch.dot(cent[a], cent[b])) for ia, a in enumerate(ids) for b in ids[ia + 1:]}
+            top = max(cos.values())
+            if not top > tau + EPS:
+                break
+            floor = max(top - EPS, tau + EPS)
+            a, b = min(p for p, c in cos.items() if c >= floor and c > tau + EPS)
+            self.clusters[a] += self.clusters.pop(b)
+            merges += 1
+        return merges
+
+    def labels(self) -> np.ndarray:
+        out = np.full(self.n, -1, dtype=np.int64)
+        for c, members in self.clusters.items():
+            out[members] = c
+        return out
+
+    def lookup(self, psi: torch.Tensor, tau: float) -> tuple[int, bool]:
+        p = psi.double() / psi.double().norm()
+        sims = {c: float(torch.dot(self.centroid(c), p)) for c in sorted(self.clusters)}
+        top = max(sims.values())
+        k = min(c for c, s in sims.items() if s >= top - EPS)
+        return k, sims[k] >= tau - EPS
+
+
+def _with_cosine(e: torch.Tensor, c: float, g: torch.Generator) -> torch.Tensor:
+    """A unit vector whose cosine with the unit vector ``e`` is ``c``."""
+    f = torch.randn(len(e), generator=g, dtype=torch.float64)
+    f = f - (f @ e) * e
+    if f.norm() < 1e-6:
+        return e.clone()
+    f = f / f.norm()
+    return c * e + math.sqrt(max(0.0, 1 - c * c)) * f
+
+
+OFFSETS = (0.0, 1e-6, -1e-6, 1e-4, -1e-4, 0.01, -0.01, 0.1, -0.1)
+
+
+@st.composite
+def scenarios(draw):
+    """Representations of a run, its newcomer batches, and one tau per round."""
+    lattice = draw(st.booleans())  # small integer vectors: many exact ties that do not commute
+    dim = draw(st.integers(2, 3)) if lattice else draw(st.integers(2, 12))
+    n = draw(st.integers(1, 28))
+    seed = draw(st.integers(0, 2**31 - 1))
+    g = torch.Generator().manual_seed(seed)
+    taus = st.one_of(st.sampled_from([-1.0, 0.0, 0.5, 1.0, 0.7071067811865476, 0.3162277660168379]),
+                     st.floats(-1, 1))
+    tau0 = draw(taus)
+    n_groups = draw(st.integers(1, 5))
+    centers = torch.randn(n_groups, dim, generator=g, dtype=torch.float64)
+    centers = centers / centers.norm(dim=1, keepdim=True)
+    psis: list[torch.Tensor] = []
+    for i in range(n):
+        kind = "integer" if lattice else draw(st.sampled_from(["group", "copy", "near_tau", "integer", "random"]))
+        if kind == "copy" and psis:
+            v = psis[draw(st.integers(0, len(psis) - 1))].clone()  # exact ties
+        elif kind == "near_tau":
+            ref = psis[draw(st.integers(0, len(psis) - 1))] if psis else centers[0]
+            ref = ref / ref.norm()
+            v = _with_cosine(ref, min(1.0, max(-1.0, tau0 + draw(st.sampled_from(OFFSETS)))), g)
+        elif kind == "integer":
+            v = torch.tensor(draw(st.lists(st.integers(-1 if lattice else -2, 2), min_size=dim, max_size=dim)),
+                             dtype=torch.float64)
+        elif kind == "random":
+            v = torch.randn(dim, generator=g, dtype=torch.float64)
+        else:
+            noise = draw(st.sampled_from([0.0, 0.1, 0.5, 1.0]))
+            v = centers[draw(st.integers(0, n_groups - 1))] + noise * torch.randn(dim, generator=g, dtype=torch.float64)
+        if float(v.norm()) == 0.0:
+            v = torch.ones(dim, dtype=torch.float64)
+        psis.append(v * draw(st.sampled_from([1.0, 3.0, 0.01])))  # the scale must not matter
+    cuts = sorted(set(draw(st.lists(st.integers(1, max(1, n - 1)), max_size=5)))) if n > 1 else []
+    batches = [list(range(a, b)) for a, b in zip([0, *cuts], [*cuts, n]) if b > a]
+    same_tau = draw(st.booleans())
+    round_taus = [tau0 if same_tau else (tau0 if k == 0 else draw(taus)) for k in range(len(batches))]
+    return psis, batches, round_taus
+
+
+def _check_round(cs: ClusterSet, ref: Reference, merges: int, ref_merges: int, tau: float) -> None:
+    assert np.array_equal(cs.labels_, ref.labels()), (cs.labels_, ref.labels())
+    assert merges == ref_merges
+    u = cs.units(cs.ids)
+    if len(u) > 1:
+        sims = u @ u.T - 4 * torch.eye(len(u), dtype=torch.float64)
+        assert float(sims.max()) <= tau + EPS + 1e-12, "a pair above tau survived the round"
+    for c in cs.ids:
+        assert cs.counts_[c] == len(ref.clusters[c]) == len(cs.members_[c])
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(scenarios(), st.booleans())
+def test_incremental_clustering_equals_brute_force(case, reload_between_rounds):
+    psis, batches, taus = case
+    n = len(psis)
+    cs, ref = ClusterSet(n), Reference(n)
+    for batch, tau in zip(batches, taus):
+        if reload_between_rounds:  # the checkpoint's round trip between rounds
+            tensors, meta = cs.state()
+            cs = ClusterSet(n)
+            cs.load_state(tensors, meta)
+        new = [cs.add(i, psis[i].float() if i % 2 else psis[i]) for i in batch]
+        for i in batch:
+            ref.add(i, psis[i].float() if i % 2 else psis[i])
+        merged = []
+        merges = cs.merge_greedy(new, tau, on_merge=lambda keep, gone: merged.append((keep, gone)))
+        _check_round(cs, ref, merges, ref.merge(tau), tau)
+        assert all(keep < gone for keep, gone in merged), "the older cluster id is kept"
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(scenarios(), st.data())
+def test_new_client_lookup_equals_brute_force(case, data):
+    psis, batches, taus = case
+    n = len(psis)
+    cs, ref = ClusterSet(n), Reference(n)
+    for batch, tau in zip(batches, taus):
+        new = [cs.add(i, psis[i]) for i in batch]
+        for i in batch:
+            ref.add(i, psis[i])
+        cs.merge_greedy(new, tau)
+        ref.merge(tau)
+    tau = taus[-1]
+    queries = [psis[data.draw(st.integers(0, n - 1))], -psis[0]]
+    for q in queries:
+        k, cos, joins = cs.lookup(q, tau)
+        rk, rjoins = ref.lookup(q, tau)
+        assert (k, joins) == (rk, rjoins)
+        assert cos == pytest.approx(float(cs.unit(k) @ (q.double() / q.double().norm())), abs=1e-12)
+    before = cs.labels_.copy()
+    assert np.array_equal(cs.labels_, before), "a lookup never changes the partition"
+
+
+def test_a_newcomer_bridging_older_clusters_does_not_overflow():
+    """Defect 1 of issue 11: the newcomer (id 3) merges with cluster 2, the result with 1, then
+    with 0; each merge keeps an older cluster that had no row yet. The old fixed buffer of
+    2 * dirty + 1 rows overflowed here with an IndexError."""
+    e = torch.eye(4, dtype=torch.float64)
+    # three older clusters, pairwise cos 0 (below tau), a newcomer close to all of them
+    old = [e[0] + 0.3 * e[3], e[1] + 0.2 * e[3], e[2] + 0.1 * e[3]]
+    cs = ClusterSet(5)
+    cs.merge_greedy([cs.add(i, v) for i, v in enumerate(old)], 0.3)
+    assert len(cs) == 3
+    bridge = e[0] + e[1] + e[2] + 0.05 * e[3]
+    ref = Reference(5)
+    for i, v in enumerate(old):
+        ref.add(i, v)
+    ref.merge(0.3)
+    ref.add(3, bridge)
+    merges = cs.merge_greedy([cs.add(3, bridge)], 0.3)
+    assert merges == ref.merge(0.3) == 3
+    assert np.array_equal(cs.labels_, ref.labels()) and len(cs) == 1
+
+
+def test_ties_merge_the_pair_with_the_smallest_ids():
+    """a = (1, 0) is equally close to b = (1, 1) and c = (1, -1) (cos 0.707); merging a with b
+    leaves c apart at tau = 0.5, merging a with c would leave b apart: the rule picks (a, b)."""
+    cs = ClusterSet(3)
+    vs = [torch.tensor([1.0, 0.0]), torch.tensor([1.0, 1.0]), torch.tensor([1.0, -1.0])]
+    assert cs.merge_greedy([cs.add(i, v) for i, v in enumerate(vs)], 0.5) == 1
+    assert cs.labels_.tolist() == [0, 0, 2]
+    cs = ClusterSet(3)  # the same vectors arriving in another order: ids follow arrival
+    order = [2, 0, 1]
+    assert cs.merge_greedy([cs.add(i, vs[i]) for i in order], 0.5) == 1
+    assert cs.labels_.tolist() == [0, 2, 0]  # c (id 0) - a (id 1) ties with a - b (1, 2): (0, 1) first
+
+
+def test_rejects_non_finite_or_zero_representations():
+    cs = ClusterSet(3)
+    for bad in (torch.zeros(4), torch.tensor([1.0, float("nan"), 0, 0]), torch.tensor([float("inf"), 0, 0, 0])):
+        with pytest.raises(ValueError, match="finite, non-zero"):
+            cs.add(0, bad)
+    cs.add(0, torch.ones(4))
+    with pytest.raises(ValueError, match="already"):
+        cs.add(0, torch.ones(4))

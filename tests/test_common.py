@@ -1,0 +1,194 @@
+"""The common suite: every algorithm on every executor (sequential, batched, and the loopback
+executor that sends every task and result through the Flower codec and Flower's wire format),
+with held-out clients, checkpoints through the real file format, new-client placement, a
+single-client federation and rounds in which every sampled client fails."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from stocfl import checkpoint, config, report
+from stocfl.algorithms import ALGORITHMS, Context
+from stocfl.data import load_dataset
+from stocfl.executors import BatchedExecutor, SequentialExecutor
+from stocfl.flower.loopback import LoopbackExecutor
+from stocfl.models import FlatModel, build_module, make_model
+from stocfl.runner import Experiment
+from stocfl.scenarios import build
+from stocfl.tasks import ClientsDropped, Evaluate
+
+FED = build("rotated", load_dataset("digits"), 16, 20, seed=0, holdout=0.25)
+MODEL, W0 = make_model("auto", FED.input_shape, 10, 0, seed=0)
+MODULE = build_module("auto", FED.input_shape, 10, 0)
+PARTICIPANTS = FED.participants
+HELDOUT = FED.heldout_clients
+# small settings under which every algorithm does its characteristic step within 3 rounds
+PARAMS = {"flhc": {"warmup_rounds": 1}, "fesem": {"n_centers": 2}, "ifca": {"n_models": 2},
+          "cfl": {"warmup": 0, "eps1": 100.0, "eps2": 0.0}}
+SAMPLES = [PARTICIPANTS[0:6], PARTICIPANTS[3:9], PARTICIPANTS[6:12]]
+
+
+def context(fed=FED, w0=W0, sample_size=6, workdir=None) -> Context:
+    return Context(fed.n_clients, w0, epochs=1, batch_size=10, lr=0.1, seed=0, input_shape=fed.input_shape,
+                   n_classes=fed.n_classes, init_model=lambda seed: FlatModel.init_weights(MODULE, seed),
+                   last_layer=MODEL.numels[-1] + MODEL.numels[-2], participants=tuple(fed.participants),
+                   sample_size=sample_size, workdir=workdir)
+
+
+class Recording:
+    """Wraps an executor; records the client of every task it runs."""
+
+    def __init__(self, inner):
+        self.inner, self.fed, self.model = inner, inner.fed, inner.model
+        self.clients: set[int] = set()
+
+    def run(self, tasks):
+        self.clients |= {t.client for t in tasks}
+        return self.inner.run(tasks)
+
+
+EXECUTORS = {
+    "sequential": lambda fed=FED: SequentialExecutor(fed, MODEL),
+    "batched": lambda fed=FED: BatchedExecutor(fed, MODEL),
+    "loopback": lambda fed=FED: LoopbackExecutor(SequentialExecutor(fed, MODEL)),
+}
+
+
+def make(name, **kw):
+    cls = ALGORITHMS[name]
+    return cls(cls.Params(**PARAMS.get(name, {})), context(**kw))
+
+
+def play(alg, executor, samples=SAMPLES, start=1):
+    for t, s in enumerate(samples, start):
+        alg.round(t, list(s), executor.run)
+    return alg
+
+
+def assert_same_state(a, b):
+    (ta, ma), (tb, mb) = a.state(), b.state()
+    assert set(ta) == set(tb) and ma == mb
+    for k in ta:
+        assert torch.equal(ta[k], tb[k]), k
+
+
+_reference: dict[str, object] = {}
+
+
+def sequential_reference(name):
+    if name not in _reference:
+        _reference[name] = play(make(name), SequentialExecutor(FED, MODEL))
+    return _reference[name]
+
+
+@pytest.mark.parametrize("executor", list(EXECUTORS))
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_every_algorithm_on_every_executor(name, executor, tmp_path):
+    rec = Recording(EXECUTORS[executor]())
+    alg = play(make(name), rec)
+    # held-out clients never take part in training or clustering, and are not placed
+    assert not rec.clients & set(HELDOUT), f"held-out clients {sorted(rec.clients & set(HELDOUT))} got tasks"
+    labels = alg.cluster_labels()
+    assert labels.shape == (FED.n_clients,) and (labels[HELDOUT] == -1).all()
+    # the same numbers as the sequential reference (batched: to float rounding)
+    ref = sequential_reference(name)
+    assert np.array_equal(labels, ref.cluster_labels())
+    assert torch.allclose(alg.global_model(), ref.global_model(), atol=1e-5)
+    if executor != "batched":
+        assert torch.equal(alg.global_model(), ref.global_model()), "the codec must carry numbers unchanged"
+    # state through the checkpoint file (safetensors + JSON metadata) and back
+    tensors, meta = alg.state()
+    checkpoint.save(tmp_path / "c.safetensors", tensors, meta)
+    t2, m2 = checkpoint.load(tmp_path / "c.safetensors")
+    fresh = make(name)
+    fresh.load_state(t2, m2)
+    assert_same_state(alg, fresh)
+    ex = EXECUTORS[executor]()
+    nxt = [PARTICIPANTS[9:12] + PARTICIPANTS[0:2]]
+    play(alg, ex, nxt, start=4)
+    play(fresh, ex, nxt, start=4)
+    assert_same_state(alg, fresh)
+    # new clients (the held-out ones) are placed without changing the partition
+    before = alg.cluster_labels()
+    placed = alg.place_new(HELDOUT, ex.run)
+    assert [p.client for p in placed] == HELDOUT
+    found = set(alg.cluster_labels()[alg.cluster_labels() >= 0].tolist())
+    for p in placed:
+        assert p.weights.shape == W0.shape and torch.isfinite(p.weights).all()
+        assert p.cluster == -1 or p.cluster in found, (p.cluster, found)
+    assert np.array_equal(alg.cluster_labels(), before)
+    models = alg.client_models(PARTICIPANTS, ex.run)
+    assert len(models) == len(PARTICIPANTS) and all(m.shape == W0.shape for m in models)
+
+
+SINGLE = {"fesem": {"n_centers": 1}, "flhc": {"warmup_rounds": 1}, "ifca": {"n_models": 2}}
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_a_single_client_federation(name):
+    fed = build("iid", load_dataset("digits"), 1, 20, seed=0)
+    ex = SequentialExecutor(fed, MODEL)
+    cls = ALGORITHMS[name]
+    alg = cls(cls.Params(**SINGLE.get(name, {})), context(fed, sample_size=1))
+    play(alg, ex, [[0], [0], [0]])
+    assert alg.cluster_labels().tolist() == [0] or alg.cluster_labels()[0] >= 0
+    assert torch.isfinite(alg.global_model()).all()
+    (res,) = ex.run([Evaluate(0, alg.client_models([0], ex.run)[0])])
+    assert 0 <= res.correct <= res.n_samples
+
+
+class FailAll(SequentialExecutor):
+    """The sequential executor, except that while ``failing`` is set no client answers."""
+
+    failing = False
+
+    def run(self, tasks):
+        if self.failing and tasks:
+            clients = sorted({t.client for t in tasks})
+            raise ClientsDropped(clients, [f"client {c}: no reply" for c in clients])
+        return super().run(tasks)
+
+
+SMALL = ["scenario.n_clients=16", "scenario.samples_per_client=20", "run.rounds=4", "run.sample_rate=0.5",
+         "scenario.holdout=0.25"]
+RUN_PARAMS = {"flhc": ["algorithm.warmup_rounds=1"], "fesem": ["algorithm.n_centers=2"]}
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_a_round_in_which_every_sampled_client_fails(tmp_path, name):
+    cfg = config.load(overrides=[*SMALL, f"algorithm.name={name}", *RUN_PARAMS.get(name, [])])
+    probe = Experiment(cfg, tmp_path / "probe")
+    ex = FailAll(probe.fed, probe.model)
+    exp = Experiment.create(cfg, tmp_path / name, ex)
+    assert exp.run(progress=False, stop_after=1) is None
+    before = exp.algorithm.state()
+    ex.failing = True
+    assert exp.run(progress=False, stop_after=2) is None
+    after = exp.algorithm.state()
+    assert set(before[0]) == set(after[0]) and all(torch.equal(before[0][k], after[0][k]) for k in before[0])
+    ex.failing = False
+    summary = exp.run(progress=False)
+    rows = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2, 3, 4] and summary["rounds_done"] == 4
+    if name == "flhc":  # round 2 is its clustering step, in which every participant trains
+        assert rows[1]["clustered"] == 0 and rows[1]["clustering_unanswered"] == exp.fed.participants
+        assert rows[2]["clustered"] > 0 and rows[2]["clustering_unanswered"] == []
+    else:
+        assert rows[1]["dropped"] == exp.sample_size(), rows[1]
+    assert rows[1]["accuracy"] is None, rows[1]
+    assert rows[0]["accuracy"] is not None and summary["accuracy"] is not None
+    for r in rows:  # clustering metrics count placed participants only, never held-out clients
+        assert r["placed"] <= len(exp.fed.participants)
+
+
+def test_clustering_scores_count_placed_participants_only():
+    labels = np.array([0, 0, 1, -1, 1, 0])
+    groups = np.array([0, 0, 1, 1, 1, 0])
+    s = report.clustering_scores(labels, groups, participants=[0, 1, 2, 3, 4])
+    assert s["placed"] == 4 and s["n_clusters"] == 2 and s["ari"] == 1.0
+    s = report.clustering_scores(np.full(6, -1), groups, participants=[0, 1])
+    assert s["placed"] == 0 and s["ari"] is None and s["n_clusters"] == 0
