@@ -133,9 +133,10 @@ def _check_round(cs: ClusterSet, ref: Reference, merges: int, ref_merges: int, t
         assert cs.counts_[c] == len(ref.clusters[c]) == len(cs.members_[c])
 
 
-@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
-@given(scenarios(), st.booleans())
-def test_incremental_clustering_equals_brute_force(case, reload_between_rounds):
+def replay(case, reload_between_rounds=False):
+    """Both implementations through the case's rounds; yields after each round (the
+    incremental set, the reference, both merge counts, tau, and the incremental (keep, gone)
+    pairs). Odd clients send float32 representations, as clients do; even ones float64."""
     psis, batches, taus = case
     n = len(psis)
     cs, ref = ClusterSet(n), Reference(n)
@@ -144,35 +145,37 @@ def test_incremental_clustering_equals_brute_force(case, reload_between_rounds):
             tensors, meta = cs.state()
             cs = ClusterSet(n)
             cs.load_state(tensors, meta)
-        new = [cs.add(i, psis[i].float() if i % 2 else psis[i]) for i in batch]
+        sent = {i: psis[i].float() if i % 2 else psis[i] for i in batch}
+        new = [cs.add(i, sent[i]) for i in batch]
         for i in batch:
-            ref.add(i, psis[i].float() if i % 2 else psis[i])
-        merged = []
+            ref.add(i, sent[i])
+        merged: list[tuple[int, int]] = []
         merges = cs.merge_greedy(new, tau, on_merge=lambda keep, gone: merged.append((keep, gone)))
-        _check_round(cs, ref, merges, ref.merge(tau), tau)
+        yield cs, ref, merges, ref.merge(tau), tau, merged
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(scenarios(), st.booleans())
+def test_incremental_clustering_equals_brute_force(case, reload_between_rounds):
+    for cs, ref, merges, ref_merges, tau, merged in replay(case, reload_between_rounds):
+        _check_round(cs, ref, merges, ref_merges, tau)
         assert all(keep < gone for keep, gone in merged), "the older cluster id is kept"
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(scenarios(), st.data())
 def test_new_client_lookup_equals_brute_force(case, data):
-    psis, batches, taus = case
-    n = len(psis)
-    cs, ref = ClusterSet(n), Reference(n)
-    for batch, tau in zip(batches, taus):
-        new = [cs.add(i, psis[i]) for i in batch]
-        for i in batch:
-            ref.add(i, psis[i])
-        cs.merge_greedy(new, tau)
-        ref.merge(tau)
+    psis, _, taus = case
+    for cs, ref, *_ in replay(case):
+        pass
     tau = taus[-1]
-    queries = [psis[data.draw(st.integers(0, n - 1))], -psis[0]]
-    for q in queries:
+    before = cs.labels_.copy()
+    other = torch.randn(len(psis[0]), generator=torch.Generator().manual_seed(len(psis)), dtype=torch.float64)
+    for q in (psis[data.draw(st.integers(0, len(psis) - 1))], -psis[0], other):
         k, cos, joins = cs.lookup(q, tau)
         rk, rjoins = ref.lookup(q, tau)
         assert (k, joins) == (rk, rjoins)
         assert cos == pytest.approx(float(cs.unit(k) @ (q.double() / q.double().norm())), abs=1e-12)
-    before = cs.labels_.copy()
     assert np.array_equal(cs.labels_, before), "a lookup never changes the partition"
 
 

@@ -212,14 +212,17 @@ class _Rows:
         if not top > tau + EPS:
             return None
         floor = max(top - EPS, tau + EPS)
-        pairs = []
-        for r in live[self.best[live] >= floor].tolist():
-            a = ids[int(self.row_slot[r])]
-            row = self.sims[r]
-            for s in torch.nonzero((row >= floor) & (row > tau + EPS)).squeeze(1).tolist():
-                b = ids[s]
-                pairs.append((min(a, b), max(a, b), float(row[s])))
-        return min(pairs)
+        rows = live[self.best[live] >= floor]
+        sub = self.sims[rows]
+        idt = torch.as_tensor(ids)
+        # in each candidate row a, the tied column with the smallest id b makes the row's
+        # smallest pair (min(a, b), max(a, b)); then the smallest over the rows
+        col_id = torch.where((sub >= floor) & (sub > tau + EPS), idt, len(ids) + max(ids) + 1)
+        b, col = col_id.min(dim=1)
+        a = idt[self.row_slot[rows]]
+        lo, hi = torch.minimum(a, b), torch.maximum(a, b)
+        j = int(torch.argmin(lo * (max(ids) + 1) + hi))
+        return int(lo[j]), int(hi[j]), float(sub[j, col[j]])
 
     def merged(self, ks: int, gs: int, unit_keep: torch.Tensor) -> None:
         """Cluster in slot ``gs`` was folded into slot ``ks`` (new unit vector ``unit_keep``)."""

@@ -2,12 +2,15 @@
 
 Per round t with sampled clients S_t:
 
-1. every i in S_t not seen before sends Psi(D_i) once and opens a singleton cluster;
+1. every i in S_t not seen before sends Psi(D_i) once and opens a singleton cluster (a zero or
+   non-finite Psi is rejected: that client stays unclustered, trains w only, and is asked
+   again when next sampled);
 2. greedily merge the most similar pair of clusters while cos > tau (``ClusterSet``), merging
    their models weighted by the samples that trained them (an untrained model weighs 0);
+   tau = "auto" is decided from the first 3 or more representations, with no merges before;
 3. a cluster that no client has trained yet starts from the model of its most similar trained
    cluster, or from w when there is none (paper section 4.4);
-4. each i in S_t, in cluster k, receives (w, theta_k) and returns
+4. each clustered i in S_t, in cluster k, receives (w, theta_k) and returns
    theta_k^i  = local SGD on f_i(theta) + (lambda/2)||theta - w||^2 from theta_k, and
    w^i        = local SGD on f_i(w) from w (the same mini-batch order as theta_k^i);
 5. w <- mean of all w^i (weighted by |D_i|); theta_k <- mean of its members' theta_k^i
