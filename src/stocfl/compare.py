@@ -17,6 +17,7 @@ import numpy as np
 
 from stocfl import config, report
 from stocfl.errors import UserError
+from stocfl.files import save_figure, write_atomic
 from stocfl.runner import Experiment
 
 COLUMNS = ("accuracy", "global_accuracy", "ari", "n_clusters", "seconds")
@@ -67,7 +68,7 @@ def compare(cfg_path, specs: list[str], seeds: list[int], out: Path, overrides: 
         rows.append(row)
     out.mkdir(parents=True, exist_ok=True)
     report.write_csv(out / "compare.csv", rows)
-    (out / "compare.md").write_text(markdown(rows))
+    write_atomic(out / "compare.md", markdown(rows))
     plot(curves, out / "compare.png")
     return rows
 
@@ -103,5 +104,5 @@ def plot(curves: dict[str, list], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)

@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from stocfl.files import save_figure
+
 
 def _plt():
     import matplotlib
@@ -33,7 +35,7 @@ def similarity_matrix(reps: torch.Tensor, groups: np.ndarray | None, path: Path,
     ax.set(title=title, xlabel="client (by true group)", ylabel="client (by true group)")
     fig.colorbar(im, ax=ax, label="cosine")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -67,5 +69,5 @@ def embedding(reps: torch.Tensor, labels: np.ndarray, groups: np.ndarray | None,
     if groups is not None:
         ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)

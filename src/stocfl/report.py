@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from stocfl.files import save_figure, write_atomic
+
 
 def clustering_scores(labels: np.ndarray, groups: np.ndarray | None, participants: list[int] | None = None
                       ) -> dict[str, Any]:
@@ -47,9 +49,11 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    write_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
 
 
 def to_toml(cfg: dict[str, dict[str, Any]]) -> str:
@@ -67,12 +71,14 @@ def to_toml(cfg: dict[str, dict[str, Any]]) -> str:
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     import csv
+    import io
 
-    with open(path, "w", newline="") as f:
-        if rows:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+    buf = io.StringIO(newline="")
+    if rows:
+        w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    write_atomic(path, buf.getvalue())
 
 
 def cluster_table(labels: np.ndarray, groups: np.ndarray | None, evals: dict) -> list[dict[str, Any]]:
@@ -115,5 +121,5 @@ def plot_accuracy(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         ax3.legend(loc="lower right")
     ax2.legend(loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)

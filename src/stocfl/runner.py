@@ -11,6 +11,7 @@ Layout of a results directory::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -29,6 +30,7 @@ from stocfl.config import Config
 from stocfl.data import resolve_data_dir
 from stocfl.errors import UserError
 from stocfl.executors import choose_engine, make_executor, set_threads
+from stocfl.files import write_atomic
 from stocfl.models import FlatModel, build_module, make_model
 from stocfl.scenarios import Federation, build
 from stocfl.tasks import ClientsDropped, Evaluate, without_dropped
@@ -77,6 +79,7 @@ class Experiment:
         self.sampler = np.random.default_rng([self.cfg.run.seed, 1])
         self.round = 0
         self.elapsed = 0.0
+        self.metrics_chain: str | None = metrics_chain([])
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -86,8 +89,8 @@ class Experiment:
         pin_data_dir(cfg)
         exp = cls(cfg, out, executor)  # builds data first: a data error leaves no half-made results directory
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.toml").write_text(report.to_toml(cfg.to_dict()))
-        (out / "metrics.jsonl").write_text("")
+        write_atomic(out / "config.toml", report.to_toml(cfg.to_dict()))
+        write_atomic(out / "metrics.jsonl", "")
         exp.save_checkpoint()
         return exp
 
@@ -97,16 +100,36 @@ class Experiment:
         path = out / "config.toml"
         if not path.is_file():
             raise UserError(f"{out} holds no run (no config.toml); start one with 'stocfl run --out {out}'")
-        exp = cls(config_mod.validate(read_config(out, data_dir)), out, executor)
-        if (out / CHECKPOINT).exists():
+        raw = read_config(out, data_dir)
+        if not raw:
+            raise UserError(f"{path} is empty; the run's configuration is lost: restore the file or start a new run")
+        cfg = config_mod.validate(raw)
+        has_checkpoint = (out / CHECKPOINT).exists()
+        if has_checkpoint:  # before anything is built from a config that may not be the run's
+            stored = checkpoint.read_meta(out / CHECKPOINT).get("config_sha256")
+            if stored is not None and stored != config_digest(cfg):
+                raise UserError(f"{path} does not match the run's checkpoint (edited, truncated or corrupt); "
+                                f"restore it or start a new run")
+        exp = cls(cfg, out, executor)
+        if has_checkpoint:
             exp.load_checkpoint()
         return exp
 
     @classmethod
     def resume(cls, out: Path, data_dir: str | None = None, executor: Any = None) -> "Experiment":
+        """A saved run, ready to continue: its metrics must be the ones its checkpoint saw (rows
+        after the checkpoint's round, from a kill before the checkpoint, are dropped)."""
         exp = cls.open(out, data_dir, executor)
-        rows = [r for r in report.read_jsonl(out / "metrics.jsonl") if r["round"] <= exp.round]
-        (out / "metrics.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+        rows = report.read_jsonl(out / "metrics.jsonl")
+        kept = rows[: exp.round]
+        if [r.get("round") for r in kept] != list(range(1, exp.round + 1)) or (
+                exp.metrics_chain is not None and metrics_chain(kept) != exp.metrics_chain):
+            raise UserError(f"{out}/metrics.jsonl does not match the run's checkpoint at round {exp.round} (rows "
+                            f"missing, edited or corrupt); restore it or start a new run")
+        if exp.metrics_chain is None:
+            exp.metrics_chain = metrics_chain(kept)
+        if len(rows) != len(kept):
+            report.write_jsonl(out / "metrics.jsonl", kept)
         return exp
 
     # ---- checkpoints --------------------------------------------------------------------
@@ -117,6 +140,8 @@ class Experiment:
             "elapsed": self.elapsed,
             "sampler": self.sampler.bit_generator.state,
             "algorithm": meta,
+            "config_sha256": config_digest(self.cfg),
+            "metrics_sha256": self.metrics_chain,
         })
 
     def load_checkpoint(self) -> None:
@@ -124,6 +149,7 @@ class Experiment:
         self.sampler.bit_generator.state = meta["sampler"]
         self.round = meta["round"]
         self.elapsed = meta["elapsed"]
+        self.metrics_chain = meta.get("metrics_sha256")  # None: a checkpoint from before checksums
 
     # ---- the loop -----------------------------------------------------------------------
     def sample_size(self) -> int:
@@ -214,6 +240,7 @@ class Experiment:
             row["seconds"] = time.perf_counter() - t0
             self.elapsed += row["seconds"]
             report.append_jsonl(self.out / "metrics.jsonl", row)
+            self.metrics_chain = metrics_chain([row], self.metrics_chain)
             self.round = t
             self.save_checkpoint()
             bar.update(1)
@@ -281,6 +308,22 @@ def check_model_fits(model: FlatModel, w0: torch.Tensor, fed: Federation, name: 
     if tuple(out.shape) != (1, fed.n_classes):
         raise UserError(f"config: model.name = {name!r} gives outputs of shape {tuple(out.shape[1:])} on "
                         f"{fed.dataset}, which has {fed.n_classes} classes; pick a model for this data")
+
+
+def config_digest(cfg: Config) -> str:
+    """SHA-256 of the resolved config, the data directory left out (data may move)."""
+    d = cfg.to_dict()
+    d["scenario"] = {k: v for k, v in d["scenario"].items() if k != "data_dir"}
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+
+def metrics_chain(rows: list[dict[str, Any]], start: str | None = None) -> str:
+    """A hash chain over metrics rows as written (one JSON line each): the checkpoint stores
+    the chain of the rows it saw, so that resume can tell an edited or cut metrics file."""
+    h = start or hashlib.sha256(b"stocfl metrics").hexdigest()
+    for r in rows:
+        h = hashlib.sha256((h + json.dumps(r, sort_keys=True)).encode()).hexdigest()
+    return h
 
 
 def pin_data_dir(cfg: Config) -> None:

@@ -7,32 +7,45 @@ client run with the 1.6M-parameter MLP keeps 31 GB on disk, not in RAM.
 Exact resume: before rows are overwritten, their old values go to an undo file (written
 atomically) tagged with the store's next version; the checkpoint records the version it saw.
 Reopening at an older version puts the old rows back, so a kill between the store write and
-the checkpoint leaves nothing half-applied.
+the checkpoint leaves nothing half-applied. The checkpoint also holds a CRC-32 of every row
+written: on reopening, a file of the wrong size, a missing file or a row that does not match
+is an error, never a silently zeroed or altered model.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import zlib
+
 import numpy as np
 import torch
 
 from stocfl import checkpoint
+from stocfl.errors import UserError
 
 
 class ClientStore:
     def __init__(self, n_clients: int, n_params: int, directory: Path | None = None, name: str = "clients"):
         self.n, self.p = n_clients, n_params
         self.has = np.zeros(n_clients, dtype=bool)
+        self.crc = np.zeros(n_clients, dtype=np.int64)
         self.version = 0
+        self.existed = False
+        self.trusted = False  # rows this process wrote or verified
         self.path = None if directory is None else Path(directory) / f"{name}.f32"
         self.undo_path = None if directory is None else Path(directory) / f"{name}.undo.safetensors"
         if self.path is None:
             self.rows: np.ndarray = np.zeros((n_clients, n_params), dtype=np.float32)
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            mode = "r+" if self.path.exists() else "w+"
-            self.rows = np.memmap(self.path, dtype=np.float32, mode=mode, shape=(n_clients, n_params))
+            self.existed = self.path.exists()
+            size = n_clients * n_params * 4
+            if self.existed and self.path.stat().st_size != size:
+                raise UserError(f"{self.path} holds {self.path.stat().st_size} bytes, expected {size} ({n_clients} "
+                                f"clients x {n_params} parameters x 4); the store is damaged, the run cannot resume")
+            self.rows = np.memmap(self.path, dtype=np.float32, mode="r+" if self.existed else "w+",
+                                  shape=(n_clients, n_params))
 
     def __contains__(self, client: int) -> bool:
         return bool(self.has[client])
@@ -49,6 +62,8 @@ class ClientStore:
         for i in ids:
             self.rows[i] = rows[i].numpy()
             self.has[i] = True
+            self.crc[i] = zlib.crc32(np.ascontiguousarray(self.rows[i]).tobytes())
+        self.trusted = True
         if isinstance(self.rows, np.memmap):
             self.rows.flush()
         self.version += 1
@@ -58,6 +73,8 @@ class ClientStore:
         when the store lives in memory (on disk they stay in the store's file)."""
         has = np.flatnonzero(self.has).tolist()
         tensors = {"rows": torch.from_numpy(self.rows[has].copy())} if self.path is None and has else {}
+        if has:
+            tensors["crc"] = torch.from_numpy(self.crc[has].copy())
         return tensors, {"version": self.version, "has": has}
 
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
@@ -65,12 +82,28 @@ class ClientStore:
         if "rows" in tensors:
             self.rows[meta["has"]] = tensors["rows"].numpy()
         if self.undo_path is not None and self.undo_path.exists():
-            tensors, undo = checkpoint.load(self.undo_path)
+            old, undo = checkpoint.load(self.undo_path)
             if undo["version"] > meta["version"]:
                 for k, i in enumerate(undo["ids"]):
-                    self.rows[i] = tensors["rows"][k].numpy()
+                    self.rows[i] = old["rows"][k].numpy()
                 if isinstance(self.rows, np.memmap):
                     self.rows.flush()
         self.version = meta["version"]
         self.has[:] = False
         self.has[meta["has"]] = True
+        self.crc[:] = 0
+        if "crc" in tensors:  # checkpoints from before row checksums have none
+            self.crc[meta["has"]] = tensors["crc"].numpy()
+            if not self.trusted:  # a run reopened from disk; in-process restores need no check
+                self.verify(meta["has"])
+        self.trusted = True
+
+    def verify(self, ids: list[int]) -> None:
+        if self.path is not None and ids and not self.existed:
+            raise UserError(f"{self.path} is missing; the checkpoint has {len(ids)} client models in it, the run "
+                            f"cannot resume")
+        for i in ids:
+            if zlib.crc32(np.ascontiguousarray(self.rows[i]).tobytes()) != self.crc[i]:
+                where = self.path or "the in-memory store"
+                raise UserError(f"{where}: the model of client {i} does not match the checkpoint (corrupt store); "
+                                f"the run cannot resume")

@@ -1,0 +1,118 @@
+"""Run files damaged between a stop and a resume: every file of a stopped run (config,
+metrics, checkpoint, a per-client store and its undo log) emptied, cut in half or with one
+bit flipped at several places. A resume either refuses with one line and exit code 2, or
+finishes with exactly the results of an uninterrupted run; never a traceback, never other
+results."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from stocfl import config, files
+from stocfl.cli import main
+from stocfl.runner import Experiment
+
+SMALL = ["scenario.n_clients=12", "scenario.samples_per_client=20", "run.rounds=5", "run.sample_rate=0.5",
+         "run.engine=sequential"]
+
+
+def _strip(obj):
+    if isinstance(obj, dict):
+        return {k: _strip(v) for k, v in obj.items() if k != "seconds"}
+    return obj
+
+
+def _results(d):
+    rows = [_strip(json.loads(x)) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    return rows, _strip(json.loads((d / "summary.json").read_text()))
+
+
+_runs: dict[str, tuple] = {}
+
+
+def stopped_run(algorithm: str, factory):
+    """(the pristine run stopped after round 3 of 5, the results of the uninterrupted run)."""
+    if algorithm not in _runs:
+        root = factory.mktemp(algorithm)
+        cfg = lambda: config.load(overrides=[*SMALL, f"algorithm.name={algorithm}"])  # noqa: E731
+        Experiment.create(cfg(), root / "ref").run(progress=False)
+        assert Experiment.create(cfg(), root / "stopped").run(progress=False, stop_after=3) is None
+        _runs[algorithm] = (root / "stopped", _results(root / "ref"))
+    return _runs[algorithm]
+
+
+@pytest.fixture(params=["stocfl", "ditto"])
+def runs(request, tmp_path_factory):
+    return stopped_run(request.param, tmp_path_factory)
+
+
+def _corruptions(size: int):
+    yield "empty", lambda b: b""
+    yield "half", lambda b: b[: len(b) // 2]
+    for frac in (0.0, 0.05, 0.3, 0.5, 0.8, 1.0):
+        pos = min(size - 1, int(frac * size))
+        yield f"flip@{pos}", lambda b, pos=pos: b[:pos] + bytes([b[pos] ^ 0x10]) + b[pos + 1:]
+
+
+RUN_FILES = ["config.toml", "metrics.jsonl", "checkpoint.safetensors"]
+STORE_FILES = ["ditto_personal.f32", "ditto_personal.undo.safetensors"]  # Ditto's per-client models
+
+
+@pytest.mark.parametrize("algorithm, name", [*(("stocfl", f) for f in RUN_FILES),
+                                             *(("ditto", f) for f in RUN_FILES + STORE_FILES)])
+def test_a_damaged_run_file_is_refused_or_harmless(algorithm, name, tmp_path_factory, tmp_path, capsys):
+    pristine, (ref_rows, ref_summary) = stopped_run(algorithm, tmp_path_factory)
+    assert (pristine / name).is_file()
+    outcomes = {}
+    data = (pristine / name).read_bytes()
+    for label, damage in _corruptions(len(data)):
+        run = tmp_path / label
+        shutil.copytree(pristine, run)
+        (run / name).write_bytes(damage(data))
+        capsys.readouterr()
+        code = main(["resume", "--quiet", str(run)])
+        err = capsys.readouterr().err.strip()
+        if code == 2:
+            assert err.startswith("stocfl: error:") and "\n" not in err, err
+            outcomes[label] = "refused"
+        else:
+            assert code == 0 and _results(run) == (ref_rows, ref_summary), f"{name} {label}: other results"
+            outcomes[label] = "same results"
+    # the damage that matters is always noticed
+    assert outcomes["empty"] == outcomes["half"] == "refused", outcomes
+
+
+def test_resume_refuses_a_config_that_is_not_the_runs(runs, tmp_path, capsys):
+    pristine, _ = runs
+    run = tmp_path / "edited"
+    shutil.copytree(pristine, run)
+    text = (run / "config.toml").read_text()
+    (run / "config.toml").write_text(text.replace("rounds = 5", "rounds = 7").replace("seed = 0", "seed = 1"))
+    assert main(["resume", "--quiet", str(run)]) == 2
+    assert "does not match the run's checkpoint" in capsys.readouterr().err
+
+
+def test_resume_drops_rows_a_kill_left_after_the_checkpoint(runs, tmp_path):
+    pristine, (ref_rows, ref_summary) = runs
+    run = tmp_path / "extra"
+    shutil.copytree(pristine, run)
+    with open(run / "metrics.jsonl", "a") as f:  # round 4 was written, its checkpoint was not
+        f.write(json.dumps({"round": 4, "accuracy": 0.5}) + "\n" + '{"round": 5, "accur')
+    assert main(["resume", "--quiet", str(run)]) == 0
+    assert _results(run) == (ref_rows, ref_summary)
+
+
+def test_write_atomic_leaves_the_old_file_when_the_write_fails(tmp_path, monkeypatch):
+    path = tmp_path / "f.txt"
+    files.write_atomic(path, "old")
+
+    def boom(*a):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(files.os, "replace", boom)
+    with pytest.raises(OSError):
+        files.write_atomic(path, "new")
+    assert path.read_text() == "old"
