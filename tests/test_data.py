@@ -41,7 +41,7 @@ def test_corrupt_files_are_named(tmp_path):
     (tmp_path / "mnist").mkdir()
     for name in ("train-images-idx3-ubyte.gz", "t10k-images-idx3-ubyte.gz"):
         (tmp_path / "mnist" / name).write_bytes(b"not gzip at all")
-    with pytest.raises(UserError, match=r"train-images-idx3-ubyte.gz is corrupt \(not gzip"):
+    with pytest.raises(UserError, match=r"train-images-idx3-ubyte.gz is corrupt \(not a valid gzip"):
         load_dataset("mnist", tmp_path)
     # a valid gzip whose header promises more images than it holds
     header = bytes([0, 0, 8, 3]) + (100).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2
@@ -52,3 +52,60 @@ def test_corrupt_files_are_named(tmp_path):
     (tmp_path / "femnist" / "femnist_leaf_part0.npz").write_bytes(b"PK garbage")
     with pytest.raises(UserError, match="femnist_leaf_part0.npz is corrupt"):
         load_dataset("femnist", tmp_path)
+
+
+def _idx(array: np.ndarray) -> bytes:
+    header = bytes([0, 0, 8, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    return gzip.compress(header + array.astype(np.uint8).tobytes())
+
+
+def _mnist_dir(root, images=None, labels=None):
+    (root / "mnist").mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (20, 28, 28)) if images is None else images
+    y = rng.integers(0, 10, 20) if labels is None else labels
+    for s in ("train", "t10k"):
+        (root / "mnist" / f"{s}-images-idx3-ubyte.gz").write_bytes(_idx(x))
+        (root / "mnist" / f"{s}-labels-idx1-ubyte.gz").write_bytes(_idx(y))
+    return root
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("bit flip in the compressed stream", "not a valid gzip"),
+    ("label 12", r"labels range over 0..12, expected 0..9"),
+    ("27x27 images", r"images of shape \(20, 27, 27\), expected \(N, 28, 28\)"),
+    ("fewer labels than images", "19 labels"),
+])
+def test_corrupt_mnist_is_one_line_naming_the_file(tmp_path, case, expected):
+    rng = np.random.default_rng(1)
+    if case == "label 12":
+        root = _mnist_dir(tmp_path, labels=np.r_[rng.integers(0, 10, 19), 12])
+    elif case == "27x27 images":
+        root = _mnist_dir(tmp_path, images=rng.integers(0, 256, (20, 27, 27)))
+    elif case == "fewer labels than images":
+        root = _mnist_dir(tmp_path, labels=rng.integers(0, 10, 19))
+    else:
+        root = _mnist_dir(tmp_path)
+        path = root / "mnist" / "train-images-idx3-ubyte.gz"
+        raw = bytearray(path.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        path.write_bytes(bytes(raw))
+    with pytest.raises(UserError, match=expected) as err:
+        load_dataset("mnist", root)
+    assert "mnist/t" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("bad, expected", [
+    ({"x_train_first100": np.full((100, 28, 28), np.nan)}, "NaN or inf"),
+    ({"x_train_first100": np.full((100, 28, 28), 300.0)}, r"pixels range over 300.0..300.0"),
+    ({"y_test_first2000": np.full(2000, -1)}, r"labels range over -1..-1"),
+    ({"y_test_first2000": np.zeros(2000, dtype=np.float32)}, "labels of type float32"),
+])
+def test_corrupt_fashion_mnist_is_one_line_naming_the_file(tmp_path, bad, expected):
+    arrays = {"x_test_first2000": np.zeros((2000, 28, 28), np.uint8), "y_test_first2000": np.zeros(2000, np.int64),
+              "x_train_first100": np.zeros((100, 28, 28), np.uint8), "y_train_first100": np.zeros(100, np.int64)}
+    (tmp_path / "fashion_mnist").mkdir()
+    np.savez(tmp_path / "fashion_mnist" / "fashion_mnist_subset.npz", **{**arrays, **bad})
+    with pytest.raises(UserError, match=expected) as err:
+        load_dataset("fashion_mnist", tmp_path)
+    assert "fashion_mnist_subset.npz is corrupt" in str(err.value) and "\n" not in str(err.value)

@@ -13,6 +13,7 @@ import gzip
 import io
 import lzma
 import os
+import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -85,13 +86,30 @@ def _corrupt(path: Path, name: str, why: str) -> UserError:
     return UserError(f"data file {path} is corrupt ({why}); expected layout: DATA_DIR/{LAYOUT[name]}")
 
 
-def _images(x: np.ndarray) -> torch.Tensor:
-    """uint8 (N, H, W) or (N, H, W, C) -> float32 (N, C, H, W) in [0, 1]."""
+def _images(x: np.ndarray, path: Path, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """Images of one file, checked: (N, *shape) with pixel values 0..255 (uint8, or finite
+    numbers in that range) -> float32 (N, C, H, W) in [0, 1]."""
+    if x.ndim != 1 + len(shape) or tuple(x.shape[1:]) != shape:
+        raise _corrupt(path, name, f"images of shape {tuple(x.shape)}, expected (N, {', '.join(map(str, shape))})")
+    if x.dtype != np.uint8:
+        if not np.issubdtype(x.dtype, np.number) or np.iscomplexobj(x):
+            raise _corrupt(path, name, f"pixels of type {x.dtype}, expected uint8")
+        if not np.isfinite(x).all():
+            raise _corrupt(path, name, "pixels hold NaN or inf")
+        if x.size and (x.min() < 0 or x.max() > 255):
+            raise _corrupt(path, name, f"pixels range over {x.min()}..{x.max()}, expected 0..255")
     x = x[:, None] if x.ndim == 3 else x.transpose(0, 3, 1, 2)
     return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32) / 255.0)
 
 
-def _labels(y: np.ndarray) -> torch.Tensor:
+def _labels(y: np.ndarray, path: Path, name: str, n_classes: int, n: int) -> torch.Tensor:
+    """Labels of one file, checked: n integers in 0..n_classes - 1."""
+    if y.ndim != 1 or len(y) != n:
+        raise _corrupt(path, name, f"{y.size} labels in shape {tuple(y.shape)} for {n} images")
+    if not np.issubdtype(y.dtype, np.integer):
+        raise _corrupt(path, name, f"labels of type {y.dtype}, expected integers")
+    if n and (y.min() < 0 or y.max() >= n_classes):
+        raise _corrupt(path, name, f"labels range over {y.min()}..{y.max()}, expected 0..{n_classes - 1}")
     return torch.from_numpy(np.asarray(y, dtype=np.int64))
 
 
@@ -105,16 +123,16 @@ def _digits() -> Dataset:
     # A fixed stratified 75/25 split, independent of the run seed: the test split never moves.
     tr, te = train_test_split(np.arange(len(x)), test_size=0.25, random_state=0, stratify=d.target)
     return Dataset(
-        "digits", torch.from_numpy(x[tr]), _labels(d.target[tr]), torch.from_numpy(x[te]),
-        _labels(d.target[te]), 10, note="scikit-learn digits: 1,347 train / 450 test (fixed split)",
+        "digits", torch.from_numpy(x[tr]), torch.from_numpy(d.target[tr].astype(np.int64)), torch.from_numpy(x[te]),
+        torch.from_numpy(d.target[te].astype(np.int64)), 10, note="scikit-learn digits: 1,347 train / 450 test (fixed split)",
     )
 
 
 def _read_idx(path: Path, name: str, ndim: int) -> np.ndarray:
     try:
         raw = gzip.decompress(_need(path, name).read_bytes())
-    except (OSError, EOFError) as err:
-        raise _corrupt(path, name, f"not gzip: {err}") from None
+    except (OSError, EOFError, zlib.error) as err:
+        raise _corrupt(path, name, f"not a valid gzip file: {err}") from None
     if len(raw) < 4 + 4 * ndim or raw[0] != 0 or raw[1] != 0 or raw[2] != 8 or raw[3] != ndim:
         raise _corrupt(path, name, f"no IDX header for a {ndim}-d uint8 array")
     dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
@@ -127,14 +145,12 @@ def _read_idx(path: Path, name: str, ndim: int) -> np.ndarray:
 @lru_cache(maxsize=2)
 def _mnist(root: Path) -> Dataset:
     d = root / "mnist"
-    xs = {s: _read_idx(d / f"{s}-images-idx3-ubyte.gz", "mnist", 3) for s in ("train", "t10k")}
-    ys = {s: _read_idx(d / f"{s}-labels-idx1-ubyte.gz", "mnist", 1) for s in ("train", "t10k")}
-    for s in xs:
-        if len(xs[s]) != len(ys[s]) or ys[s].max() > 9:
-            raise _corrupt(d / f"{s}-labels-idx1-ubyte.gz", "mnist", "labels do not match the images")
-    return Dataset(
-        "mnist", _images(xs["train"]), _labels(ys["train"]), _images(xs["t10k"]), _labels(ys["t10k"]), 10
-    )
+    x, y = {}, {}
+    for s in ("train", "t10k"):
+        xp, yp = d / f"{s}-images-idx3-ubyte.gz", d / f"{s}-labels-idx1-ubyte.gz"
+        x[s] = _images(_read_idx(xp, "mnist", 3), xp, "mnist", (28, 28))
+        y[s] = _labels(_read_idx(yp, "mnist", 1), yp, "mnist", 10, len(x[s]))
+    return Dataset("mnist", x["train"], y["train"], x["t10k"], y["t10k"], 10)
 
 
 def _npz(path: Path, name: str, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
@@ -153,13 +169,17 @@ def _npz(path: Path, name: str, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
 @lru_cache(maxsize=2)
 def _fashion(root: Path) -> Dataset:
     keys = ("x_test_first2000", "y_test_first2000", "x_train_first100", "y_train_first100")
-    f = _npz(root / "fashion_mnist" / "fashion_mnist_subset.npz", "fashion_mnist", keys)
+    path = root / "fashion_mnist" / "fashion_mnist_subset.npz"
+    f = _npz(path, "fashion_mnist", keys)
+    x = {k: _images(f[f"x_{k}"], path, "fashion_mnist", (28, 28)) for k in ("train_first100", "test_first2000")}
+    y = {k: _labels(f[f"y_{k}"], path, "fashion_mnist", 10, len(x[k])) for k in x}
     k = FASHION_TEST_FROM
-    x_tr = np.concatenate([f["x_train_first100"], f["x_test_first2000"][:k]])
-    y_tr = np.concatenate([f["y_train_first100"], f["y_test_first2000"][:k]])
+    if len(x["test_first2000"]) <= k:
+        raise _corrupt(path, "fashion_mnist", f"{len(x['test_first2000'])} test images, expected 2,000")
     return Dataset(
-        "fashion_mnist", _images(x_tr), _labels(y_tr), _images(f["x_test_first2000"][k:]),
-        _labels(f["y_test_first2000"][k:]), 10,
+        "fashion_mnist", torch.cat([x["train_first100"], x["test_first2000"][:k]]),
+        torch.cat([y["train_first100"], y["test_first2000"][:k]]), x["test_first2000"][k:],
+        y["test_first2000"][k:], 10,
         note="partial Fashion-MNIST: 2,100 images; train = official train 0..99 + test 0..1499 "
         "(1,600), test = official test 1500..1999 (500)",
     )
@@ -177,14 +197,17 @@ def _xz_npy(path: Path) -> np.ndarray:
 @lru_cache(maxsize=1)
 def _cifar10(root: Path) -> Dataset:
     d = root / "cifar10"
-    labels = _npz(d / "cifar10_labels.npz", "cifar10", ("y_train", "y_test_first1000"))
-    x_tr = np.concatenate([_xz_npy(d / f"cifar10_train_{i:02d}.npy.xz") for i in range(50)])
-    x_te = _xz_npy(d / "cifar10_test_first1000.npy.xz")
-    if x_tr.shape != (50000, 32, 32, 3) or x_te.shape != (1000, 32, 32, 3):
-        raise _corrupt(d, "cifar10", f"image arrays have shapes {x_tr.shape} and {x_te.shape}")
+    lp = d / "cifar10_labels.npz"
+    labels = _npz(lp, "cifar10", ("y_train", "y_test_first1000"))
+    parts = [d / f"cifar10_train_{i:02d}.npy.xz" for i in range(50)]
+    x_tr = torch.cat([_images(_xz_npy(p), p, "cifar10", (32, 32, 3)) for p in parts])
+    tp = d / "cifar10_test_first1000.npy.xz"
+    x_te = _images(_xz_npy(tp), tp, "cifar10", (32, 32, 3))
+    if len(x_tr) != 50000 or len(x_te) != 1000:
+        raise _corrupt(d, "cifar10", f"{len(x_tr)} train and {len(x_te)} test images, expected 50,000 and 1,000")
     return Dataset(
-        "cifar10", _images(x_tr), _labels(labels["y_train"]), _images(x_te),
-        _labels(labels["y_test_first1000"]), 10,
+        "cifar10", x_tr, _labels(labels["y_train"], lp, "cifar10", 10, len(x_tr)), x_te,
+        _labels(labels["y_test_first1000"], lp, "cifar10", 10, len(x_te)), 10,
         note="CIFAR-10: 50,000 train; only the first 1,000 official test images",
     )
 
@@ -193,18 +216,21 @@ def _cifar10(root: Path) -> Dataset:
 def _femnist(root: Path) -> Dataset:
     keys = ("x_train", "y_train", "writer_idx_train", "x_test", "y_test", "writer_idx_test",
             "writer_id", "writer_source")
-    parts = [_npz(root / "femnist" / f"femnist_leaf_part{i}.npz", "femnist", keys) for i in range(3)]
     xs_tr, ys_tr, ws_tr, xs_te, ys_te, ws_te = [], [], [], [], [], []
     offset = 0
-    for p in parts:
-        xs_tr.append(p["x_train"]); ys_tr.append(p["y_train"]); ws_tr.append(p["writer_idx_train"] + offset)
-        xs_te.append(p["x_test"]); ys_te.append(p["y_test"]); ws_te.append(p["writer_idx_test"] + offset)
+    for i in range(3):
+        path = root / "femnist" / f"femnist_leaf_part{i}.npz"
+        p = _npz(path, "femnist", keys)
+        for split, xs, ys, ws in (("train", xs_tr, ys_tr, ws_tr), ("test", xs_te, ys_te, ws_te)):
+            x = _images(p[f"x_{split}"], path, "femnist", (28, 28))
+            w = _labels(p[f"writer_idx_{split}"], path, "femnist", len(p["writer_id"]), len(x)).numpy()
+            xs.append(x); ys.append(_labels(p[f"y_{split}"], path, "femnist", 62, len(x))); ws.append(w + offset)
         offset += len(p["writer_id"])
     # LEAF stores 255 = white background; invert to MNIST's dark background.
-    x_tr = 1.0 - _images(np.concatenate(xs_tr))
-    x_te = 1.0 - _images(np.concatenate(xs_te))
+    x_tr = 1.0 - torch.cat(xs_tr)
+    x_te = 1.0 - torch.cat(xs_te)
     return Dataset(
-        "femnist", x_tr, _labels(np.concatenate(ys_tr)), x_te, _labels(np.concatenate(ys_te)), 62,
+        "femnist", x_tr, torch.cat(ys_tr), x_te, torch.cat(ys_te), 62,
         writer_train=np.concatenate(ws_tr), writer_test=np.concatenate(ws_te),
         note=f"FEMNIST (LEAF 5% sample): {offset} writers, LEAF's own per-writer train/test split",
     )
