@@ -54,7 +54,7 @@ class Recording:
 EXECUTORS = {
     "sequential": lambda fed=FED: SequentialExecutor(fed, MODEL),
     "batched": lambda fed=FED: BatchedExecutor(fed, MODEL),
-    "loopback": lambda fed=FED: LoopbackExecutor(SequentialExecutor(fed, MODEL)),
+    "loopback": lambda fed=FED: LoopbackExecutor(SequentialExecutor(fed, MODEL), nodes=3),
 }
 
 

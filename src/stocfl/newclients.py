@@ -14,7 +14,7 @@ from typing import Any
 from stocfl import config as config_mod
 from stocfl.errors import UserError
 from stocfl.executors import make_executor
-from stocfl.runner import (Experiment, build_federation, cluster_majority, placement_rows, read_config,
+from stocfl.runner import (Experiment, build_federation, checked, cluster_majority, placement_rows, read_config,
                            summarize_placements)
 from stocfl.tasks import Evaluate
 
@@ -54,8 +54,9 @@ def place_clients(run_dir: str | Path, overrides: list[str] = (), clients: list[
     bad_ids = [i for i in chosen if not 0 <= i < fed.n_clients]
     if bad_ids:
         raise UserError(f"client {bad_ids[0]} does not exist; the federation has clients 0..{fed.n_clients - 1}")
-    placed = exp.algorithm.place_new(list(chosen), executor.run)
-    results = executor.run([Evaluate(p.client, p.weights) for p in placed])
+    run = checked(executor.run, fed)
+    placed = exp.algorithm.place_new(list(chosen), run)
+    results = run([Evaluate(p.client, p.weights) for p in placed])
     majority = cluster_majority(exp.algorithm.cluster_labels(), exp.fed.groups)
     rows = placement_rows(placed, results, fed.groups, majority)
     return rows, summarize_placements(rows)

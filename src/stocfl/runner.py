@@ -33,7 +33,7 @@ from stocfl.executors import choose_engine, make_executor, set_threads
 from stocfl.files import write_atomic
 from stocfl.models import FlatModel, build_module, make_model
 from stocfl.scenarios import Federation, build
-from stocfl.tasks import ClientsDropped, Evaluate, without_dropped
+from stocfl.tasks import BadResult, ClientsDropped, Evaluate, check_result, without_dropped
 
 CHECKPOINT = "checkpoint.safetensors"
 log = logging.getLogger("stocfl")
@@ -69,6 +69,7 @@ class Experiment:
             self.engine = choose_engine(self.cfg.run.engine, self.model.n_params, t.batch_size,
                                         float(self.fed.train_sizes.mean()))
             self.executor = make_executor(self.engine, self.fed, self.model, self.cfg.run.chunk_size)
+        self.run_tasks = checked(self.executor.run, self.fed)
         module = build_module(m.name, self.fed.input_shape, self.fed.n_classes, m.hidden)
         ctx = Context(self.fed.n_clients, w0, t.epochs, t.batch_size, t.lr, self.cfg.run.seed,
                       self.fed.input_shape, self.fed.n_classes,
@@ -171,7 +172,7 @@ class Experiment:
             if not present:
                 return {}, dropped
             try:
-                return self.algorithm.round(t, present, self.executor.run), dropped
+                return self.algorithm.round(t, present, self.run_tasks), dropped
             except ClientsDropped as err:
                 if not set(err.clients) <= set(present):
                     raise UserError(f"round {t}: clients outside the round failed ({err}); "
@@ -194,10 +195,10 @@ class Experiment:
         by test size; and of the global model on the same clients. Clients that fail to answer
         are left out of this evaluation."""
         def attempt(clients):
-            models = self.algorithm.client_models(clients, self.executor.run)
-            res = self.executor.run([Evaluate(i, w) for i, w in zip(clients, models)])
+            models = self.algorithm.client_models(clients, self.run_tasks)
+            res = self.run_tasks([Evaluate(i, w) for i, w in zip(clients, models)])
             gw = self.algorithm.global_model()
-            return res, res if all(w is gw for w in models) else self.executor.run([Evaluate(i, gw) for i in clients])
+            return res, res if all(w is gw for w in models) else self.run_tasks([Evaluate(i, gw) for i in clients])
 
         clients, (res, gres) = without_dropped(self.fed.participants, attempt)
         self.last_eval = dict(zip(clients, res))
@@ -209,8 +210,8 @@ class Experiment:
         if not clients:
             return []
         def attempt(clients):
-            placed = self.algorithm.place_new(clients, self.executor.run)
-            return placed, self.executor.run([Evaluate(p.client, p.weights) for p in placed])
+            placed = self.algorithm.place_new(clients, self.run_tasks)
+            return placed, self.run_tasks([Evaluate(p.client, p.weights) for p in placed])
 
         _, (placed, res) = without_dropped(clients, attempt)
         return placement_rows(placed, res, self.fed.groups, cluster_majority(self.algorithm.cluster_labels(),
@@ -292,6 +293,27 @@ class Experiment:
         name = f"{self.cfg.scenario.name} ({self.cfg.scenario.dataset})"
         plots.similarity_matrix(reps, groups, self.out / "similarity.png", f"cosine of Psi, {name}")
         plots.embedding(reps, labels[ids], groups, self.out / "embedding.png", name, self.cfg.run.seed)
+
+
+def checked(run, fed: Federation):
+    """``run`` (an executor's) with every result checked against its task and the client's
+    sizes (:func:`stocfl.tasks.check_result`) before any algorithm sees it: the clients with a
+    bad result are dropped (:class:`ClientsDropped`, counted in metrics.jsonl), whatever the
+    engine."""
+    train, test = fed.train_sizes, np.diff(fed.test_offsets)
+
+    def run_checked(tasks):
+        out, why = [], {}
+        for t, r in zip(tasks, run(tasks)):
+            try:
+                out.append(check_result(t, r, int(train[t.client]), int(test[t.client])))
+            except BadResult as err:
+                why.setdefault(t.client, f"client {t.client}: bad reply ({err})")
+        if why:
+            raise ClientsDropped(sorted(why), [why[c] for c in sorted(why)])
+        return out
+
+    return run_checked
 
 
 def check_model_fits(model: FlatModel, w0: torch.Tensor, fed: Federation, name: str) -> None:

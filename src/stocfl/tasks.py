@@ -101,6 +101,52 @@ class Represented:
 
 T = TypeVar("T")
 
+MAX_ABS = 1e6  # no trained weight or gradient entry is larger; a reply beyond it is refused
+
+
+class BadResult(ValueError):
+    """A client's result that must not be used (wrong shape or count, NaN, out of bounds)."""
+
+
+def check_result(task, result, train_size: int, test_size: int):
+    """``result`` checked against what the server asked (``task``) and knows (the client's
+    train and test sizes); returns it (a Psi re-normalised to unit length) or raises
+    :class:`BadResult` naming the problem."""
+    def vector(t, what, n, bound=float("inf")):
+        if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.numel() != n or not t.is_floating_point():
+            raise BadResult(f"{what} has shape {tuple(getattr(t, 'shape', ()))}, expected ({n},) floats")
+        top = float(t.abs().max()) if n else 0.0  # NaN and inf fail the comparison below
+        if not top <= bound or not np.isfinite(top):
+            raise BadResult(f"{what} holds NaN or inf" if not np.isfinite(top) else
+                            f"{what} reaches {top:.3g}, beyond {bound:g}")
+        return t
+
+    def count(n, expected, what):
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n != expected:
+            raise BadResult(f"{what} = {n!r}, but the client holds {expected}")
+
+    if isinstance(task, Train) and isinstance(result, Trained):
+        vector(result.weights, "weights", task.weights.numel(), MAX_ABS)
+        count(result.n_samples, train_size, "n_samples")
+    elif isinstance(task, Evaluate) and isinstance(result, Evaluated):
+        count(result.n_samples, train_size if task.split == "train" else test_size, "n_samples")
+        c = result.correct
+        if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c <= result.n_samples:
+            raise BadResult(f"correct = {c!r}, expected an integer in 0..{result.n_samples}")
+        if not (isinstance(result.loss, (int, float)) and np.isfinite(result.loss) and result.loss >= 0):
+            raise BadResult(f"loss = {result.loss!r}, expected a finite number >= 0")
+    elif isinstance(task, Represent) and isinstance(result, Represented):
+        psi = vector(result.psi, "representation", task.dim or task.anchor.numel())
+        count(result.n_samples, train_size, "n_samples")
+        norm = float(psi.double().norm())
+        result = Represented((psi.double() / norm).float() if norm > 0 else psi, result.n_samples)
+    elif isinstance(task, Gradient) and isinstance(result, Gradiented):
+        vector(result.gradient, "gradient", task.weights.numel(), MAX_ABS)
+        count(result.n_samples, train_size, "n_samples")
+    else:
+        raise BadResult(f"a {type(result).__name__} in reply to a {type(task).__name__} task")
+    return result
+
 
 class ClientsDropped(Exception):
     """Raised by an executor after a task list when some clients failed (an error, a bad reply,

@@ -16,13 +16,13 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from stocfl.tasks import (Evaluate, Evaluated, Gradient, Gradiented, Represent, Represented, Task, Train,
-                          Trained)
+from stocfl.tasks import (BadResult, Evaluate, Evaluated, Gradient, Gradiented, Represent, Represented, Task,
+                          Train, Trained)
 
 MESSAGE_TYPE = {Train: "train", Evaluate: "evaluate", Represent: "query.represent", Gradient: "query.gradient"}
 
 
-class BadReply(ValueError):
+class BadReply(BadResult):
     """A client's reply that must not reach aggregation (wrong shape, NaN or inf, wrong client)."""
 
 
@@ -128,22 +128,35 @@ def _finite(t: torch.Tensor, what: str, shape: tuple[int, ...]) -> torch.Tensor:
     return t
 
 
+def _integer(m: MetricRecord, key: str) -> int:
+    """An integer metric, or BadReply: a float must be finite and whole (MetricRecord carries
+    numbers as int or float)."""
+    try:
+        v = m[key]
+    except (KeyError, TypeError) as err:
+        raise BadReply(f"reply without {key} ({err})") from None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not
+                                                                  (math.isfinite(v) and v.is_integer())):
+        raise BadReply(f"{key} = {v!r} is not an integer")
+    return int(v)
+
+
 def _decode_result(task: Task, who: int, arrays: ArrayRecord, m: MetricRecord):
     """Client ``who``'s result for ``task``, checked: the right client, the right shapes,
     finite numbers."""
-    try:
-        n = int(m["n_samples"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise BadReply(f"reply without the expected records ({err})") from None
+    n = _integer(m, "n_samples")
     if who != task.client:
         raise BadReply(f"reply from client {who} to a task for client {task.client}")
     if isinstance(task, Train):
         return Trained(_finite(_tensor(arrays, "weights"), "weights", tuple(task.weights.shape)), n)
     if isinstance(task, Evaluate):
-        loss = float(m["loss"])
+        try:
+            loss = float(m["loss"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise BadReply(f"reply without a loss ({err})") from None
         if not math.isfinite(loss):
             raise BadReply("evaluation loss is not finite")
-        return Evaluated(loss, int(m["correct"]), n)
+        return Evaluated(loss, _integer(m, "correct"), n)
     if isinstance(task, Represent):
         psi = _tensor(arrays, "psi")
         if psi is None or psi.dim() != 1:

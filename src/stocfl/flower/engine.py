@@ -48,6 +48,9 @@ class FlowerExecutor:
         self.node_of: dict[int, int] = {}  # client id -> node id
         self.seen: set[int] = set()  # online node ids already asked for their client id
         self.refusals: dict[int, str] = {}  # node id -> why it did not say which client it serves
+        self.claims: dict[int, list[int]] = {}  # online node id -> the clients it says it serves
+        self.refused: set[tuple[int, int]] = set()  # (node, client) claims refused so far
+        self.failed: set[int] = set()  # nodes whose last reply did not come or was an error
 
     def connect(self, expected: int, wait: float = NODE_WAIT_SECONDS) -> "FlowerExecutor":
         """Wait until ``expected`` clients each have a node that said who it serves."""
@@ -64,14 +67,37 @@ class FlowerExecutor:
             time.sleep(POLL_SECONDS)
 
     def refresh(self, timeout: float | None = None) -> None:
-        """Forget nodes gone offline; ask nodes not seen before which clients they serve."""
+        """Forget nodes gone offline; ask nodes not seen before which clients they serve.
+
+        A client is served by one node. A second node's claim on it is refused (and logged)
+        while the serving node answers; it is kept, and granted (the most recent claim first)
+        once the serving node goes offline or stops answering: that is how a restarted
+        SuperNode, which comes back with a new node id while its old id may still be listed
+        online, gets its client back."""
         online = set(self.grid.get_node_ids())
         self.node_of = {c: n for c, n in self.node_of.items() if n in online}
+        self.claims = {n: cs for n, cs in self.claims.items() if n in online}
+        self.failed &= online
         self.seen &= online
         new = sorted(online - self.seen)
-        if not new:
-            return
         self.seen |= set(new)  # a node that does not answer now is not asked again
+        if new:
+            self.identify(new, timeout)
+        for node, clients in reversed(list(self.claims.items())):  # the most recent claim first
+            for client in clients:
+                owner = self.node_of.get(client)
+                if owner is None or (owner != node and owner in self.failed):
+                    self.node_of[client] = node
+                elif owner != node and (node, client) not in self.refused:
+                    log.warning("node %d claims client %d, which node %d serves: refused", node, client, owner)
+                    self.refused.add((node, client))
+
+    @property
+    def refused_claims(self) -> int:
+        return len(self.refused)
+
+    def identify(self, new: list[int], timeout: float | None) -> None:
+        """Ask nodes which clients they serve; their claims go to ``self.claims``."""
         queries = [Message(RecordDict(), dst_node_id=n, message_type="query.identify") for n in new]
         for node, reply in zip(new, self.exchange(queries, timeout or self.timeout or NODE_WAIT_SECONDS)):
             try:
@@ -85,11 +111,7 @@ class FlowerExecutor:
                 log.warning("Flower node %d did not say which clients it serves (%s); it gets no tasks", node,
                             self.refusals[node])
                 continue
-            for client in clients:
-                if client in self.node_of and self.node_of[client] != node:
-                    log.warning("client %d is now served by node %d (was node %d)", client, node,
-                                self.node_of[client])
-                self.node_of[client] = node
+            self.claims[node] = clients
 
     def exchange(self, messages: list[Message], timeout: float | None) -> list[Message | None]:
         """Push ``messages``; their replies in the same order, None where none came within ``timeout``."""
@@ -124,10 +146,10 @@ class FlowerExecutor:
         for (node, _), ks, reply in zip(groups, groups.values(), self.exchange(msgs, self.timeout)):
             clients = sorted({tasks[k].client for k in ks})
             try:
-                if reply is None:
-                    raise BadReply(f"no reply within {self.timeout} s")
-                if reply.has_error():
-                    raise BadReply(reply.error.reason)
+                if reply is None or reply.has_error():
+                    self.failed.add(node)  # its clients may go to a node that claimed them
+                    raise BadReply(f"no reply within {self.timeout} s" if reply is None else reply.error.reason)
+                self.failed.discard(node)
                 for k, result in zip(ks, decode_results([tasks[k] for k in ks], reply.content)):
                     out[k] = result
             except BadReply as err:

@@ -1,10 +1,11 @@
 """The Flower codec without Flower's transport: an in-process executor whose task lists and
 replies go through exactly what a Flower message carries.
 
-Each call groups the tasks by kind (one message per kind, as a SuperNode serving every client
-would get), encodes them with :mod:`stocfl.flower.codec`, serialises the records to Flower's
+Each call groups the tasks by node and kind (``nodes`` simulated SuperNodes, node i serving
+clients i, i + nodes, ...; 0: one node per client), as :class:`FlowerExecutor` does, encodes them with :mod:`stocfl.flower.codec`, serialises the records to Flower's
 protobuf bytes and back, runs the decoded tasks on an in-process executor, and sends the
-results back the same way; the server decodes and checks them as :class:`FlowerExecutor` does.
+results back the same way; the server decodes and checks them as :class:`FlowerExecutor` does,
+and a reply that fails the checks drops that message's clients (:class:`ClientsDropped`).
 The common test suite runs every algorithm on it, so a codec defect shows without Ray.
 """
 
@@ -13,8 +14,8 @@ from __future__ import annotations
 from flwr.common import serde
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
-from stocfl.flower.codec import MESSAGE_TYPE, decode_results, decode_tasks, encode_results, encode_tasks
-from stocfl.tasks import Result, Task
+from stocfl.flower.codec import MESSAGE_TYPE, BadReply, decode_results, decode_tasks, encode_results, encode_tasks
+from stocfl.tasks import ClientsDropped, Result, Task
 
 
 def over_the_wire(content):
@@ -25,21 +26,28 @@ def over_the_wire(content):
 
 
 class LoopbackExecutor:
-    def __init__(self, inner):
-        self.inner = inner
+    def __init__(self, inner, nodes: int = 0):
+        self.inner, self.nodes = inner, nodes
         self.fed, self.model = inner.fed, inner.model
         self.messages = 0
 
     def run(self, tasks: list[Task]) -> list[Result]:
         out: list[Result | None] = [None] * len(tasks)
-        kinds: dict[type, list[int]] = {}
+        groups: dict[tuple[int, type], list[int]] = {}
         for k, t in enumerate(tasks):
-            kinds.setdefault(type(t), []).append(k)
-        for kind, idx in kinds.items():
+            groups.setdefault((t.client % self.nodes if self.nodes else t.client, type(t)), []).append(k)
+        why: dict[int, str] = {}
+        for (node, kind), idx in groups.items():
             sent = [tasks[k] for k in idx]
             received = decode_tasks(MESSAGE_TYPE[kind], over_the_wire(encode_tasks(sent)))
             reply = encode_results(self.inner.run(received), [t.client for t in received])
-            for k, r in zip(idx, decode_results(sent, over_the_wire(reply))):
-                out[k] = r
             self.messages += 1
+            try:
+                for k, r in zip(idx, decode_results(sent, over_the_wire(reply))):
+                    out[k] = r
+            except BadReply as err:
+                for t in sent:
+                    why[t.client] = f"client {t.client} (node {node}): {err}"
+        if why:
+            raise ClientsDropped(sorted(why), [why[c] for c in sorted(why)])
         return out  # type: ignore[return-value]
