@@ -36,13 +36,17 @@ def save(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> 
     write_atomic(path, to_bytes(tensors, metadata={"stocfl": meta_json, "sha256": digest(tensors, meta_json)}))
 
 
+def _unreadable(path: Path, err: Exception) -> UserError:
+    return UserError(f"checkpoint {path} is unreadable ({type(err).__name__}); the run cannot resume from it")
+
+
 def read_meta(path: Path) -> dict[str, Any]:
     """The JSON state alone (the header), without reading or checking the tensors."""
     try:
         with safe_open(str(path), framework="pt") as f:
             return json.loads(f.metadata()["stocfl"])
-    except Exception as err:
-        raise UserError(f"checkpoint {path} is unreadable ({type(err).__name__}); the run cannot resume from it") from None
+    except Exception as err:  # a truncated or foreign file, whatever the library raises
+        raise _unreadable(path, err) from None
 
 
 def load(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -52,8 +56,8 @@ def load(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
             meta_json = header["stocfl"]
             meta = json.loads(meta_json)
             tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as err:  # a truncated or foreign file, whatever the library raises
-        raise UserError(f"checkpoint {path} is unreadable ({type(err).__name__}); the run cannot resume from it") from None
+    except Exception as err:
+        raise _unreadable(path, err) from None
     stored = header.get("sha256")
     if stored is not None and stored != digest(tensors, meta_json):
         raise UserError(f"checkpoint {path} is corrupt (its checksum does not match its contents); the run cannot "

@@ -32,9 +32,9 @@ import torch
 EPS = 1e-9  # resolution of cosine comparisons (ties and the threshold)
 
 
-def check_representation(psi: torch.Tensor) -> None:
-    if psi.dim() != 1 or not bool(torch.isfinite(psi).all()) or float(psi.double().norm()) == 0.0:
-        raise ValueError("a representation must be a finite, non-zero vector")
+def valid_representation(psi: torch.Tensor) -> bool:
+    """A finite, non-zero vector: anything else carries no direction."""
+    return psi.dim() == 1 and bool(torch.isfinite(psi).all()) and float(psi.double().norm()) > 0.0
 
 
 class ClusterSet:
@@ -75,7 +75,8 @@ class ClusterSet:
 
     def add(self, client: int, psi: torch.Tensor) -> int:
         """Client ``client`` joins as a new singleton cluster; returns its id."""
-        check_representation(psi)
+        if not valid_representation(psi):
+            raise ValueError("a representation must be a finite, non-zero vector")
         if self.labels_[client] >= 0:
             raise ValueError(f"client {client} is already in cluster {self.labels_[client]}")
         cid = self.next_id

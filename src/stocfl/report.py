@@ -29,9 +29,14 @@ def clustering_scores(labels: np.ndarray, groups: np.ndarray | None, participant
     return out
 
 
+def json_line(row: dict[str, Any]) -> str:
+    """One metrics row as written (and as the checkpoint's hash chain reads it)."""
+    return json.dumps(row, sort_keys=True)
+
+
 def append_jsonl(path: Path, row: dict[str, Any]) -> None:
     with open(path, "a") as f:
-        f.write(json.dumps(row, sort_keys=True) + "\n")
+        f.write(json_line(row) + "\n")
         f.flush()
         os.fsync(f.fileno())
 
@@ -53,7 +58,7 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    write_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    write_atomic(path, "".join(json_line(r) + "\n" for r in rows))
 
 
 def to_toml(cfg: dict[str, dict[str, Any]]) -> str:

@@ -300,7 +300,7 @@ def checked(run, fed: Federation):
     sizes (:func:`stocfl.tasks.check_result`) before any algorithm sees it: the clients with a
     bad result are dropped (:class:`ClientsDropped`, counted in metrics.jsonl), whatever the
     engine."""
-    train, test = fed.train_sizes, np.diff(fed.test_offsets)
+    train, test = fed.train_sizes, fed.test_sizes
 
     def run_checked(tasks):
         out, why = [], {}
@@ -344,7 +344,7 @@ def metrics_chain(rows: list[dict[str, Any]], start: str | None = None) -> str:
     the chain of the rows it saw, so that resume can tell an edited or cut metrics file."""
     h = start or hashlib.sha256(b"stocfl metrics").hexdigest()
     for r in rows:
-        h = hashlib.sha256((h + json.dumps(r, sort_keys=True)).encode()).hexdigest()
+        h = hashlib.sha256((h + report.json_line(r)).encode()).hexdigest()
     return h
 
 

@@ -14,9 +14,8 @@ is an error, never a silently zeroed or altered model.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import zlib
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -60,9 +59,10 @@ class ClientStore:
             checkpoint.save(self.undo_path, {"rows": old}, {
                 "version": self.version + 1, "ids": ids, "had": [bool(self.has[i]) for i in ids]})
         for i in ids:
-            self.rows[i] = rows[i].numpy()
+            row = rows[i].numpy()
+            self.rows[i] = row
             self.has[i] = True
-            self.crc[i] = zlib.crc32(np.ascontiguousarray(self.rows[i]).tobytes())
+            self.crc[i] = _crc(row)
         self.trusted = True
         if isinstance(self.rows, np.memmap):
             self.rows.flush()
@@ -103,7 +103,12 @@ class ClientStore:
             raise UserError(f"{self.path} is missing; the checkpoint has {len(ids)} client models in it, the run "
                             f"cannot resume")
         for i in ids:
-            if zlib.crc32(np.ascontiguousarray(self.rows[i]).tobytes()) != self.crc[i]:
+            if _crc(self.rows[i]) != self.crc[i]:
                 where = self.path or "the in-memory store"
                 raise UserError(f"{where}: the model of client {i} does not match the checkpoint (corrupt store); "
                                 f"the run cannot resume")
+
+
+def _crc(row: np.ndarray) -> int:
+    """CRC-32 of one row's float32 bytes."""
+    return zlib.crc32(np.ascontiguousarray(row, dtype=np.float32).tobytes())

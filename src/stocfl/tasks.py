@@ -108,25 +108,29 @@ class BadResult(ValueError):
     """A client's result that must not be used (wrong shape or count, NaN, out of bounds)."""
 
 
+def check_vector(t, what: str, n: int, bound: float = float("inf")) -> torch.Tensor:
+    """``t`` if it is a float vector of length ``n`` with finite entries within +-``bound``,
+    else :class:`BadResult` (one pass over the entries: max |t| is NaN or inf if any is)."""
+    if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.numel() != n or not t.is_floating_point():
+        raise BadResult(f"{what} has shape {tuple(getattr(t, 'shape', ()))}, expected ({n},) floats")
+    top = float(t.abs().max()) if n else 0.0
+    if not np.isfinite(top):
+        raise BadResult(f"{what} holds NaN or inf")
+    if top > bound:
+        raise BadResult(f"{what} reaches {top:.3g}, beyond {bound:g}")
+    return t
+
+
 def check_result(task, result, train_size: int, test_size: int):
     """``result`` checked against what the server asked (``task``) and knows (the client's
     train and test sizes); returns it (a Psi re-normalised to unit length) or raises
     :class:`BadResult` naming the problem."""
-    def vector(t, what, n, bound=float("inf")):
-        if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.numel() != n or not t.is_floating_point():
-            raise BadResult(f"{what} has shape {tuple(getattr(t, 'shape', ()))}, expected ({n},) floats")
-        top = float(t.abs().max()) if n else 0.0  # NaN and inf fail the comparison below
-        if not top <= bound or not np.isfinite(top):
-            raise BadResult(f"{what} holds NaN or inf" if not np.isfinite(top) else
-                            f"{what} reaches {top:.3g}, beyond {bound:g}")
-        return t
-
     def count(n, expected, what):
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n != expected:
             raise BadResult(f"{what} = {n!r}, but the client holds {expected}")
 
     if isinstance(task, Train) and isinstance(result, Trained):
-        vector(result.weights, "weights", task.weights.numel(), MAX_ABS)
+        check_vector(result.weights, "weights", task.weights.numel(), MAX_ABS)
         count(result.n_samples, train_size, "n_samples")
     elif isinstance(task, Evaluate) and isinstance(result, Evaluated):
         count(result.n_samples, train_size if task.split == "train" else test_size, "n_samples")
@@ -136,12 +140,12 @@ def check_result(task, result, train_size: int, test_size: int):
         if not (isinstance(result.loss, (int, float)) and np.isfinite(result.loss) and result.loss >= 0):
             raise BadResult(f"loss = {result.loss!r}, expected a finite number >= 0")
     elif isinstance(task, Represent) and isinstance(result, Represented):
-        psi = vector(result.psi, "representation", task.dim or task.anchor.numel())
+        psi = check_vector(result.psi, "representation", task.dim or task.anchor.numel())
         count(result.n_samples, train_size, "n_samples")
         norm = float(psi.double().norm())
         result = Represented((psi.double() / norm).float() if norm > 0 else psi, result.n_samples)
     elif isinstance(task, Gradient) and isinstance(result, Gradiented):
-        vector(result.gradient, "gradient", task.weights.numel(), MAX_ABS)
+        check_vector(result.gradient, "gradient", task.weights.numel(), MAX_ABS)
         count(result.n_samples, train_size, "n_samples")
     else:
         raise BadResult(f"a {type(result).__name__} in reply to a {type(task).__name__} task")

@@ -31,7 +31,7 @@ import torch
 from pydantic import ConfigDict, Field, field_validator
 
 from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks
-from stocfl.clustering import ClusterSet
+from stocfl.clustering import ClusterSet, valid_representation
 from stocfl.models import linear_anchor_weights
 from stocfl.tasks import Represent, Represented, average, count_sketch, task_seed, weighted_mean
 
@@ -144,8 +144,8 @@ class StoCFL(Algorithm):
         """Add valid representations as singletons, then merge; returns (accepted, merges)."""
         accepted, fresh = [], []
         for i, r in zip(clients, results):
-            if r.psi.dim() != 1 or not torch.isfinite(r.psi).all() or float(r.psi.norm()) == 0.0:
-                continue  # rejected: a zero or non-finite Psi carries no direction
+            if not valid_representation(r.psi):
+                continue  # rejected
             fresh.append(self.clusters.add(i, r.psi))
             accepted.append(i)
             if self.params.keep_representations:
@@ -226,7 +226,7 @@ class StoCFL(Algorithm):
             tau = -1.0
         out = []
         for i, r in zip(clients, run([self.represent_task(i) for i in clients])):
-            if r.psi.dim() != 1 or not torch.isfinite(r.psi).all() or float(r.psi.norm()) == 0.0:
+            if not valid_representation(r.psi):
                 out.append(Placement(i, -1, None, True, self.w))
                 continue
             k, sim, joins = self.clusters.lookup(r.psi, tau)

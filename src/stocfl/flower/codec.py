@@ -17,7 +17,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from stocfl.tasks import (BadResult, Evaluate, Evaluated, Gradient, Gradiented, Represent, Represented, Task,
-                          Train, Trained)
+                          Train, Trained, check_vector)
 
 MESSAGE_TYPE = {Train: "train", Evaluate: "evaluate", Represent: "query.represent", Gradient: "query.gradient"}
 
@@ -120,12 +120,11 @@ def _encode_result(result) -> tuple[ArrayRecord, MetricRecord]:
     return arrays, MetricRecord(metrics)
 
 
-def _finite(t: torch.Tensor, what: str, shape: tuple[int, ...]) -> torch.Tensor:
-    if tuple(t.shape) != shape:
-        raise BadReply(f"{what} has shape {tuple(t.shape)}, expected {shape}")
-    if not torch.isfinite(t).all():
-        raise BadReply(f"{what} holds NaN or inf")
-    return t
+def _finite(t: torch.Tensor | None, what: str, n: int) -> torch.Tensor:
+    try:
+        return check_vector(t, what, n)
+    except BadResult as err:
+        raise BadReply(str(err)) from None
 
 
 def _integer(m: MetricRecord, key: str) -> int:
@@ -148,7 +147,7 @@ def _decode_result(task: Task, who: int, arrays: ArrayRecord, m: MetricRecord):
     if who != task.client:
         raise BadReply(f"reply from client {who} to a task for client {task.client}")
     if isinstance(task, Train):
-        return Trained(_finite(_tensor(arrays, "weights"), "weights", tuple(task.weights.shape)), n)
+        return Trained(_finite(_tensor(arrays, "weights"), "weights", task.weights.numel()), n)
     if isinstance(task, Evaluate):
         try:
             loss = float(m["loss"])
@@ -162,4 +161,4 @@ def _decode_result(task: Task, who: int, arrays: ArrayRecord, m: MetricRecord):
         if psi is None or psi.dim() != 1:
             raise BadReply("representation missing or not a vector")
         return Represented(psi, n)  # zero or non-finite Psi is rejected by StoCFL itself
-    return Gradiented(_finite(_tensor(arrays, "gradient"), "gradient", tuple(task.weights.shape)), n)
+    return Gradiented(_finite(_tensor(arrays, "gradient"), "gradient", task.weights.numel()), n)
