@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from stocfl import checkpoint, config, report
+from stocfl.aggregation import Aggregator
 from stocfl.algorithms import ALGORITHMS, Context
 from stocfl.data import load_dataset
 from stocfl.executors import BatchedExecutor, SequentialExecutor
@@ -32,11 +33,11 @@ PARAMS = {"flhc": {"warmup_rounds": 1}, "fesem": {"n_centers": 2}, "ifca": {"n_m
 SAMPLES = [PARTICIPANTS[0:6], PARTICIPANTS[3:9], PARTICIPANTS[6:12]]
 
 
-def context(fed=FED, w0=W0, sample_size=6, workdir=None) -> Context:
+def context(fed=FED, w0=W0, sample_size=6, workdir=None, aggregator=Aggregator()) -> Context:
     return Context(fed.n_clients, w0, epochs=1, batch_size=10, lr=0.1, seed=0, input_shape=fed.input_shape,
                    n_classes=fed.n_classes, init_model=lambda seed: FlatModel.init_weights(MODULE, seed),
                    last_layer=MODEL.numels[-1] + MODEL.numels[-2], participants=tuple(fed.participants),
-                   sample_size=sample_size, workdir=workdir)
+                   sample_size=sample_size, workdir=workdir, aggregator=aggregator)
 
 
 class Recording:
@@ -123,6 +124,21 @@ def test_every_algorithm_on_every_executor(name, executor, tmp_path):
     assert np.array_equal(alg.cluster_labels(), before)
     models = alg.client_models(PARTICIPANTS, ex.run)
     assert len(models) == len(PARTICIPANTS) and all(m.shape == W0.shape for m in models)
+
+
+@pytest.mark.parametrize("rule", ["clip", "median", "trimmed_mean"])
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_every_algorithm_combines_by_the_runs_rule(name, rule):
+    """Each algorithm routes its models through the run's aggregation rule: with a robust rule
+    the state differs from the mean's, stays finite, and equals itself on the codec path."""
+    alg = play(make(name, aggregator=Aggregator(rule, trim=0.34)), SequentialExecutor(FED, MODEL))
+    ref = sequential_reference(name)
+    tensors, _ = alg.state()
+    assert all(torch.isfinite(t).all() for t in tensors.values() if t.is_floating_point())
+    ref_tensors, _ = ref.state()
+    assert any(not torch.equal(t, ref_tensors[k]) for k, t in tensors.items()), f"{name} ignores aggregation.rule"
+    again = play(make(name, aggregator=Aggregator(rule, trim=0.34)), EXECUTORS["loopback"]())
+    assert_same_state(alg, again)
 
 
 SINGLE = {"fesem": {"n_centers": 1}, "flhc": {"warmup_rounds": 1}, "ifca": {"n_models": 2}}

@@ -11,7 +11,7 @@ from stocfl.errors import UserError
 def test_defaults_validate_and_resolve():
     cfg = config.load()
     d = cfg.to_dict()
-    assert set(d) == {"run", "scenario", "model", "train", "algorithm"}
+    assert set(d) == {"run", "scenario", "model", "train", "aggregation", "algorithm"}
     assert d["algorithm"] == {"name": "fedavg"}
     assert config.load(overrides=["algorithm.name=fedprox"]).to_dict()["algorithm"] == {"name": "fedprox", "mu": 0.01}
 

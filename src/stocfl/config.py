@@ -1,4 +1,4 @@
-"""The run configuration: five sections, every key validated, documented and defaulted here.
+"""The run configuration: six sections, every key validated, documented and defaulted here.
 
 A config is TOML with the sections ``[run]``, ``[scenario]``, ``[model]``, ``[train]`` and
 ``[algorithm]``; command-line overrides use dotted keys (``--set run.rounds=5``). Every error
@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from stocfl.aggregation import RULES
 from stocfl.errors import UserError
 
 SCENARIOS = (
@@ -92,11 +93,24 @@ class TrainConfig(Section):
     lr: float = Field(0.05, gt=0, description="local SGD learning rate eta")
 
 
+class AggregationConfig(Section):
+    rule: Literal[RULES] = Field(
+        "mean", description="how the server combines trained models: mean (weighted by |D_i|), clip (updates "
+        "clipped to clip_norm, then the weighted mean), median or trimmed_mean (coordinate-wise, unweighted)"
+    )
+    clip_norm: float = Field(
+        0.0, ge=0, le=1e6, allow_inf_nan=False,
+        description="clip: largest update norm; 0 = the median update norm of each aggregation"
+    )
+    trim: float = Field(0.1, ge=0, lt=0.5, description="trimmed_mean: fraction of values dropped at each end")
+
+
 class Config(Section):
     run: RunConfig = RunConfig()
     scenario: ScenarioConfig = ScenarioConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
+    aggregation: AggregationConfig = AggregationConfig()
     algorithm: dict[str, Any] = Field(default_factory=lambda: {"name": "fedavg"})
 
     def algorithm_params(self) -> BaseModel:

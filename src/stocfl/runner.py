@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from stocfl import checkpoint, config as config_mod, report
+from stocfl.aggregation import Aggregator
 from stocfl.algorithms import Context, algorithm_class
 from stocfl.config import Config
 from stocfl.data import resolve_data_dir
@@ -75,7 +76,8 @@ class Experiment:
                       self.fed.input_shape, self.fed.n_classes,
                       init_model=lambda seed: FlatModel.init_weights(module, seed),
                       last_layer=self.model.numels[-1] + self.model.numels[-2], workdir=self.out,
-                      participants=tuple(self.fed.participants), sample_size=self.sample_size())
+                      participants=tuple(self.fed.participants), sample_size=self.sample_size(),
+                      aggregator=Aggregator(**self.cfg.aggregation.model_dump()))
         self.algorithm = algorithm_class(self.cfg.algorithm["name"])(self.cfg.algorithm_params(), ctx)
         self.sampler = np.random.default_rng([self.cfg.run.seed, 1])
         self.round = 0

@@ -12,6 +12,8 @@ from typing import Callable, Literal, TypeVar
 import numpy as np
 import torch
 
+from stocfl.aggregation import weighted_mean
+
 
 @dataclass(frozen=True, eq=False)
 class Train:
@@ -203,14 +205,3 @@ def task_seed(run_seed: int, round_: int, client: int, purpose: int = 0) -> int:
 def average(results: list[Trained]) -> torch.Tensor:
     """The mean of trained models weighted by the samples that trained them (FedAvg's rule)."""
     return weighted_mean([r.weights for r in results], [r.n_samples for r in results])
-
-
-def weighted_mean(vectors: list[torch.Tensor], weights) -> torch.Tensor:
-    """sum_i a_i v_i / sum_i a_i, accumulated in float64 for stability, returned as float32."""
-    a = torch.as_tensor(np.asarray(weights, dtype=np.float64))
-    if a.sum() <= 0:
-        raise ValueError("weighted_mean needs a positive total weight")
-    acc = torch.zeros_like(vectors[0], dtype=torch.float64)
-    for v, ai in zip(vectors, a):
-        acc.add_(v.double(), alpha=float(ai))
-    return (acc / a.sum()).float()

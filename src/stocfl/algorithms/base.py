@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from stocfl.tasks import Evaluate, Result, Task, Train, task_seed
+from stocfl.aggregation import Aggregator
+from stocfl.tasks import Evaluate, Result, Task, Train, Trained, task_seed
 
 RunTasks = Callable[[list[Task]], list[Result]]
 
@@ -43,6 +44,7 @@ class Context:
     workdir: Path | None = None  # where per-client stores live (None: in memory)
     participants: tuple[int, ...] | None = None  # clients that may train (None: all); the rest are held out
     sample_size: int = 0  # clients sampled per round, m (0: not known)
+    aggregator: Aggregator = Aggregator()  # how trained models are combined ([aggregation])
 
     @property
     def training_clients(self) -> list[int]:
@@ -97,6 +99,13 @@ class Algorithm:
         c = self.ctx
         return Train(client, weights, c.epochs, c.batch_size, c.lr,
                      task_seed(c.seed, round_, client, purpose), prox_center, prox_weight)
+
+    def aggregate(self, results: list[Trained], start: torch.Tensor | list[torch.Tensor], weights=None) -> torch.Tensor:
+        """The trained models combined by the run's rule (``[aggregation]``; by default the mean
+        weighted by ``weights``, else by the samples that trained each); ``start`` is the model
+        they were trained from (one, or one per result)."""
+        w = [r.n_samples for r in results] if weights is None else weights
+        return self.ctx.aggregator([r.weights for r in results], w, start)
 
     def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
         """One communication round with the sampled clients; returns diagnostics to log."""

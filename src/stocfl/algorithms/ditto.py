@@ -9,7 +9,6 @@ from pydantic import ConfigDict, Field
 
 from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks
 from stocfl.store import ClientStore
-from stocfl.tasks import average
 
 
 class DittoParams(Params):
@@ -44,7 +43,7 @@ class Ditto(Algorithm):
             tasks.append(self.local_training(round_, i, v, prox_center=self.w, prox_weight=self.params.lam))
         results = run(tasks)
         ws, vs = results[0::2], results[1::2]
-        self.w = average(ws)
+        self.w = self.aggregate(ws, self.w)
         self.personal.write({i: r.weights for i, r in zip(sampled, vs)})
         return {}
 

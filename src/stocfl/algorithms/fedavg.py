@@ -7,7 +7,6 @@ from typing import Any
 import torch
 
 from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks
-from stocfl.tasks import average
 
 
 class FedAvg(Algorithm):
@@ -28,7 +27,7 @@ class FedAvg(Algorithm):
 
     def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
         results = run([self.local_task(round_, i) for i in sampled])
-        self.w = average(results)
+        self.w = self.aggregate(results, self.w)
         return {}
 
     def global_model(self) -> torch.Tensor:

@@ -73,10 +73,10 @@ class FeSEM(Algorithm):
         mu = 2 * self.params.lam  # tasks carry (mu/2)||.||^2
         results = run([self.local_training(round_, i, self.centers[k], prox_center=self.centers[k], prox_weight=mu)
                        for i, k in zip(sampled, assign)])
-        fresh = torch.stack([r.weights for r in results])
         for k in range(len(self.centers)):
-            if (assign == k).any():
-                self.centers[k] = fresh[torch.from_numpy(assign == k)].double().mean(0).float()
+            mine = [r for r, a in zip(results, assign) if a == k]
+            if mine:
+                self.centers[k] = self.aggregate(mine, self.centers[k], [1.0] * len(mine))
         self.labels[sampled] = assign
         self.local.write({i: r.weights for i, r in zip(sampled, results)})
         return {"assigned": np.bincount(assign, minlength=len(self.centers)).tolist()}

@@ -9,7 +9,7 @@ import torch
 from pydantic import Field, model_validator
 
 from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks, place_by_lowest_loss
-from stocfl.tasks import Train, average, task_seed, without_dropped
+from stocfl.tasks import Train, task_seed, without_dropped
 
 
 # The distance threshold that cuts the tree when none is given, per metric. l2: the paper's 3.0
@@ -78,7 +78,7 @@ class FLHC(Algorithm):
     def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
         if round_ <= self.params.warmup_rounds:
             results = run([self.local_training(round_, i, self.w) for i in sampled])
-            self.w = average(results)
+            self.w = self.aggregate(results, self.w)
             return {}
         if not self.models:
             return self.cluster(round_, run)
@@ -89,7 +89,7 @@ class FLHC(Algorithm):
         for c in self.models:
             mine = [r for i, r in zip(sampled, results) if self.labels[i] == c]
             if mine:
-                self.models[c] = average(mine)
+                self.models[c] = self.aggregate(mine, self.models[c])
         return {}
 
     def cluster(self, round_: int, run: RunTasks) -> dict[str, Any]:

@@ -10,7 +10,6 @@ from pydantic import Field
 
 from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks, lowest_train_loss, place_by_lowest_loss
 from stocfl.errors import UserError
-from stocfl.tasks import average
 
 
 class IFCAParams(Params):
@@ -50,13 +49,14 @@ class IFCA(Algorithm):
     def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
         chosen = self.choose(sampled, run)
         self.choice[sampled] = chosen
-        results = run([self.local_training(round_, i, self.models[k]) for i, k in zip(sampled, chosen)])
+        starts = [self.models[k] for k in chosen]
+        results = run([self.local_training(round_, i, w) for i, w in zip(sampled, starts)])
         for k in range(len(self.models)):
             mine = [r for r, c in zip(results, chosen) if c == k]
             if mine:
-                self.models[k] = average(mine)
+                self.models[k] = self.aggregate(mine, self.models[k])
         if self.params.share_layers:
-            shared = average(results)
+            shared = self.aggregate(results, starts)
             body = len(shared) - self.ctx.last_layer
             for w in self.models:
                 w[:body] = shared[:body]

@@ -33,7 +33,7 @@ from pydantic import ConfigDict, Field, field_validator
 from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks
 from stocfl.clustering import ClusterSet, valid_representation
 from stocfl.models import linear_anchor_weights
-from stocfl.tasks import Represent, Represented, average, count_sketch, task_seed, weighted_mean
+from stocfl.tasks import Represent, Represented, count_sketch, task_seed, weighted_mean
 
 log = logging.getLogger("stocfl")
 PLOT_DIM = 1024  # per-client vectors kept for plots are sketched to at most this many numbers
@@ -183,11 +183,11 @@ class StoCFL(Algorithm):
         results = run(tasks)
         thetas, ws = results[: len(members)], results[len(members):]
         if ws:
-            self.w = average(ws)
+            self.w = self.aggregate(ws, self.w)
         for k in start:
             mine = [r for i, r in zip(members, thetas) if labels[i] == k]
             weights = [r.n_samples for r in mine] if self.params.weighting == "samples" else [1.0] * len(mine)
-            self.theta[k] = weighted_mean([r.weights for r in mine], weights)
+            self.theta[k] = self.aggregate(mine, start[k], weights)
             self.trained[k] = self.trained.get(k, 0.0) + float(sum(r.n_samples for r in mine))
         out = {"objective": self.clusters.objective(), "merges": merges, "new_clients": len(accepted),
                "rejected_representations": len(rejected), "tau": self.tau}

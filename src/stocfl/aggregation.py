@@ -1,0 +1,106 @@
+"""How the server combines the models its clients trained: the plain weighted mean (FedAvg's
+rule) or a robust rule that bounds what one client can do to the result.
+
+* ``mean``: sum_i |D_i| w_i / sum_i |D_i|.
+* ``clip``: each update d_i = w_i - w_start is scaled down to norm at most C, then
+  w_start + the weighted mean of the clipped updates (C = ``clip_norm``, or with 0 the median
+  update norm of this aggregation, so that one client cannot set it).
+* ``median``: the coordinate-wise median of the w_i (Yin et al., 2018), unweighted.
+* ``trimmed_mean``: per coordinate, the floor(trim * n) largest and smallest values are
+  dropped and the rest averaged (Yin et al., 2018), unweighted; with too few clients to trim
+  anything it is the plain mean.
+
+A client that sends weights far from everyone else's moves ``clip`` by at most C * its weight
+share, and ``median`` or ``trimmed_mean`` not beyond the range of the honest values as long as
+fewer than half (a trim fraction) of the clients are crafted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import numpy as np
+import torch
+
+Rule = Literal["mean", "clip", "median", "trimmed_mean"]
+RULES: tuple[str, ...] = ("mean", "clip", "median", "trimmed_mean")
+
+
+def weighted_mean(vectors: list[torch.Tensor], weights) -> torch.Tensor:
+    """sum_i a_i v_i / sum_i a_i, accumulated in float64 for stability, returned as float32."""
+    a = torch.as_tensor(np.asarray(weights, dtype=np.float64))
+    if a.sum() <= 0:
+        raise ValueError("weighted_mean needs a positive total weight")
+    acc = torch.zeros_like(vectors[0], dtype=torch.float64)
+    for v, ai in zip(vectors, a):
+        acc.add_(v.double(), alpha=float(ai))
+    return (acc / a.sum()).float()
+
+
+BLOCK = 1 << 22  # numbers per coordinate block of the coordinate-wise rules (memory stays O(BLOCK))
+
+
+def _median(x: torch.Tensor) -> torch.Tensor:
+    """The median along dim 0: the middle value, or the mean of the two middle values."""
+    s, n = x.sort(dim=0).values, len(x)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def clipped_mean(vectors: list[torch.Tensor], weights, starts: list[torch.Tensor], clip_norm: float = 0.0
+                 ) -> torch.Tensor:
+    """The weighted mean of start_i + d_i * min(1, C / ||d_i||), d_i = v_i - start_i."""
+    norms = torch.stack([(v.double() - s.double()).norm() for v, s in zip(vectors, starts)])
+    c = clip_norm if clip_norm > 0 else float(_median(norms))
+    scale = [min(1.0, c / float(n)) if n > 0 else 1.0 for n in norms]
+    a = np.asarray(weights, dtype=np.float64)
+    if a.sum() <= 0:
+        raise ValueError("clipped_mean needs a positive total weight")
+    acc = torch.zeros_like(vectors[0], dtype=torch.float64)
+    for v, s, ai, si in zip(vectors, starts, a, scale):
+        acc.add_(s.double(), alpha=float(ai)).add_(v.double() - s.double(), alpha=float(ai) * si)
+    return (acc / a.sum()).float()
+
+
+def _by_blocks(vectors: list[torch.Tensor], f) -> torch.Tensor:
+    """``f`` applied to (n, block) float64 slices of the stacked vectors, block by block."""
+    out = torch.empty(vectors[0].numel(), dtype=torch.float32)
+    step = max(1, BLOCK // len(vectors))
+    for a in range(0, len(out), step):
+        out[a: a + step] = f(torch.stack([v[a: a + step].double() for v in vectors])).float()
+    return out
+
+
+def coordinate_median(vectors: list[torch.Tensor]) -> torch.Tensor:
+    return _by_blocks(vectors, _median)
+
+
+def trimmed_mean(vectors: list[torch.Tensor], trim: float) -> torch.Tensor:
+    n = len(vectors)
+    k = int(np.floor(trim * n))
+    return _by_blocks(vectors, lambda x: x.sort(dim=0).values[k: n - k].mean(0))
+
+
+@dataclass(frozen=True)
+class Aggregator:
+    """The server's rule for combining trained models (``[aggregation]`` in the config)."""
+
+    rule: Rule = "mean"
+    clip_norm: float = 0.0
+    trim: float = 0.1
+
+    def __call__(self, vectors: Sequence[torch.Tensor], weights, start: torch.Tensor | Sequence[torch.Tensor]
+                 ) -> torch.Tensor:
+        """Combine ``vectors`` (trained from ``start``: one model, or one per vector) with
+        weights ``weights`` (|D_i|, or ones); ``median`` and ``trimmed_mean`` ignore the weights."""
+        vectors = list(vectors)
+        if not vectors:
+            raise ValueError("nothing to aggregate")
+        if self.rule == "mean":
+            return weighted_mean(vectors, weights)
+        if self.rule == "clip":
+            starts = [start] * len(vectors) if isinstance(start, torch.Tensor) else list(start)
+            return clipped_mean(vectors, weights, starts, self.clip_norm)
+        if self.rule == "median":
+            return coordinate_median(vectors)
+        return trimmed_mean(vectors, self.trim)
