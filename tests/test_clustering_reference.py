@@ -27,6 +27,8 @@ class Reference:
         self.clusters: dict[int, list[int]] = {}
         self.next_id = 0
         self.n = n
+        self.blocked: set[tuple[int, int]] = set()  # pairs the merge check refused, until either changes
+        self.last_tau: float | None = None
 
     def add(self, client: int, psi: torch.Tensor) -> None:
         self.psi[client] = psi.double()
@@ -39,18 +41,55 @@ class Reference:
             s = s + self.psi[i]
         return s / s.norm() if s.norm() > 0 else s
 
-    def merge(self, tau: float) -> int:
+    def total(self, members) -> torch.Tensor:
+        s = torch.zeros_like(next(iter(self.psi.values())))
+        for i in members:
+            s = s + self.psi[i]
+        return s
+
+    def cos(self, ma, mb) -> float:
+        a, b = self.total(ma), self.total(mb)
+        return float(a @ b / (a.norm() * b.norm())) if a.norm() > 0 and b.norm() > 0 else -2.0
+
+    def leave_out_cosine(self, a: int, b: int, fraction: float) -> float:
+        """Each member's removal tried on its own, then the r most influential removed at once."""
+        side = {i: 0 for i in self.clusters[a]} | {i: 1 for i in self.clusters[b]}
+        r = max(1, int(fraction * len(side)))
+        ranked = []
+        for i, sd in side.items():
+            own = self.clusters[a] if sd == 0 else self.clusters[b]
+            if len(own) > 1:
+                rest = [j for j in own if j != i]
+                ranked.append((self.cos(rest, self.clusters[b]) if sd == 0 else self.cos(self.clusters[a], rest), i))
+        gone: list[int] = []
+        for _, i in sorted(ranked):
+            own = self.clusters[a] if side[i] == 0 else self.clusters[b]
+            if len(gone) < r and sum(side[j] == side[i] for j in gone) < len(own) - 1:
+                gone.append(i)
+        return self.cos([i for i in self.clusters[a] if i not in gone], [i for i in self.clusters[b] if i not in gone])
+
+    def merge(self, tau: float, leave_out: float = 0.0) -> int:
+        if tau != self.last_tau:
+            self.blocked.clear()
+        self.last_tau = tau
         merges = 0
         while len(self.clusters) > 1:
             ids = sorted(self.clusters)
             cent = {c: self.centroid(c) for c in ids}
-            cos = {(a, b): float(torch.dot(cent[a], cent[b])) for ia, a in enumerate(ids) for b in ids[ia + 1:]}
+            cos = {(a, b): float(torch.dot(cent[a], cent[b])) for ia, a in enumerate(ids) for b in ids[ia + 1:]
+                   if (a, b) not in self.blocked}
+            if not cos:
+                break
             top = max(cos.values())
             if not top > tau + EPS:
                 break
             floor = max(top - EPS, tau + EPS)
             a, b = min(p for p, c in cos.items() if c >= floor and c > tau + EPS)
+            if leave_out > 0 and not self.leave_out_cosine(a, b, leave_out) > tau + EPS:
+                self.blocked.add((a, b))
+                continue
             self.clusters[a] += self.clusters.pop(b)
+            self.blocked = {p for p in self.blocked if a not in p and b not in p}
             merges += 1
         return merges
 
@@ -133,25 +172,26 @@ def _check_round(cs: ClusterSet, ref: Reference, merges: int, ref_merges: int, t
         assert cs.counts_[c] == len(ref.clusters[c]) == len(cs.members_[c])
 
 
-def replay(case, reload_between_rounds=False):
+def replay(case, reload_between_rounds=False, leave_out=0.0):
     """Both implementations through the case's rounds; yields after each round (the
     incremental set, the reference, both merge counts, tau, and the incremental (keep, gone)
     pairs). Odd clients send float32 representations, as clients do; even ones float64."""
     psis, batches, taus = case
     n = len(psis)
-    cs, ref = ClusterSet(n), Reference(n)
+    cs, ref = ClusterSet(n, keep_vectors=leave_out > 0), Reference(n)
     for batch, tau in zip(batches, taus):
         if reload_between_rounds:  # the checkpoint's round trip between rounds
             tensors, meta = cs.state()
-            cs = ClusterSet(n)
+            cs = ClusterSet(n, keep_vectors=leave_out > 0)
             cs.load_state(tensors, meta)
         sent = {i: psis[i].float() if i % 2 else psis[i] for i in batch}
         new = [cs.add(i, sent[i]) for i in batch]
         for i in batch:
             ref.add(i, sent[i])
         merged: list[tuple[int, int]] = []
-        merges = cs.merge_greedy(new, tau, on_merge=lambda keep, gone: merged.append((keep, gone)))
-        yield cs, ref, merges, ref.merge(tau), tau, merged
+        merges = cs.merge_greedy(new, tau, on_merge=lambda keep, gone: merged.append((keep, gone)),
+                                 leave_out=leave_out)
+        yield cs, ref, merges, ref.merge(tau, leave_out), tau, merged
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
@@ -160,6 +200,18 @@ def test_incremental_clustering_equals_brute_force(case, reload_between_rounds):
     for cs, ref, merges, ref_merges, tau, merged in replay(case, reload_between_rounds):
         _check_round(cs, ref, merges, ref_merges, tau)
         assert all(keep < gone for keep, gone in merged), "the older cluster id is kept"
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(scenarios(), st.booleans(), st.sampled_from([0.01, 0.1, 0.25, 0.45]))
+def test_merge_check_equals_brute_force(case, reload_between_rounds, leave_out):
+    """The merge check (leave out the most influential members) and its blocked pairs, against
+    a reference that recomputes every leave-one-out centroid from the members' vectors."""
+    for cs, ref, merges, ref_merges, tau, merged in replay(case, reload_between_rounds, leave_out):
+        assert np.array_equal(cs.labels_, ref.labels()), (cs.labels_, ref.labels())
+        assert merges == ref_merges and cs.refused >= 0
+        for c in cs.ids:
+            assert cs.counts_[c] == len(ref.clusters[c]) == len(cs.members_[c])
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)

@@ -57,7 +57,7 @@ def test_shards_within_a_group_are_disjoint():
 def test_more_than_the_data_is_an_error():
     with pytest.raises(UserError, match=r"needs 100 clients x 30 = 3000 train samples but has 1347"):
         build("rotated", DIGITS, 400, 30)
-    with pytest.raises(UserError, match="cannot fill 4 groups"):
+    with pytest.raises(UserError, match="scenario.n_clients = 3 cannot fill the 4 groups"):
         build("pathological", DIGITS, 3, 10)
     with pytest.raises(UserError, match="needs a data set with writers"):
         build("writers", DIGITS, 3, 10)

@@ -260,3 +260,51 @@ def test_groups_found_on_digits_with_defaults(tmp_path, scenario, per_client):
     assert s["ari"] >= 0.99 and s["accuracy"] > s["global_accuracy"], s
     for name in ("accuracy.png", "similarity.png", "embedding.png", "clusters.csv"):
         assert (tmp_path / scenario / name).stat().st_size > 50
+
+
+def _least_bridge(groups, leave_out, craft, limit=256):
+    """The least number of crafted Psi (sent together after the honest clients) that puts the
+    two honest groups in one cluster (bisection; None: not within ``limit``)."""
+    n = len(groups[0]) + len(groups[1])
+    honest = ClusterSet(n + limit, keep_vectors=leave_out > 0)
+    honest.merge_greedy([honest.add(i, v) for i, v in enumerate(groups[0] + groups[1])], 0.5, leave_out=leave_out)
+    assert len(honest) == 2, "the honest clients form their two groups"
+
+    def bridged(k):
+        cs = ClusterSet(n + limit, keep_vectors=leave_out > 0)
+        cs.load_state(*honest.state())
+        cs.merge_greedy([cs.add(n + j, craft) for j in range(k)], 0.5, leave_out=leave_out)
+        return len(set(cs.labels_[:n].tolist())) == 1
+
+    if not bridged(limit):
+        return None
+    lo, hi = 0, limit
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if bridged(mid) else (mid, hi)
+    assert not bridged(hi - 1)
+    return hi
+
+
+def test_merge_check_makes_bridging_two_groups_cost_more_crafted_representations():
+    g = torch.Generator().manual_seed(0)
+    e = torch.eye(40, dtype=torch.float64)
+    groups = [[e[a] + 0.12 * torch.randn(40, generator=g, dtype=torch.float64) for _ in range(20)] for a in (0, 1)]
+    units = [torch.stack(grp).sum(0) for grp in groups]
+    units = [u / u.norm() for u in units]
+    craft = (units[0] + units[1]) / (units[0] + units[1]).norm()  # an attacker who knows both centroids
+    plain = _least_bridge(groups, 0.0, craft)
+    checked = _least_bridge(groups, 0.2, craft)
+    assert plain is not None and checked is not None and checked > plain + 4, (plain, checked)
+
+
+def test_merge_check_runs_in_stocfl_checkpoints_and_logs_refusals():
+    alg = _run(StoCFL(StoCFLParams(tau=0.3, leave_out=0.2), CTX))
+    tensors, meta = alg.state()
+    assert tensors["member_vectors"].shape[0] == len(meta["vector_clients"]) == int((alg.cluster_labels() >= 0).sum())
+    fresh = StoCFL(StoCFLParams(tau=0.3, leave_out=0.2), CTX)
+    fresh.load_state(tensors, meta)
+    ex = SequentialExecutor(FED, MODEL)
+    a, b = alg.round(4, [4, 6, 8, 10], ex.run), fresh.round(4, [4, 6, 8, 10], ex.run)
+    assert a == b and "merges_refused" in a
+    assert np.array_equal(fresh.cluster_labels(), alg.cluster_labels()) and torch.equal(fresh.w, alg.w)

@@ -16,24 +16,30 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"stocfl: error: {message} (see stocfl {self.prog.split()[-1]} --help)\n")
 
 
+def _path(text: str) -> str:
+    if "\x00" in text or not text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a usable path")
+    return text
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="stocfl", description="Clustered federated learning: StoCFL and its baselines.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = sub.add_parser("run", help="run an experiment from a TOML config",
                          description="Run an experiment. Every config key, its default and meaning: 'stocfl config'.")
-    run.add_argument("config", nargs="?", help="TOML config (sections [run] [scenario] [model] [train] [algorithm])")
+    run.add_argument("config", nargs="?", type=_path, help="TOML config (sections [run] [scenario] [model] [train] [algorithm])")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override a config key, e.g. --set run.rounds=5 (repeatable)")
-    run.add_argument("--out", help="results directory (default: runs/<scenario>-<algorithm>-<time>)")
-    run.add_argument("--data-dir", help="directory of the data sets (default: $STOCFL_DATA_DIR)")
+    run.add_argument("--out", type=_path, help="results directory (default: runs/<scenario>-<algorithm>-<time>)")
+    run.add_argument("--data-dir", type=_path, help="directory of the data sets (default: $STOCFL_DATA_DIR)")
     run.add_argument("--engine", choices=("local", "auto", "sequential", "batched", "flower-sim"),
                      help="shortcut for --set run.engine=...; local = auto (in-process)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
 
     res = sub.add_parser("resume", help="continue a run that was stopped or killed")
-    res.add_argument("dir", help="results directory of the run")
-    res.add_argument("--data-dir", help="directory of the data sets, if it moved")
+    res.add_argument("dir", type=_path, help="results directory of the run")
+    res.add_argument("--data-dir", type=_path, help="directory of the data sets, if it moved")
     res.add_argument("--quiet", action="store_true", help="no progress bar")
 
     sub.add_parser("config", help="list every config key with its default and meaning")
@@ -42,21 +48,21 @@ def _parser() -> argparse.ArgumentParser:
                          description="Place clients on a saved run: by default its held-out clients "
                          "(scenario.holdout); with --set scenario.KEY=VALUE or --set run.seed=N, the clients of a "
                          "new federation built from the run's scenario so changed.")
-    new.add_argument("dir", help="results directory of the run")
+    new.add_argument("dir", type=_path, help="results directory of the run")
     new.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="build new clients: scenario.* keys or run.seed")
     new.add_argument("--clients", help="comma-separated client ids (default: all held-out / all new)")
-    new.add_argument("--data-dir", help="directory of the data sets")
-    new.add_argument("--out", help="CSV of the placements (default: DIR/new_clients.csv)")
+    new.add_argument("--data-dir", type=_path, help="directory of the data sets")
+    new.add_argument("--out", type=_path, help="CSV of the placements (default: DIR/new_clients.csv)")
 
     cmp_ = sub.add_parser("compare", help="several algorithms x seeds on one scenario: one table and one plot")
-    cmp_.add_argument("config", nargs="?", help="TOML config of the scenario, model and training")
+    cmp_.add_argument("config", nargs="?", type=_path, help="TOML config of the scenario, model and training")
     cmp_.add_argument("--algo", action="append", required=True, metavar="'NAME [key=value ...]'",
                       help="an algorithm and its parameters, e.g. --algo fedavg --algo 'ifca n_models=2' (repeatable)")
     cmp_.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     cmp_.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    cmp_.add_argument("--out", default="runs/compare", help="directory of the runs and the table")
-    cmp_.add_argument("--data-dir", help="directory of the data sets")
+    cmp_.add_argument("--out", type=_path, default="runs/compare", help="directory of the runs and the table")
+    cmp_.add_argument("--data-dir", type=_path, help="directory of the data sets")
     cmp_.add_argument("--quiet", action="store_true", help="no progress bars")
 
     certs = sub.add_parser("certs", help="certificates for a Flower deployment in secure mode (TLS)",
@@ -64,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
                            "SuperLink certificate it signed. SuperLink: --ssl-ca-certfile ca.crt --ssl-certfile "
                            "server.pem --ssl-keyfile server.key; SuperNodes: --root-certificates ca.crt; flwr: "
                            "root-certificates = \"ca.crt\" in $FLWR_HOME/config.toml.")
-    certs.add_argument("dir", help="directory to write the files into")
+    certs.add_argument("dir", type=_path, help="directory to write the files into")
     certs.add_argument("--host", action="append", metavar="NAME_OR_IP",
                        help="a name or IP address the SuperNodes use to reach the SuperLink (repeatable; "
                        "default: 127.0.0.1 and localhost)")
@@ -72,8 +78,8 @@ def _parser() -> argparse.ArgumentParser:
     certs.add_argument("--overwrite", action="store_true", help="replace existing files (a new CA)")
 
     bench = sub.add_parser("bench", help="time one round on each executor; prints JSON")
-    bench.add_argument("--data-dir", help="MNIST for the paper's case (default: $STOCFL_DATA_DIR, else ../shared/data)")
-    bench.add_argument("--out", help="also write the JSON here")
+    bench.add_argument("--data-dir", type=_path, help="MNIST for the paper's case (default: $STOCFL_DATA_DIR, else ../shared/data)")
+    bench.add_argument("--out", type=_path, help="also write the JSON here")
     bench.add_argument("--quick", action="store_true", help="smaller cases (a smoke test of the benchmark)")
     return p
 
@@ -190,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
             return bench_main(args)
     except UserError as err:
         print(f"stocfl: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a path that cannot be made, read or written (the run's finished rounds stay on disk)
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"stocfl: error: {where}{err.strerror or err}; check the path and its permissions", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into e.g. head: the run itself is complete on disk
         import os

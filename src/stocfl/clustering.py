@@ -20,6 +20,14 @@ dirty, so rows are added as needed. A round costs O((newcomers + merges) * K * d
 independent of the number of clients N. A call with another tau than the last one treats
 every cluster as dirty. ``tests/test_clustering_reference.py`` checks all of this against a
 brute-force recomputation on generated inputs.
+
+The optional merge check (``leave_out``, a defence against crafted representations): a pair
+that passes tau merges only if it still passes with the r = max(1, floor(leave_out * (|P| +
+|Q|))) members left out whose individual removal lowers the pair's cosine most (ties: the
+smaller client id), each cluster keeping at least one member. A few crafted Psi placed between
+two true clusters then no longer carry them together: the crafted ones are the most
+influential members and are left out. A refused pair stays apart until one of its clusters
+changes. The check needs every member's Psi, so the set then keeps one vector per client.
 """
 
 from __future__ import annotations
@@ -50,8 +58,11 @@ class ClusterSet:
         The tau of the last ``merge_greedy`` call (every pair is at or below it + EPS).
     """
 
-    def __init__(self, n_clients: int):
+    def __init__(self, n_clients: int, keep_vectors: bool = False):
         self.labels_ = np.full(n_clients, -1, dtype=np.int64)
+        self.keep_vectors = keep_vectors
+        self.vectors_: dict[int, torch.Tensor] = {}  # client -> Psi (only with keep_vectors)
+        self.refused = 0  # merges refused by the last merge_greedy's check
         self.sums_: dict[int, torch.Tensor] = {}
         self.counts_: dict[int, int] = {}
         self.members_: dict[int, list[int]] = {}
@@ -85,6 +96,8 @@ class ClusterSet:
         self.counts_[cid] = 1
         self.members_[cid] = [client]
         self.labels_[client] = cid
+        if self.keep_vectors:
+            self.vectors_[client] = psi.detach().clone()
         return cid
 
     def similarities(self, psi: torch.Tensor) -> tuple[list[int], torch.Tensor]:
@@ -110,14 +123,46 @@ class ClusterSet:
         self.labels_[moved] = keep
         self.members_[keep] += moved
 
+    def leave_out_cosine(self, a: int, b: int, fraction: float) -> float:
+        """The cosine of clusters ``a`` and ``b`` with their most influential members left out
+        (see the module docstring); needs ``keep_vectors``."""
+        sums = (self.sums_[a], self.sums_[b])
+        members = (self.members_[a], self.members_[b])
+        r = max(1, int(fraction * (len(members[0]) + len(members[1]))))
+        ranked = []  # (cosine without the member, client, side)
+        for side in (0, 1):
+            own, other = sums[side], sums[1 - side]
+            if len(members[side]) < 2:
+                continue
+            rest = own[None, :] - torch.stack([self.vectors_[i].double() for i in members[side]])
+            cos = (rest @ other) / (rest.norm(dim=1) * other.norm())
+            cos = torch.nan_to_num(cos, nan=-2.0)  # a side that sums to zero without it: no direction left
+            ranked += [(float(c), i, side) for c, i in zip(cos, members[side])]
+        ranked.sort()
+        left = [sums[0].clone(), sums[1].clone()]
+        room = [len(members[0]) - 1, len(members[1]) - 1]
+        for _, i, side in ranked:
+            if r == 0:
+                break
+            if room[side]:
+                left[side] -= self.vectors_[i].double()
+                room[side] -= 1
+                r -= 1
+        na, nb = left[0].norm(), left[1].norm()
+        return float(left[0] @ left[1] / (na * nb)) if na > 0 and nb > 0 else -2.0
+
     def merge_greedy(self, dirty: list[int], tau: float, on_merge: Callable[[int, int], None] | None = None,
-                     heights: list[float] | None = None) -> int:
+                     heights: list[float] | None = None, leave_out: float = 0.0) -> int:
         """Merge the most similar pair while its cosine exceeds ``tau`` (see the module
         docstring for ties and resolution); returns the number of merges.
 
         ``dirty``: clusters changed since the last call (newcomers). ``on_merge(keep, gone)`` is
         called before cluster ``gone`` is folded into ``keep`` (the older id); the cosine of
-        every merge is appended to ``heights`` when given."""
+        every merge is appended to ``heights`` when given. ``leave_out`` > 0: the merge check
+        (module docstring); ``refused`` counts the pairs it kept apart."""
+        if leave_out > 0 and not self.keep_vectors:
+            raise ValueError("the merge check needs ClusterSet(keep_vectors=True)")
+        self.refused = 0
         ids = self.ids
         if self.merged_at is None or tau != self.merged_at:
             dirty = ids  # the invariant of the last call does not hold for this tau
@@ -133,6 +178,10 @@ class ClusterSet:
             if pair is None:
                 return merges
             keep, gone, cos = pair
+            if leave_out > 0 and not self.leave_out_cosine(keep, gone, leave_out) > tau + EPS:
+                rows.block(slot[keep], slot[gone])
+                self.refused += 1
+                continue
             if on_merge is not None:
                 on_merge(keep, gone)
             if heights is not None:
@@ -155,8 +204,12 @@ class ClusterSet:
     def state(self) -> tuple[dict[str, torch.Tensor], dict]:
         ids = self.ids
         tensors = {"cluster_sums": torch.stack([self.sums_[c] for c in ids])} if ids else {}
+        clients = sorted(self.vectors_)
+        if clients:
+            dtype = torch.float64 if any(v.dtype == torch.float64 for v in self.vectors_.values()) else torch.float32
+            tensors["member_vectors"] = torch.stack([self.vectors_[i].to(dtype) for i in clients])
         return tensors, {"ids": ids, "counts": [self.counts_[c] for c in ids], "next_id": self.next_id,
-                         "labels": self.labels_.tolist(), "merged_at": self.merged_at}
+                         "labels": self.labels_.tolist(), "merged_at": self.merged_at, "vector_clients": clients}
 
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         ids = meta["ids"]
@@ -166,6 +219,8 @@ class ClusterSet:
         self.labels_ = np.asarray(meta["labels"], dtype=np.int64)
         self.members_ = {c: np.flatnonzero(self.labels_ == c).tolist() for c in ids}
         self.merged_at = meta.get("merged_at")
+        clients = meta.get("vector_clients", [])
+        self.vectors_ = {i: tensors["member_vectors"][k].clone() for k, i in enumerate(clients)}
 
 
 class _Rows:
@@ -224,6 +279,14 @@ class _Rows:
         lo, hi = torch.minimum(a, b), torch.maximum(a, b)
         j = int(torch.argmin(lo * (max(ids) + 1) + hi))
         return int(lo[j]), int(hi[j]), float(sub[j, col[j]])
+
+    def block(self, sa: int, sb: int) -> None:
+        """The pair in slots ``sa`` and ``sb`` may not merge (until one of them changes)."""
+        for s, other in ((sa, sb), (sb, sa)):
+            r = int(self.slot_row[s])
+            if r >= 0:
+                self.sims[r, other] = -np.inf
+                self.best[r], self.arg[r] = self.sims[r].max(dim=0)
 
     def merged(self, ks: int, gs: int, unit_keep: torch.Tensor) -> None:
         """Cluster in slot ``gs`` was folded into slot ``ks`` (new unit vector ``unit_keep``)."""

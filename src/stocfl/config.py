@@ -11,9 +11,10 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from stocfl.aggregation import RULES
+from stocfl.bounds import MAX_COUNT, MAX_EPOCHS, MAX_HIDDEN, MAX_LR, MAX_WEIGHT
 from stocfl.errors import UserError
 
 SCENARIOS = (
@@ -31,32 +32,32 @@ DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "femnist")
 
 
 class Section(BaseModel):
-    """Strict: unknown keys are errors, a string is never read as a number."""
+    """Strict: unknown keys are errors, a string is never read as a number, no inf or NaN."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True, allow_inf_nan=False)
 
 
 class RunConfig(Section):
-    rounds: int = Field(20, ge=1, description="communication rounds T")
+    rounds: int = Field(20, ge=1, le=MAX_COUNT, description="communication rounds T")
     sample_rate: float = Field(
         0.1, gt=0, le=1, description="fraction of clients sampled per round; m = ceil(rate * N)"
     )
-    seed: int = Field(0, ge=0, description="seeds data split, model init, sampling and local SGD")
-    eval_every: int = Field(1, ge=1, description="evaluate all clients every k rounds (and at the end)")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="seeds data split, model init, sampling and local SGD")
+    eval_every: int = Field(1, ge=1, le=MAX_COUNT, description="evaluate all clients every k rounds (and at the end)")
     engine: Literal["auto", "sequential", "batched", "flower-sim"] = Field(
         "auto", description="executor of client tasks; auto picks sequential or batched by model and batch size; "
         "flower-sim sends them as Flower messages (simulation engine)"
     )
-    threads: int = Field(0, ge=0, description="torch threads; 0 = the free cores of this machine")
+    threads: int = Field(0, ge=0, le=1024, description="torch threads; 0 = the free cores of this machine")
     client_timeout: float = Field(
-        0.0, ge=0, description="Flower engines: seconds to wait for the replies to one task list; clients that "
+        0.0, ge=0, le=7 * 86400, description="Flower engines: seconds to wait for the replies to one task list; clients that "
         "miss it are dropped from the round (0 = wait without limit)"
     )
     chunk_size: int = Field(
-        0, ge=0, description="clients per batched computation (batched engine); 0 = from a memory budget"
+        0, ge=0, le=MAX_COUNT, description="clients per batched computation (batched engine); 0 = from a memory budget"
     )
     sim_nodes: int = Field(
-        0, ge=0, description="flower-sim: simulated SuperNodes, node i serving clients i, i+k, i+2k, ... "
+        0, ge=0, le=MAX_COUNT, description="flower-sim: simulated SuperNodes, node i serving clients i, i+k, i+2k, ... "
         "(one message per node and kind of task); 0 = one SuperNode per client"
     )
 
@@ -67,30 +68,38 @@ class ScenarioConfig(Section):
     data_dir: str = Field(
         "", description="directory of the data sets; empty = $STOCFL_DATA_DIR (digits needs none)"
     )
-    n_clients: int = Field(40, ge=1, description="number of clients N (writers: number of writers)")
+    n_clients: int = Field(40, ge=1, le=MAX_COUNT, description="number of clients N (writers: number of writers)")
     samples_per_client: int = Field(
-        30, ge=1, description="train samples per client |D| (dirichlet: the mean; writers: a cap)"
+        30, ge=1, le=MAX_COUNT, description="train samples per client |D| (dirichlet: the mean; writers: a cap)"
     )
     test_per_client: int = Field(
-        0, ge=0, description="test samples per client; 0 = an equal share of the group's test pool, at most |D|"
+        0, ge=0, le=MAX_COUNT, description="test samples per client; 0 = an equal share of the group's test pool, at most |D|"
     )
-    alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (dirichlet scenario)")
+    alpha: float = Field(0.5, ge=1e-3, le=1e6, description="Dirichlet concentration (dirichlet scenario)")
     holdout: float = Field(
         0.0, ge=0, lt=1, description="fraction of clients kept out of training and placed as new clients at the end"
     )
+
+
+    @field_validator("data_dir")
+    @classmethod
+    def _usable_path(cls, v):
+        if "\x00" in v:
+            raise ValueError("a path may not hold a NUL character")
+        return v
 
 
 class ModelConfig(Section):
     name: Literal["auto", "mlp", "cnn28", "cifar_cnn", "digits_mlp"] = Field(
         "auto", description="auto = digits_mlp on digits, mlp on 28x28 data, cifar_cnn on CIFAR-10"
     )
-    hidden: int = Field(200, ge=1, description="hidden width of the mlp (the paper's MNIST model: 2048)")
+    hidden: int = Field(200, ge=1, le=MAX_HIDDEN, description="hidden width of the mlp (the paper's MNIST model: 2048)")
 
 
 class TrainConfig(Section):
-    epochs: int = Field(1, ge=1, description="local epochs E")
-    batch_size: int = Field(10, ge=0, description="local batch size B; 0 = full batch")
-    lr: float = Field(0.05, gt=0, description="local SGD learning rate eta")
+    epochs: int = Field(1, ge=1, le=MAX_EPOCHS, description="local epochs E")
+    batch_size: int = Field(10, ge=0, le=MAX_COUNT, description="local batch size B; 0 = full batch")
+    lr: float = Field(0.05, gt=0, le=MAX_LR, description="local SGD learning rate eta")
 
 
 class AggregationConfig(Section):
@@ -99,8 +108,7 @@ class AggregationConfig(Section):
         "clipped to clip_norm, then the weighted mean), median or trimmed_mean (coordinate-wise, unweighted)"
     )
     clip_norm: float = Field(
-        0.0, ge=0, le=1e6, allow_inf_nan=False,
-        description="clip: largest update norm; 0 = the median update norm of each aggregation"
+        0.0, ge=0, le=MAX_WEIGHT, description="clip: largest update norm; 0 = the median update norm of each aggregation"
     )
     trim: float = Field(0.1, ge=0, lt=0.5, description="trimmed_mean: fraction of values dropped at each end")
 
@@ -157,7 +165,7 @@ def validate(raw: dict[str, Any]) -> Config:
 
     algo = dict(cfg.algorithm)
     name = algo.get("name", "fedavg")
-    if name not in ALGORITHMS:
+    if not isinstance(name, str) or name not in ALGORITHMS:
         raise UserError(f"config: algorithm.name: unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
     cfg.algorithm = {"name": name, **{k: v for k, v in algo.items() if k != "name"}}
     try:

@@ -149,7 +149,8 @@ def build(
     src = dataset if isinstance(dataset, Dataset) else load_dataset(dataset, data_dir)
     rng = np.random.default_rng(seed)
     if n_clients < 1 or samples_per_client < 1 or test_per_client < 0:
-        raise UserError("scenario: n_clients and samples_per_client must be >= 1, test_per_client >= 0")
+        raise UserError("config: scenario.n_clients and scenario.samples_per_client must be >= 1, "
+                        "scenario.test_per_client >= 0")
     if name == "writers":
         fed = _writers(src, n_clients, samples_per_client, test_per_client, rng)
     elif name == "dirichlet":
@@ -169,7 +170,7 @@ def _holdout(fed: Federation, fraction: float, rng: np.random.Generator) -> np.n
         members = rng.permutation(np.flatnonzero(groups == g))
         out[members[: int(round(fraction * len(members)))]] = True
     if out.all():
-        raise UserError(f"scenario.holdout = {fraction} leaves no client to train; lower it")
+        raise UserError(f"config: scenario.holdout = {fraction} leaves no client to train; lower it")
     return out
 
 
@@ -194,9 +195,9 @@ def _groups(name: str, src: Dataset, data_dir: str | None) -> list[_Group]:
         if src.name == "digits":
             return [_Group(src, name="digits"), _Group(src, image=lambda x: 1.0 - x, name="negative digits")]
         if src.name != "mnist":
-            raise UserError("scenario hybrid: dataset must be mnist (paired with fashion_mnist) or digits")
+            raise UserError("config: scenario.dataset: scenario hybrid needs mnist (paired with fashion_mnist) or digits")
         return [_Group(src, name="mnist"), _Group(load_dataset("fashion_mnist", data_dir), name="fashion_mnist")]
-    raise UserError(f"scenario: unknown name {name!r}")
+    raise UserError(f"config: scenario.name: unknown scenario {name!r}")
 
 
 def _pool(y: torch.Tensor, labels: tuple[int, ...] | None, rng: np.random.Generator) -> np.ndarray:
@@ -208,7 +209,8 @@ def _grouped(scenario, dataset, groups, n_clients, per_client, test_per_client, 
     counts = _split_counts(n_clients, len(groups))
     if min(counts) == 0:
         raise UserError(
-            f"scenario {scenario}: {n_clients} clients cannot fill {len(groups)} groups; use n_clients >= {len(groups)}"
+            f"config: scenario.n_clients = {n_clients} cannot fill the {len(groups)} groups of scenario {scenario}; "
+            f"use n_clients >= {len(groups)}"
         )
     xs_tr, ys_tr, xs_te, ys_te, sizes_te = [], [], [], [], []
     for g, (grp, n_g) in enumerate(zip(groups, counts)):
@@ -216,14 +218,16 @@ def _grouped(scenario, dataset, groups, n_clients, per_client, test_per_client, 
         need = n_g * per_client
         if need > len(tr):
             raise UserError(
-                f"scenario {scenario} on {grp.source.name}: group {g} ({grp.name}) needs {n_g} clients x "
+                f"config: scenario.n_clients x scenario.samples_per_client: scenario {scenario} on {grp.source.name}: group {g} "
+                f"({grp.name}) needs {n_g} clients x "
                 f"{per_client} = {need} train samples but has {len(tr)}; lower n_clients or samples_per_client"
                 + (f" ({grp.source.note})" if grp.source.note else "")
             )
         t = test_per_client or min(per_client, len(te) // n_g)
         if t == 0 or n_g * t > len(te):
             raise UserError(
-                f"scenario {scenario} on {grp.source.name}: group {g} ({grp.name}) has {len(te)} test samples, "
+                f"config: scenario.n_clients x scenario.test_per_client: scenario {scenario} on {grp.source.name}: group {g} "
+                f"({grp.name}) has {len(te)} test samples, "
                 f"too few for {n_g} clients x {max(t, 1)}; lower n_clients or test_per_client"
                 + (f" ({grp.source.note})" if grp.source.note else "")
             )
@@ -255,13 +259,15 @@ def _dirichlet(src, n_clients, per_client, test_per_client, alpha, rng) -> Feder
     total = n_clients * per_client
     if total > len(src.y_train):
         raise UserError(
-            f"scenario dirichlet on {src.name}: {n_clients} x {per_client} = {total} train samples, "
+            f"config: scenario.n_clients x scenario.samples_per_client: scenario dirichlet on {src.name}: "
+            f"{n_clients} x {per_client} = {total} train samples, "
             f"the data set has {len(src.y_train)}; lower n_clients or samples_per_client"
         )
     t = test_per_client or min(per_client, len(src.y_test) // n_clients)
     if t == 0 or n_clients * t > len(src.y_test):
         raise UserError(
-            f"scenario dirichlet on {src.name}: {len(src.y_test)} test samples are too few for {n_clients} clients"
+            f"config: scenario.n_clients: scenario dirichlet on {src.name}: {len(src.y_test)} test samples are too few "
+            f"for {n_clients} clients"
         )
     tr = rng.choice(len(src.y_train), total, replace=False)
     te = rng.choice(len(src.y_test), n_clients * t, replace=False)
@@ -271,7 +277,8 @@ def _dirichlet(src, n_clients, per_client, test_per_client, alpha, rng) -> Feder
         if min(len(p) for p in tr_parts) > 0:
             break
     else:
-        raise UserError(f"scenario dirichlet: alpha={alpha} leaves clients empty; raise alpha or samples_per_client")
+        raise UserError(f"config: scenario.alpha = {alpha} leaves dirichlet clients empty; raise scenario.alpha or "
+                        "scenario.samples_per_client")
     te_parts = _split_by_label(src.y_test.numpy()[te], te, q, n_clients)
     return _from_parts("dirichlet", src, tr_parts, te_parts, None, [f"alpha = {alpha}"])
 
@@ -300,11 +307,12 @@ def _from_parts(scenario, src, tr_parts, te_parts, groups, notes) -> Federation:
 
 def _writers(src, n_clients, cap, test_cap, rng) -> Federation:
     if src.writer_train is None:
-        raise UserError(f"scenario writers needs a data set with writers (femnist); {src.name} has none")
+        raise UserError(f"config: scenario.dataset: scenario writers needs a data set with writers (femnist); "
+                        f"{src.name} has none")
     have = np.intersect1d(np.unique(src.writer_train), np.unique(src.writer_test))
     if n_clients > len(have):
         raise UserError(
-            f"scenario writers: asked for {n_clients} writers, {src.name} has {len(have)} with train and test "
+            f"config: scenario.n_clients: asked for {n_clients} writers, {src.name} has {len(have)} with train and test "
             f"data ({src.note}); lower n_clients"
         )
     chosen = np.sort(rng.choice(have, n_clients, replace=False))

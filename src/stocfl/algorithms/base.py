@@ -16,6 +16,8 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from stocfl.aggregation import Aggregator
+from stocfl.bounds import MAX_MODEL_BYTES
+from stocfl.errors import UserError
 from stocfl.tasks import Evaluate, Result, Task, Train, Trained, task_seed
 
 RunTasks = Callable[[list[Task]], list[Result]]
@@ -24,7 +26,7 @@ RunTasks = Callable[[list[Task]], list[Result]]
 class Params(BaseModel):
     """Algorithm parameters: validated, strict, unknown keys rejected."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True, allow_inf_nan=False)
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,14 @@ class Context:
     def training_clients(self) -> list[int]:
         """The clients that take part in training: never a held-out one."""
         return list(range(self.n_clients)) if self.participants is None else list(self.participants)
+
+
+def check_models_fit(count: int, ctx: Context, key: str) -> None:
+    """``count`` models of the run's size must fit the server's model budget (``MAX_MODEL_BYTES``)."""
+    need = count * ctx.init_weights.numel() * 4
+    if need > MAX_MODEL_BYTES:
+        raise UserError(f"config: algorithm.{key} = {count}: {count} models of {ctx.init_weights.numel():,} parameters "
+                        f"need {need / 2**30:.1f} GiB, more than the {MAX_MODEL_BYTES / 2**30:.0f} GiB budget; lower it")
 
 
 def lowest_train_loss(clients: list[int], models: list[torch.Tensor], run: "RunTasks") -> list[int]:

@@ -8,14 +8,15 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from stocfl.bounds import MAX_COUNT, MAX_WEIGHT
 from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks, place_by_lowest_loss
 from stocfl.tasks import weighted_mean
 
 
 class CFLParams(Params):
-    eps1: float = Field(0.4, ge=0, description="split only if the norm of the MEAN update is below eps1")
-    eps2: float = Field(1.6, ge=0, description="... and the largest client update norm is above eps2")
-    warmup: int = Field(20, ge=0, description="rounds before any split")
+    eps1: float = Field(0.4, ge=0, le=MAX_WEIGHT, description="split only if the norm of the MEAN update is below eps1")
+    eps2: float = Field(1.6, ge=0, le=MAX_WEIGHT, description="... and the largest client update norm is above eps2")
+    warmup: int = Field(20, ge=0, le=MAX_COUNT, description="rounds before any split")
 
 
 def bipartition(updates: torch.Tensor) -> np.ndarray:

@@ -7,13 +7,14 @@ from typing import Any
 import torch
 from pydantic import ConfigDict, Field
 
+from stocfl.bounds import MAX_WEIGHT
 from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks
 from stocfl.store import ClientStore
 
 
 class DittoParams(Params):
     model_config = ConfigDict(populate_by_name=True)
-    lam: float = Field(0.1, ge=0, alias="lambda",
+    lam: float = Field(0.1, ge=0, le=MAX_WEIGHT, alias="lambda",
                        description="lambda: personal loss + (lambda/2)||v_i - w||^2")
 
 

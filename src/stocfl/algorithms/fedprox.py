@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from stocfl.bounds import MAX_WEIGHT
 from stocfl.algorithms.base import Params
 from stocfl.algorithms.fedavg import FedAvg
 
 
 class FedProxParams(Params):
-    mu: float = Field(0.01, ge=0, description="proximal weight mu: local loss + (mu/2)||w_i - w||^2")
+    mu: float = Field(0.01, ge=0, le=MAX_WEIGHT, description="proximal weight mu: local loss + (mu/2)||w_i - w||^2")
 
 
 class FedProx(FedAvg):

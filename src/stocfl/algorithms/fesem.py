@@ -8,16 +8,18 @@ import numpy as np
 import torch
 from pydantic import ConfigDict, Field
 
-from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks, lowest_train_loss, place_by_lowest_loss
+from stocfl.bounds import MAX_WEIGHT
+from stocfl.algorithms.base import (Algorithm, Context, Params, RunTasks, check_models_fit, lowest_train_loss,
+                                   place_by_lowest_loss)
 from stocfl.errors import UserError
 from stocfl.store import ClientStore
 
 
 class FeSEMParams(Params):
     model_config = ConfigDict(populate_by_name=True)
-    n_centers: int = Field(4, ge=1, description="K: number of centers")
-    lam: float = Field(0.1, ge=0, alias="lambda", description="lambda: local loss + lambda ||W_i - W~_k||^2")
-    restarts: int = Field(20, ge=1, description="K-means restarts for the initial centers")
+    n_centers: int = Field(4, ge=1, le=1000, description="K: number of centers")
+    lam: float = Field(0.1, ge=0, le=MAX_WEIGHT, alias="lambda", description="lambda: local loss + lambda ||W_i - W~_k||^2")
+    restarts: int = Field(20, ge=1, le=1000, description="K-means restarts for the initial centers")
 
 
 class FeSEM(Algorithm):
@@ -54,6 +56,7 @@ class FeSEM(Algorithm):
         if 0 < ctx.sample_size < params.n_centers:
             raise UserError(f"fesem: K = algorithm.n_centers = {params.n_centers} centers need at least K clients in "
                             f"round 1, but a round samples {ctx.sample_size}; raise run.sample_rate or lower n_centers")
+        check_models_fit(params.n_centers, ctx, "n_centers")
         self.local = ClientStore(ctx.n_clients, len(ctx.init_weights), ctx.workdir, "fesem_local")
         self.centers: torch.Tensor | None = None
         self.labels = np.full(ctx.n_clients, -1, dtype=np.int64)

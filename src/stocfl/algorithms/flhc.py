@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
+from stocfl.bounds import MAX_COUNT, MAX_EPOCHS
 from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks, place_by_lowest_loss
 from stocfl.tasks import Train, task_seed, without_dropped
 
@@ -26,14 +27,14 @@ DEFAULT_THRESHOLD = {"l1": 1830.0, "l2": 3.0, "cosine": 0.95}
 
 
 class FLHCParams(Params):
-    warmup_rounds: int = Field(10, ge=0, description="n: FedAvg rounds before the clustering step")
-    cluster_epochs: int = Field(3, ge=1, description="local epochs of every client at the clustering step")
+    warmup_rounds: int = Field(10, ge=0, le=MAX_COUNT, description="n: FedAvg rounds before the clustering step")
+    cluster_epochs: int = Field(3, ge=1, le=MAX_EPOCHS, description="local epochs of every client at the clustering step")
     metric: Literal["l1", "l2", "cosine"] = Field("l1", description="distance between client updates")
     linkage: Literal["single", "complete", "average", "ward"] = Field("complete", description="ward needs l2")
     distance_threshold: float = Field(
-        0.0, ge=0, description="cut the tree at this distance; 0 = the metric's default "
+        0.0, ge=0, le=1e12, description="cut the tree at this distance; 0 = the metric's default "
         f"({', '.join(f'{k} {v:g}' for k, v in DEFAULT_THRESHOLD.items())}) unless n_clusters is set")
-    n_clusters: int = Field(0, ge=0, description="cut the tree into this many clusters instead (0 = cut by distance)")
+    n_clusters: int = Field(0, ge=0, le=MAX_COUNT, description="cut the tree into this many clusters instead (0 = cut by distance)")
 
     @model_validator(mode="after")
     def _one_cut(self):

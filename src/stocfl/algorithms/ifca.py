@@ -8,12 +8,13 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks, lowest_train_loss, place_by_lowest_loss
+from stocfl.algorithms.base import (Algorithm, Context, Params, RunTasks, check_models_fit, lowest_train_loss,
+                                   place_by_lowest_loss)
 from stocfl.errors import UserError
 
 
 class IFCAParams(Params):
-    n_models: int = Field(4, ge=1, description="M: number of cluster models")
+    n_models: int = Field(4, ge=1, le=1000, description="M: number of cluster models")
     share_layers: bool = Field(
         False, description="average all but the output layer over every client (the IFCA paper's weight sharing)"
     )
@@ -39,6 +40,7 @@ class IFCA(Algorithm):
         super().__init__(params, ctx)
         if ctx.init_model is None:
             raise UserError("ifca needs Context.init_model (seed -> weights) to initialise its models independently")
+        check_models_fit(params.n_models, ctx, "n_models")
         self.models = [ctx.init_model(ctx.seed + 1 + m) for m in range(params.n_models)]
         self.choice = np.full(ctx.n_clients, -1, dtype=np.int64)  # latest choice of every client
 

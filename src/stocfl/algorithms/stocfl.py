@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from pydantic import ConfigDict, Field, field_validator
 
+from stocfl.bounds import MAX_COUNT, MAX_EPOCHS, MAX_LR, MAX_WEIGHT
 from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks
 from stocfl.clustering import ClusterSet, valid_representation
 from stocfl.models import linear_anchor_weights
@@ -45,7 +46,7 @@ class StoCFLParams(Params):
         0.5, description="merge threshold tau in [-1, 1]: merge while cos > tau; 'auto' = suggested from the first "
         f"{AUTO_TAU_MIN} or more representations (metrics: tau, tau_auto)"
     )
-    lam: float = Field(0.05, ge=0, alias="lambda",
+    lam: float = Field(0.05, ge=0, le=MAX_WEIGHT, alias="lambda",
                        description="lambda: weight of the proximal pull of cluster models toward w")
     representation: Literal["gradient", "update"] = Field(
         "update", description="Psi: normalised gradient of the anchor, or anchor minus its locally trained copy"
@@ -53,12 +54,16 @@ class StoCFLParams(Params):
     anchor: Literal["init", "linear"] = Field(
         "linear", description="anchor psi: the initial global model w_0, or a seeded random linear model"
     )
-    psi_epochs: int = Field(20, ge=1, description="E_psi: local epochs of the 'update' representation")
-    psi_batch_size: int = Field(50, ge=0, description="batch size of the 'update' representation (0 = full)")
-    psi_lr: float = Field(0.1, gt=0, description="learning rate of the 'update' representation")
-    dim: int = Field(0, ge=0, description="client-side random projection (count sketch) of Psi; 0 = full size")
+    psi_epochs: int = Field(20, ge=1, le=MAX_EPOCHS, description="E_psi: local epochs of the 'update' representation")
+    psi_batch_size: int = Field(50, ge=0, le=MAX_COUNT, description="batch size of the 'update' representation (0 = full)")
+    psi_lr: float = Field(0.1, gt=0, le=MAX_LR, description="learning rate of the 'update' representation")
+    dim: int = Field(0, ge=0, le=2**24, description="client-side random projection (count sketch) of Psi; 0 = full size")
     weighting: Literal["samples", "uniform"] = Field(
         "samples", description="aggregate theta_k by |D_i| or uniformly (the authors' code)"
+    )
+    leave_out: float = Field(
+        0.0, ge=0, lt=0.5, description="merge check against crafted Psi: a merge must also hold with this fraction "
+        "of the two clusters' most influential members left out (at least 1); 0 = off. Keeps every client's Psi"
     )
     keep_representations: bool = Field(
         True, description=f"keep each client's Psi (sketched to <= {PLOT_DIM} dims) for plots and the tau helper"
@@ -96,6 +101,9 @@ class StoCFL(Algorithm):
     dim : int, default 0
         Count-sketch dimension of Psi computed client-side (0 = full size).
     weighting : {"samples", "uniform"}, default "samples"
+    leave_out : float in [0, 0.5), default 0 (off)
+        The merge check (``stocfl.clustering``): a merge must also hold with the
+        max(1, floor(leave_out * members)) most influential members of the pair left out.
     """
 
     name = "stocfl"
@@ -104,7 +112,7 @@ class StoCFL(Algorithm):
     def __init__(self, params: StoCFLParams, ctx: Context):
         super().__init__(params, ctx)
         self.w = ctx.init_weights.clone()
-        self.clusters = ClusterSet(ctx.n_clients)
+        self.clusters = ClusterSet(ctx.n_clients, keep_vectors=params.leave_out > 0)
         self.theta: dict[int, torch.Tensor] = {}  # trained cluster models only
         self.trained: dict[int, float] = {}  # samples that have trained each theta_k
         self.reps: dict[int, torch.Tensor] = {}  # per-client Psi for plots (optional)
@@ -154,7 +162,7 @@ class StoCFL(Algorithm):
             self.decide_tau()
             if self.tau is None:
                 return accepted, 0  # no merges until tau is decided: clusters stay singletons
-        return accepted, self.clusters.merge_greedy(fresh, self.tau, self._merge_models)
+        return accepted, self.clusters.merge_greedy(fresh, self.tau, self._merge_models, leave_out=self.params.leave_out)
 
     def decide_tau(self) -> None:
         """tau = "auto": suggested (``stocfl.tau``) from the first AUTO_TAU_MIN representations
@@ -173,6 +181,7 @@ class StoCFL(Algorithm):
     def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
         labels = self.clusters.labels_
         new = [i for i in sampled if labels[i] < 0]
+        self.clusters.refused = 0
         accepted, merges = self.cluster_newcomers(run([self.represent_task(i) for i in new]), new) if new else ([], 0)
         rejected = sorted(set(new) - set(accepted))
         members = [i for i in sampled if labels[i] >= 0]  # a client whose Psi was rejected trains w only
@@ -193,6 +202,8 @@ class StoCFL(Algorithm):
                "rejected_representations": len(rejected), "tau": self.tau}
         if self.params.tau == "auto":
             out["tau_auto"] = self.tau_note
+        if self.params.leave_out > 0:
+            out["merges_refused"] = self.clusters.refused
         return out
 
     # ---- what users see ----------------------------------------------------------------------

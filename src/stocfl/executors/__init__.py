@@ -25,7 +25,11 @@ def usable_cores() -> int:
 def set_threads(threads: int = 0) -> int:
     """Use ``threads`` torch threads (0 = the cores this process may run on); oversubscribing
     the cores made a prototype 7-9x slower. Kept fixed for a run so numbers repeat."""
-    n = threads or usable_cores()
+    cores = usable_cores()
+    if threads > cores:
+        raise UserError(f"config: run.threads = {threads} is more than the {cores} cores this process may use; "
+                        f"use at most {cores} (0 = all of them)")
+    n = threads or cores
     torch.set_num_threads(n)
     return n
 

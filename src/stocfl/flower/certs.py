@@ -38,8 +38,11 @@ def make_certificates(directory: str | Path, hosts: list[str] | tuple[str, ...] 
 
     if not hosts:
         raise UserError("certificates need at least one host name or IP address of the SuperLink, e.g. --host 127.0.0.1")
-    if days < 1:
-        raise UserError(f"certificate validity {days} days: expected a positive number of days")
+    if not 1 <= days <= 36500:
+        raise UserError(f"certificate validity {days} days: expected 1 to 36500 days (--days)")
+    for host in hosts:
+        if not 1 <= len(host) <= 64 or any(c.isspace() or not c.isprintable() for c in host):
+            raise UserError(f"--host {host!r}: expected a host name or IP address of 1 to 64 printable characters")
     out = Path(directory)
     paths = {name: out / name for name in FILES}
     existing = [str(p) for p in paths.values() if p.exists()]
