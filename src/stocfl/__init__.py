@@ -1,3 +1,23 @@
-"""stocfl: clustered federated learning (StoCFL and its baselines) on one client-task engine."""
+"""stocfl: clustered federated learning (StoCFL and its baselines) on one client-task engine.
+
+The Python API::
+
+    import stocfl
+    fed = stocfl.Federation.from_arrays(train=[(x0, y0), ...], test=[(xt0, yt0), ...])
+    result = stocfl.run({"algorithm": {"name": "stocfl"}}, federation=fed)
+
+Names registered here (``register_dataset``, ``register_model``, ``register_scenario``) are
+then usable from a TOML config in the same process. Every input error is a ``UserError``.
+"""
+
+from stocfl.api import Result, as_config, resume, run
+from stocfl.config import Config
+from stocfl.data import Dataset, register_dataset
+from stocfl.errors import UserError
+from stocfl.models import register_model
+from stocfl.scenarios import Federation, register_scenario
 
 __version__ = "0.1.0"
+
+__all__ = ["Config", "Dataset", "Federation", "Result", "UserError", "as_config", "register_dataset",
+           "register_model", "register_scenario", "resume", "run", "__version__"]

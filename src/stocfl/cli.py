@@ -85,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args) -> int:
-    from stocfl import config
+    from stocfl import api, config
     from stocfl.runner import Experiment
 
     engine = [] if args.engine is None else [f"run.engine={'auto' if args.engine == 'local' else args.engine}"]
@@ -100,7 +100,7 @@ def _run(args) -> int:
         summary = _flower(cfg.to_dict(), out, lambda ex: Experiment.create(cfg, out, ex), cfg.scenario.n_clients,
                           not args.quiet)
     else:
-        summary = Experiment.create(cfg, out).run(progress=not args.quiet)
+        summary = api.run(cfg, out=out, progress=not args.quiet).summary
     _print_summary(summary, out)
     return 0
 
@@ -114,6 +114,7 @@ def _flower(raw, out, make, n_clients, progress):
 
 
 def _resume(args) -> int:
+    from stocfl import api
     from stocfl.runner import Experiment
 
     out = Path(args.dir)
@@ -124,7 +125,7 @@ def _resume(args) -> int:
         summary = _flower(raw, out, lambda ex: Experiment.resume(out, args.data_dir, ex),
                           raw["scenario"]["n_clients"], not args.quiet)
     else:
-        summary = Experiment.resume(out, args.data_dir).run(progress=not args.quiet)
+        summary = api.resume(out, data_dir=args.data_dir, progress=not args.quiet).summary
     _print_summary(summary, out)
     return 0
 

@@ -17,20 +17,6 @@ from stocfl.aggregation import RULES
 from stocfl.bounds import MAX_COUNT, MAX_EPOCHS, MAX_HIDDEN, MAX_LR, MAX_WEIGHT
 from stocfl.errors import UserError
 
-SCENARIOS = (
-    "iid",
-    "pathological",
-    "rotated",
-    "shifted",
-    "label_swap",
-    "hybrid",
-    "rotated_pathological",
-    "dirichlet",
-    "writers",
-)
-DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "femnist")
-
-
 class Section(BaseModel):
     """Strict: unknown keys are errors, a string is never read as a number, no inf or NaN."""
 
@@ -63,8 +49,8 @@ class RunConfig(Section):
 
 
 class ScenarioConfig(Section):
-    name: Literal[SCENARIOS] = Field("rotated", description="non-IID scenario (see docs)")
-    dataset: Literal[DATASETS] = Field("digits", description="source data set; digits needs no files")
+    name: str = Field("rotated", description="non-IID scenario: one of the built-ins or a registered one")
+    dataset: str = Field("digits", description="source data set (digits needs no files) or a registered one")
     data_dir: str = Field(
         "", description="directory of the data sets; empty = $STOCFL_DATA_DIR (digits needs none)"
     )
@@ -81,6 +67,20 @@ class ScenarioConfig(Section):
     )
 
 
+    @field_validator("name")
+    @classmethod
+    def _known_scenario(cls, v):
+        from stocfl.scenarios import SCENARIOS
+
+        return _choice(v, SCENARIOS, "scenario")
+
+    @field_validator("dataset")
+    @classmethod
+    def _known_dataset(cls, v):
+        from stocfl.data import DATASETS
+
+        return _choice(v, DATASETS, "data set")
+
     @field_validator("data_dir")
     @classmethod
     def _usable_path(cls, v):
@@ -90,10 +90,25 @@ class ScenarioConfig(Section):
 
 
 class ModelConfig(Section):
-    name: Literal["auto", "mlp", "cnn28", "cifar_cnn", "digits_mlp"] = Field(
-        "auto", description="auto = digits_mlp on digits, mlp on 28x28 data, cifar_cnn on CIFAR-10"
+    name: str = Field(
+        "auto", description="auto = digits_mlp on digits, mlp on 28x28 data, cifar_cnn on CIFAR-10; or a registered "
+        "model"
     )
     hidden: int = Field(200, ge=1, le=MAX_HIDDEN, description="hidden width of the mlp (the paper's MNIST model: 2048)")
+
+
+    @field_validator("name")
+    @classmethod
+    def _known_model(cls, v):
+        from stocfl.models import MODELS
+
+        return _choice(v, ("auto", *MODELS), "model")
+
+
+def _choice(value: str, names, what: str) -> str:
+    if value not in names:
+        raise ValueError(f"unknown {what} {value!r}; choose one of {', '.join(names)}")
+    return value
 
 
 class TrainConfig(Section):
@@ -143,7 +158,8 @@ def _one_line(err: ValidationError, prefix: tuple = ()) -> str:
     if e["type"] == "extra_forbidden":
         allowed = _allowed_keys(loc[:-1])
         return f"config: unknown key '{key}'" + (f"; allowed keys here: {', '.join(allowed)}" if allowed else "")
-    return f"config: {key}: {e['msg'].rstrip('.')} (got {e.get('input')!r})"
+    msg = str(e["ctx"]["error"]) if e["type"] == "value_error" and "error" in e.get("ctx", {}) else e["msg"]
+    return f"config: {key}: {msg.rstrip('.')} (got {e.get('input')!r})"
 
 
 def _allowed_keys(section: tuple) -> list[str]:

@@ -15,6 +15,7 @@ import lzma
 import os
 import zlib
 from dataclasses import dataclass
+from typing import Any, Callable
 from functools import lru_cache
 from pathlib import Path
 
@@ -60,20 +61,98 @@ def resolve_data_dir(data_dir: str | os.PathLike | None) -> Path | None:
     return Path(d) if d else None
 
 
+# name -> (loader, needs a data directory, a built-in whose loader checks its files itself)
+DATASETS: dict[str, tuple[Callable[[Path | None], Any], bool, bool]] = {}
+
+
+def register_dataset(name: str, loader: Callable[[Path | None], Any], needs_data_dir: bool = False) -> None:
+    """Make data set ``name`` usable by name (``scenario.dataset``) in this process.
+
+    ``loader(data_dir)`` returns a :class:`Dataset` or a tuple ``(x_train, y_train, x_test,
+    y_test)`` of arrays or tensors (images as (N, C, H, W) or features as (N, D), labels
+    0..classes-1); it is checked like a built-in data set. ``data_dir`` is the resolved data
+    directory, or None when none is set and ``needs_data_dir`` is False."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise UserError(f"register_dataset: name {name!r} must be an identifier, e.g. 'my_data'")
+    if not callable(loader):
+        raise UserError(f"register_dataset({name!r}): loader must be a function data_dir -> Dataset or arrays")
+    DATASETS[name] = (loader, needs_data_dir, False)
+
+
 def load_dataset(name: str, data_dir: str | os.PathLike | None = None) -> Dataset:
-    """Load a data set by name (digits, mnist, fashion_mnist, cifar10, femnist)."""
-    if name == "digits":
-        return _digits()
+    """Load a data set by name (digits, mnist, fashion_mnist, cifar10, femnist, or one
+    registered with :func:`register_dataset`)."""
+    if name not in DATASETS:
+        raise UserError(f"config: scenario.dataset: unknown data set {name!r}; choose one of {', '.join(DATASETS)}")
+    loader, needs_dir, builtin = DATASETS[name]
     root = resolve_data_dir(data_dir)
-    if root is None:
-        raise UserError(
-            f"data set {name!r} needs a data directory: pass --data-dir DIR or set STOCFL_DATA_DIR "
-            f"(expected layout: DIR/{LAYOUT[name]}); 'digits' needs none"
-        )
-    if not root.is_dir():
-        raise UserError(f"data directory {root} does not exist; pass --data-dir DIR or set STOCFL_DATA_DIR")
-    loader = {"mnist": _mnist, "fashion_mnist": _fashion, "cifar10": _cifar10, "femnist": _femnist}[name]
-    return loader(root.resolve())
+    if needs_dir:
+        if root is None:
+            where = f" (expected layout: DIR/{LAYOUT[name]})" if name in LAYOUT else ""
+            raise UserError(f"data set {name!r} needs a data directory: pass --data-dir DIR or set "
+                            f"STOCFL_DATA_DIR{where}; 'digits' needs none")
+        if not root.is_dir():
+            raise UserError(f"data directory {root} does not exist; pass --data-dir DIR or set STOCFL_DATA_DIR")
+        root = root.resolve()
+    out = loader(root)
+    return out if builtin else as_dataset(name, out)
+
+
+def as_dataset(name: str, data: Any) -> Dataset:
+    """A user's data set (a :class:`Dataset` or ``(x_train, y_train, x_test, y_test)``), checked:
+    float inputs of one shape with finite values, integer labels 0..classes-1 of matching
+    length. One :class:`UserError` line names what is wrong."""
+    if isinstance(data, Dataset):
+        parts, n_classes = (data.x_train, data.y_train, data.x_test, data.y_test), data.n_classes
+    else:
+        try:
+            parts = tuple(data)
+        except TypeError:
+            parts = ()
+        if len(parts) != 4:
+            raise UserError(f"data set {name!r}: the loader must return a Dataset or (x_train, y_train, x_test, y_test)")
+        n_classes = None
+    x_tr, y_tr = check_arrays(f"data set {name!r} train", *parts[:2])
+    x_te, y_te = check_arrays(f"data set {name!r} test", *parts[2:])
+    if x_tr.shape[1:] != x_te.shape[1:]:
+        raise UserError(f"data set {name!r}: train inputs have shape {tuple(x_tr.shape[1:])}, test inputs "
+                        f"{tuple(x_te.shape[1:])}; they must match")
+    top = int(max(y_tr.max(), y_te.max() if len(y_te) else 0)) + 1
+    n_classes = n_classes or top
+    if top > n_classes:
+        raise UserError(f"data set {name!r}: label {top - 1} is outside 0..{n_classes - 1}")
+    note = data.note if isinstance(data, Dataset) else ""
+    return Dataset(name, x_tr, y_tr, x_te, y_te, int(n_classes),
+                   getattr(data, "writer_train", None), getattr(data, "writer_test", None), note)
+
+
+def check_arrays(what: str, x: Any, y: Any, allow_empty: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x, y)`` as float32 inputs (N, ...) and int64 labels (N,), or one UserError line."""
+    try:
+        x = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
+        y = torch.as_tensor(np.asarray(y) if not isinstance(y, torch.Tensor) else y)
+    except (TypeError, ValueError) as err:
+        raise UserError(f"{what}: not arrays of numbers ({err})") from None
+    if x.dim() < 2:
+        raise UserError(f"{what}: inputs have shape {tuple(x.shape)}; expected (samples, features...) ")
+    if not (x.is_floating_point() or x.dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)):
+        raise UserError(f"{what}: inputs of type {x.dtype}; expected numbers")
+    x = x.float()
+    if y.dim() != 1 or len(y) != len(x):
+        raise UserError(f"{what}: {len(x)} inputs but labels of shape {tuple(y.shape)}; expected ({len(x)},)")
+    if y.is_floating_point():
+        if not bool(torch.all(y == y.round())) or not bool(torch.isfinite(y).all()):
+            raise UserError(f"{what}: labels must be whole numbers")
+    elif y.dtype == torch.bool or y.is_complex():
+        raise UserError(f"{what}: labels of type {y.dtype}; expected integers")
+    y = y.long()
+    if not len(x) and not allow_empty:
+        raise UserError(f"{what}: no samples")
+    if len(x) and not bool(torch.isfinite(x).all()):
+        raise UserError(f"{what}: inputs hold NaN or inf")
+    if len(y) and int(y.min()) < 0:
+        raise UserError(f"{what}: label {int(y.min())} is negative; labels are 0..classes-1")
+    return x, y
 
 
 def _need(path: Path, name: str) -> Path:
@@ -234,3 +313,8 @@ def _femnist(root: Path) -> Dataset:
         writer_train=np.concatenate(ws_tr), writer_test=np.concatenate(ws_te),
         note=f"FEMNIST (LEAF 5% sample): {offset} writers, LEAF's own per-writer train/test split",
     )
+
+
+DATASETS.update({"digits": (lambda root: _digits(), False, True), "mnist": (_mnist, True, True),
+                 "fashion_mnist": (_fashion, True, True), "cifar10": (_cifar10, True, True),
+                 "femnist": (_femnist, True, True)})

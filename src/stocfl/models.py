@@ -8,13 +8,14 @@ the same code runs one client (plain autograd) or a stack of clients (``vmap``).
 
 from __future__ import annotations
 
+import copy
 import math
+from typing import Callable
 
 import torch
 from torch import nn
 from torch.func import functional_call
 
-MODELS = ("mlp", "cnn28", "cifar_cnn", "digits_mlp")
 
 
 def mlp(in_features: int, hidden: int, n_classes: int) -> nn.Module:
@@ -42,24 +43,52 @@ def cifar_cnn(in_channels: int, n_classes: int) -> nn.Module:
     )
 
 
+def _cnn28(input_shape, n_classes: int, hidden: int) -> nn.Module:
+    if tuple(input_shape[1:]) != (28, 28):
+        raise ValueError(f"cnn28 needs 28x28 images, got inputs of shape {tuple(input_shape)}")
+    return cnn28(input_shape[0], n_classes)
+
+
+def _cifar_cnn(input_shape, n_classes: int, hidden: int) -> nn.Module:
+    if tuple(input_shape[1:]) != (32, 32):
+        raise ValueError(f"cifar_cnn needs 32x32 images, got inputs of shape {tuple(input_shape)}")
+    return cifar_cnn(input_shape[0], n_classes)
+
+
+ModelFactory = Callable[[tuple[int, ...], int, int], nn.Module]  # (input shape, classes, model.hidden)
+
+MODELS: dict[str, ModelFactory] = {
+    "mlp": lambda shape, k, hidden: mlp(math.prod(shape), hidden, k),
+    "cnn28": _cnn28,
+    "cifar_cnn": _cifar_cnn,
+    "digits_mlp": lambda shape, k, hidden: mlp(math.prod(shape), 32, k),
+}
+
+
+def register_model(name: str, factory: ModelFactory) -> None:
+    """Make model ``name`` usable by name (``model.name``) in this process: ``factory(input_shape,
+    n_classes, hidden)`` returns a fresh ``nn.Module`` (``hidden`` is ``model.hidden``)."""
+    from stocfl.errors import UserError
+
+    if not isinstance(name, str) or not name.isidentifier() or name == "auto":
+        raise UserError(f"register_model: name {name!r} must be an identifier other than 'auto'")
+    if not callable(factory):
+        raise UserError(f"register_model({name!r}): factory must be a function (input_shape, n_classes, hidden) -> "
+                        f"nn.Module")
+    MODELS[name] = factory
+
+
 def build_module(name: str, input_shape: tuple[int, ...], n_classes: int, hidden: int = 200) -> nn.Module:
     """Build model ``name`` (or ``auto``: digits_mlp for 8x8, cifar_cnn for 3x32x32, mlp otherwise)."""
-    c, h, w = input_shape
+    shape = tuple(input_shape)
     if name == "auto":
-        name = "digits_mlp" if (h, w) == (8, 8) else "cifar_cnn" if (c, h, w) == (3, 32, 32) else "mlp"
-    if name == "mlp":
-        return mlp(c * h * w, hidden, n_classes)
-    if name == "digits_mlp":
-        return mlp(c * h * w, 32, n_classes)
-    if name == "cnn28":
-        if (h, w) != (28, 28):
-            raise ValueError(f"cnn28 needs 28x28 images, got {h}x{w}")
-        return cnn28(c, n_classes)
-    if name == "cifar_cnn":
-        if (h, w) != (32, 32):
-            raise ValueError(f"cifar_cnn needs 32x32 images, got {h}x{w}")
-        return cifar_cnn(c, n_classes)
-    raise ValueError(f"unknown model {name!r}; choose one of auto, {', '.join(MODELS)}")
+        name = "digits_mlp" if shape[-2:] == (8, 8) else "cifar_cnn" if shape == (3, 32, 32) else "mlp"
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of auto, {', '.join(MODELS)}")
+    module = MODELS[name](shape, n_classes, hidden)
+    if not isinstance(module, nn.Module):
+        raise ValueError(f"model {name!r}: the factory returned {type(module).__name__}, not an nn.Module")
+    return module
 
 
 class FlatModel:
@@ -68,7 +97,7 @@ class FlatModel:
     def __init__(self, module: nn.Module):
         if any(True for _ in module.buffers()):
             raise ValueError("models with buffers (e.g. BatchNorm) are not supported by the flat engine")
-        self.module = module.to("meta")  # a template only: no real storage
+        self.module = copy.deepcopy(module).to("meta")  # a template only: no real storage (the caller's stays)
         self.names = [n for n, _ in module.named_parameters()]
         self.shapes = [tuple(p.shape) for _, p in module.named_parameters()]
         self.numels = [math.prod(s) for s in self.shapes]
@@ -84,6 +113,15 @@ class FlatModel:
                     m.reset_parameters()
             return torch.cat([p.detach().reshape(-1) for p in module.parameters()]).float()
 
+    @staticmethod
+    def flatten(module: nn.Module) -> torch.Tensor:
+        """The module's current parameters as one flat float32 vector (a copy)."""
+        return torch.cat([p.detach().reshape(-1) for p in module.parameters()]).float().clone()
+
+    def state_dict(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Flat weights as the module's ``state_dict`` (copies), loadable with ``load_state_dict``."""
+        return {n: t.detach().clone() for n, t in self.unflatten(w).items()}
+
     def unflatten(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
         return {n: p.view(s) for n, p, s in zip(self.names, torch.split(w, self.numels), self.shapes)}
 
@@ -93,13 +131,11 @@ class FlatModel:
 
 def linear_model(input_shape, n_classes: int) -> FlatModel:
     """A linear softmax model on the raw inputs (an anchor for representations, paper Fig. 2)."""
-    c, h, w = input_shape
-    return FlatModel(nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, n_classes)))
+    return FlatModel(nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), n_classes)))
 
 
 def linear_anchor_weights(input_shape, n_classes: int, seed: int) -> torch.Tensor:
-    c, h, w = input_shape
-    return FlatModel.init_weights(nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, n_classes)), seed)
+    return FlatModel.init_weights(nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), n_classes)), seed)
 
 
 def make_model(name: str, input_shape, n_classes: int, hidden: int, seed: int) -> tuple[FlatModel, torch.Tensor]:

@@ -11,6 +11,7 @@ Layout of a results directory::
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -49,18 +50,30 @@ def build_federation(cfg: Config) -> Federation:
 @dataclass
 class Experiment:
     cfg: Config
-    out: Path
+    out: Path | None  # the results directory; None: everything stays in memory
     executor: Any = None  # given: an executor from outside (Flower); None: an in-process one
+    federation: Federation | None = None  # given: the clients' data (the API); None: from [scenario]
+    module: Any = None  # given: an nn.Module whose weights are w_0 (the API); None: from [model]
 
     def __post_init__(self):
         self.threads = set_threads(self.cfg.run.threads)
-        self.fed = build_federation(self.cfg)
+        self.fed = self.federation if self.federation is not None else build_federation(self.cfg)
         m = self.cfg.model
-        try:
-            self.model, w0 = make_model(m.name, self.fed.input_shape, self.fed.n_classes, m.hidden, self.cfg.run.seed)
-        except ValueError as err:
-            raise UserError(f"config: model.name: {err}") from None
-        check_model_fits(self.model, w0, self.fed, m.name)
+        if self.module is not None:
+            module = self.module
+            try:
+                self.model = FlatModel(module)
+            except ValueError as err:
+                raise UserError(f"model: {err}") from None
+            w0 = FlatModel.flatten(module)
+        else:
+            try:
+                self.model, w0 = make_model(m.name, self.fed.input_shape, self.fed.n_classes, m.hidden,
+                                            self.cfg.run.seed)
+                module = build_module(m.name, self.fed.input_shape, self.fed.n_classes, m.hidden)
+            except ValueError as err:
+                raise UserError(f"config: model.name: {err}") from None
+        check_model_fits(self.model, w0, self.fed, m.name if self.module is None else type(self.module).__name__)
         t = self.cfg.train
         if self.executor is not None:
             self.engine = self.cfg.run.engine
@@ -71,10 +84,9 @@ class Experiment:
                                         float(self.fed.train_sizes.mean()))
             self.executor = make_executor(self.engine, self.fed, self.model, self.cfg.run.chunk_size)
         self.run_tasks = checked(self.executor.run, self.fed)
-        module = build_module(m.name, self.fed.input_shape, self.fed.n_classes, m.hidden)
         ctx = Context(self.fed.n_clients, w0, t.epochs, t.batch_size, t.lr, self.cfg.run.seed,
                       self.fed.input_shape, self.fed.n_classes,
-                      init_model=lambda seed: FlatModel.init_weights(module, seed),
+                      init_model=lambda seed: FlatModel.init_weights(copy.deepcopy(module), seed),
                       last_layer=self.model.numels[-1] + self.model.numels[-2], workdir=self.out,
                       participants=tuple(self.fed.participants), sample_size=self.sample_size(),
                       aggregator=Aggregator(**self.cfg.aggregation.model_dump()))
@@ -83,23 +95,30 @@ class Experiment:
         self.round = 0
         self.elapsed = 0.0
         self.metrics_chain: str | None = metrics_chain([])
+        self.rows: list[dict[str, Any]] = []  # metrics rows of the rounds done
+        self.saved: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None  # state after the last round
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def create(cls, cfg: Config, out: Path, executor: Any = None) -> "Experiment":
-        if (out / "config.toml").exists():
+    def create(cls, cfg: Config, out: Path | None, executor: Any = None, federation: Federation | None = None,
+               module: Any = None) -> "Experiment":
+        if out is not None and (out / "config.toml").exists():
             raise UserError(f"{out} already holds a run; continue it with 'stocfl resume {out}' or pick another --out")
-        pin_data_dir(cfg)
-        exp = cls(cfg, out, executor)  # builds data first: a data error leaves no half-made results directory
-        out.mkdir(parents=True, exist_ok=True)
-        write_atomic(out / "config.toml", report.to_toml(cfg.to_dict()))
-        write_atomic(out / "metrics.jsonl", "")
+        if federation is None:
+            pin_data_dir(cfg)
+        exp = cls(cfg, out, executor, federation, module)  # data first: a data error leaves no half-made directory
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            write_atomic(out / "config.toml", report.to_toml(cfg.to_dict()))
+            write_atomic(out / "metrics.jsonl", "")
         exp.save_checkpoint()
         return exp
 
     @classmethod
-    def open(cls, out: Path, data_dir: str | None = None, executor: Any = None) -> "Experiment":
-        """A saved run, rebuilt from its config and last checkpoint; nothing on disk changes."""
+    def open(cls, out: Path, data_dir: str | None = None, executor: Any = None, federation: Federation | None = None,
+             module: Any = None) -> "Experiment":
+        """A saved run, rebuilt from its config and last checkpoint (and the federation and
+        module it was given in Python, if it was); nothing on disk changes."""
         path = out / "config.toml"
         if not path.is_file():
             raise UserError(f"{out} holds no run (no config.toml); start one with 'stocfl run --out {out}'")
@@ -109,20 +128,26 @@ class Experiment:
         cfg = config_mod.validate(raw)
         has_checkpoint = (out / CHECKPOINT).exists()
         if has_checkpoint:  # before anything is built from a config that may not be the run's
-            stored = checkpoint.read_meta(out / CHECKPOINT).get("config_sha256")
+            meta = checkpoint.read_meta(out / CHECKPOINT)
+            stored = meta.get("config_sha256")
             if stored is not None and stored != config_digest(cfg):
                 raise UserError(f"{path} does not match the run's checkpoint (edited, truncated or corrupt); "
                                 f"restore it or start a new run")
-        exp = cls(cfg, out, executor)
+            for key, given, what in (("custom_data", federation, "federation"), ("custom_model", module, "model")):
+                if meta.get(key) and given is None:
+                    raise UserError(f"{out} was run on a {what} given in Python; continue it from Python with "
+                                    f"stocfl.resume({str(out)!r}, {what}=...)")
+        exp = cls(cfg, out, executor, federation, module)
         if has_checkpoint:
             exp.load_checkpoint()
         return exp
 
     @classmethod
-    def resume(cls, out: Path, data_dir: str | None = None, executor: Any = None) -> "Experiment":
+    def resume(cls, out: Path, data_dir: str | None = None, executor: Any = None, federation: Federation | None = None,
+               module: Any = None) -> "Experiment":
         """A saved run, ready to continue: its metrics must be the ones its checkpoint saw (rows
         after the checkpoint's round, from a kill before the checkpoint, are dropped)."""
-        exp = cls.open(out, data_dir, executor)
+        exp = cls.open(out, data_dir, executor, federation, module)
         rows = report.read_jsonl(out / "metrics.jsonl")
         kept = rows[: exp.round]
         if [r.get("round") for r in kept] != list(range(1, exp.round + 1)) or (
@@ -133,11 +158,17 @@ class Experiment:
             exp.metrics_chain = metrics_chain(kept)
         if len(rows) != len(kept):
             report.write_jsonl(out / "metrics.jsonl", kept)
+        exp.rows = kept
         return exp
 
     # ---- checkpoints --------------------------------------------------------------------
     def save_checkpoint(self) -> None:
+        """The state after the last finished round, as a value in memory (what a failed round
+        is replayed from) and, with a results directory, in its checkpoint file."""
         tensors, meta = self.algorithm.state()
+        self.saved = ({k: v.detach().clone() for k, v in tensors.items()}, json.loads(json.dumps(meta)))
+        if self.out is None:
+            return
         checkpoint.save(self.out / CHECKPOINT, {f"algorithm/{k}": v for k, v in tensors.items()}, {
             "round": self.round,
             "elapsed": self.elapsed,
@@ -145,10 +176,15 @@ class Experiment:
             "algorithm": meta,
             "config_sha256": config_digest(self.cfg),
             "metrics_sha256": self.metrics_chain,
+            **({"custom_data": True} if self.federation is not None else {}),
+            **({"custom_model": True} if self.module is not None else {}),
         })
 
     def load_checkpoint(self) -> None:
-        meta = self.restore_algorithm()
+        tensors, meta = checkpoint.load(self.out / CHECKPOINT)
+        prefix = "algorithm/"
+        self.saved = ({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}, meta["algorithm"])
+        self.restore_algorithm()
         self.sampler.bit_generator.state = meta["sampler"]
         self.round = meta["round"]
         self.elapsed = meta["elapsed"]
@@ -184,13 +220,10 @@ class Experiment:
                 dropped += err.clients
                 self.restore_algorithm()
 
-    def restore_algorithm(self) -> dict[str, Any]:
-        """The algorithm's state as of the last checkpoint; returns the checkpoint's metadata."""
-        tensors, meta = checkpoint.load(self.out / CHECKPOINT)
-        prefix = "algorithm/"
-        self.algorithm.load_state({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)},
-                                  meta["algorithm"])
-        return meta
+    def restore_algorithm(self) -> None:
+        """The algorithm's state as of the last finished round (the value kept in memory)."""
+        tensors, meta = self.saved
+        self.algorithm.load_state(tensors, json.loads(json.dumps(meta)))
 
     def evaluate(self) -> dict[str, float]:
         """Accuracy of the participating clients, each with the model it would use, weighted
@@ -242,7 +275,9 @@ class Experiment:
             row.update(diag)
             row["seconds"] = time.perf_counter() - t0
             self.elapsed += row["seconds"]
-            report.append_jsonl(self.out / "metrics.jsonl", row)
+            self.rows.append(row)
+            if self.out is not None:
+                report.append_jsonl(self.out / "metrics.jsonl", row)
             self.metrics_chain = metrics_chain([row], self.metrics_chain)
             self.round = t
             self.save_checkpoint()
@@ -253,14 +288,16 @@ class Experiment:
         return self.finish()
 
     def finish(self) -> dict[str, Any]:
+        """The summary of a finished run; with a results directory, every results file too."""
         if not hasattr(self, "last_eval"):
             self.evaluate()
-        rows = report.read_jsonl(self.out / "metrics.jsonl")
+        rows = self.rows
         last_eval = next((x for x in reversed(rows) if x.get("accuracy") is not None), {})
         last = rows[-1] if rows else {}
         s = self.cfg
         summary = {
-            "algorithm": s.algorithm["name"], "scenario": s.scenario.name, "dataset": s.scenario.dataset,
+            "algorithm": s.algorithm["name"], "scenario": self.fed.scenario if self.federation is not None else
+            s.scenario.name, "dataset": self.fed.dataset if self.federation is not None else s.scenario.dataset,
             "seed": s.run.seed, "n_clients": self.fed.n_clients, "rounds": s.run.rounds,
             "rounds_done": self.round, "engine": self.engine, "threads": self.threads,
             "accuracy": last_eval.get("accuracy"), "global_accuracy": last_eval.get("global_accuracy"),
@@ -271,21 +308,22 @@ class Experiment:
         summary.update({k: v for k, v in rows[-1].items() if k in ("objective", "tau")} if rows else {})
         heldout = self.place_heldout()
         if heldout:
-            report.write_csv(self.out / "heldout.csv", heldout)
             summary["heldout"] = summarize_placements(heldout)
         labels = self.algorithm.cluster_labels()
-        table = report.cluster_table(labels, self.fed.groups, self.last_eval)
-        report.write_csv(self.out / "clusters.csv", table)
         reps = self.algorithm.representations()
-        if reps is not None:
-            self.plot_representations(*reps, labels)
-            if len(reps[0]) >= 3:
-                from stocfl.tau import suggest_tau
+        if reps is not None and len(reps[0]) >= 3:
+            from stocfl.tau import suggest_tau
 
-                summary["tau_suggested"] = suggest_tau(reps[1])
-        report.write_json(self.out / "summary.json", summary)
-        report.plot_accuracy(rows, self.out / "accuracy.png",
-                             f"{summary['algorithm']} on {summary['scenario']} ({summary['dataset']})")
+            summary["tau_suggested"] = suggest_tau(reps[1])
+        if self.out is not None:
+            if heldout:
+                report.write_csv(self.out / "heldout.csv", heldout)
+            report.write_csv(self.out / "clusters.csv", report.cluster_table(labels, self.fed.groups, self.last_eval))
+            if reps is not None:
+                self.plot_representations(*reps, labels)
+            report.write_json(self.out / "summary.json", summary)
+            report.plot_accuracy(rows, self.out / "accuracy.png",
+                                 f"{summary['algorithm']} on {summary['scenario']} ({summary['dataset']})")
         return summary
 
     def plot_representations(self, ids: list[int], reps: torch.Tensor, labels: np.ndarray) -> None:

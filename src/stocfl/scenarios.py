@@ -90,6 +90,82 @@ class Federation:
         a, b = self.test_offsets[i], self.test_offsets[i + 1]
         return self.x_test[a:b], self.y_test[a:b]
 
+    @classmethod
+    def from_arrays(cls, train, test, groups=None, n_classes: int | None = None, name: str = "arrays",
+                    holdout=None) -> "Federation":
+        """A federation from each client's own data: ``train[i]`` and ``test[i]`` are client i's
+        ``(x, y)`` (tensors or arrays: inputs (n, ...) of one shape for all, labels 0..classes-1).
+        ``groups``: each client's true group, where known (for ARI/NMI); ``n_classes``: default
+        the largest label + 1; ``holdout``: clients kept out of training (ids or a mask).
+        Bad input is one :class:`~stocfl.errors.UserError` line naming the client."""
+        from stocfl.data import check_arrays
+
+        train, test = list(train), list(test)
+        if not train or len(train) != len(test):
+            raise UserError(f"Federation.from_arrays: {len(train)} train and {len(test)} test sets; give one of "
+                            f"each per client (at least one client)")
+        parts = []
+        for split, sets in (("train", train), ("test", test)):
+            for i, xy in enumerate(sets):
+                if not isinstance(xy, (tuple, list)) or len(xy) != 2:
+                    raise UserError(f"Federation.from_arrays: {split}[{i}] must be a pair (x, y)")
+                parts.append((split, i, *check_arrays(f"client {i} {split}", *xy, allow_empty=split == "test")))
+        shapes = {tuple(x.shape[1:]) for _, _, x, _ in parts if len(x)}
+        if len(shapes) != 1:
+            raise UserError(f"Federation.from_arrays: clients' inputs have different shapes {sorted(shapes)}; "
+                            f"every client's inputs must share one shape")
+        top = max(int(y.max()) for *_, y in parts if len(y)) + 1
+        k = top if n_classes is None else int(n_classes)
+        if top > k:
+            bad = next((split, i) for split, i, _, y in parts if len(y) and int(y.max()) >= k)
+            raise UserError(f"Federation.from_arrays: client {bad[1]} {bad[0]} has label {top - 1}, outside "
+                            f"0..{k - 1} (n_classes = {k})")
+        (shape,) = shapes
+        def stack(split):
+            xs = [x if len(x) else x.reshape(0, *shape) for sp, _, x, _ in parts if sp == split]
+            ys = [y for sp, _, _, y in parts if sp == split]
+            return torch.cat(xs), torch.cat(ys), np.concatenate([[0], np.cumsum([len(y) for y in ys])])
+        (xtr, ytr, otr), (xte, yte, ote) = stack("train"), stack("test")
+        n = len(train)
+        if groups is not None:
+            groups = np.asarray(groups)
+            if groups.shape != (n,) or not np.issubdtype(groups.dtype, np.integer) or (groups < 0).any():
+                raise UserError(f"Federation.from_arrays: groups must be {n} integers >= 0, one per client")
+            groups = groups.astype(np.int64)
+        fed = cls("custom", name, xtr, ytr, otr, xte, yte, ote, k, groups)
+        if holdout is not None:
+            mask = np.zeros(n, dtype=bool)
+            try:
+                mask[np.asarray(holdout, dtype=bool) if np.asarray(holdout).dtype == bool else list(holdout)] = True
+            except (IndexError, ValueError, TypeError):
+                raise UserError(f"Federation.from_arrays: holdout must be client ids in 0..{n - 1} or a mask of "
+                                f"{n}") from None
+            if mask.all():
+                raise UserError("Federation.from_arrays: holdout leaves no client to train")
+            fed.heldout = mask if mask.any() else None
+        return fed
+
+    @classmethod
+    def from_datasets(cls, train, test, groups=None, n_classes: int | None = None, name: str = "datasets",
+                      holdout=None) -> "Federation":
+        """:meth:`from_arrays` from one ``torch.utils.data.Dataset`` per client and split, each
+        item an ``(x, y)`` pair."""
+        def arrays(ds, what):
+            try:
+                items = [ds[j] for j in range(len(ds))]
+            except Exception as err:  # a user's Dataset can raise anything
+                raise UserError(f"Federation.from_datasets: {what}: cannot read its items ({err})") from None
+            if not items:
+                return torch.zeros(0, 1), torch.zeros(0, dtype=torch.long)
+            xs = [torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x) for x, _ in items]
+            if len({tuple(x.shape) for x in xs}) != 1:
+                raise UserError(f"Federation.from_datasets: {what}: items of different shapes")
+            return torch.stack(xs), torch.as_tensor([int(y) for _, y in items])
+
+        train = [arrays(d, f"client {i} train") for i, d in enumerate(train)]
+        test = [arrays(d, f"client {i} test") for i, d in enumerate(test)]
+        return cls.from_arrays(train, test, groups, n_classes, name, holdout)
+
 
 @dataclass
 class _Group:
@@ -111,6 +187,26 @@ def _swap(a: int, b: int):
         return out
 
     return f
+
+
+BUILTIN_SCENARIOS = ("iid", "pathological", "rotated", "shifted", "label_swap", "hybrid", "rotated_pathological",
+                     "dirichlet", "writers")
+ScenarioBuilder = Callable[..., "Federation"]
+# name -> builder for scenarios registered from user code (the built-ins are in ``build``)
+SCENARIOS: dict[str, ScenarioBuilder | None] = {name: None for name in BUILTIN_SCENARIOS}
+
+
+def register_scenario(name: str, builder: ScenarioBuilder) -> None:
+    """Make scenario ``name`` usable by name (``scenario.name``) in this process.
+
+    ``builder(dataset, n_clients, samples_per_client, test_per_client, seed, alpha)`` gets the
+    loaded :class:`~stocfl.data.Dataset` and the ``[scenario]`` values and returns a
+    :class:`Federation` (e.g. from :meth:`Federation.from_arrays`)."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise UserError(f"register_scenario: name {name!r} must be an identifier, e.g. 'my_split'")
+    if not callable(builder):
+        raise UserError(f"register_scenario({name!r}): builder must be a function returning a Federation")
+    SCENARIOS[name] = builder
 
 
 def _split_counts(n: int, k: int) -> list[int]:
@@ -151,7 +247,11 @@ def build(
     if n_clients < 1 or samples_per_client < 1 or test_per_client < 0:
         raise UserError("config: scenario.n_clients and scenario.samples_per_client must be >= 1, "
                         "scenario.test_per_client >= 0")
-    if name == "writers":
+    if SCENARIOS.get(name) is not None:
+        fed = SCENARIOS[name](src, n_clients, samples_per_client, test_per_client, seed, alpha)
+        if not isinstance(fed, Federation):
+            raise UserError(f"config: scenario.name: scenario {name!r} returned {type(fed).__name__}, not a Federation")
+    elif name == "writers":
         fed = _writers(src, n_clients, samples_per_client, test_per_client, rng)
     elif name == "dirichlet":
         fed = _dirichlet(src, n_clients, samples_per_client, test_per_client, alpha, rng)

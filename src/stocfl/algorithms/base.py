@@ -130,6 +130,10 @@ class Algorithm:
         w = self.global_model()
         return [w] * len(clients)
 
+    def cluster_models(self) -> dict[int, torch.Tensor]:
+        """Each found cluster's model, by cluster id (none for algorithms without clusters)."""
+        return {}
+
     def cluster_labels(self) -> np.ndarray:
         """Found cluster of every client (-1 = not placed: held out, or not yet seen by an
         algorithm that places clients when it sees them). One model for all: every participant

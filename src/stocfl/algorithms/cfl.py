@@ -111,6 +111,9 @@ class CFL(Algorithm):
     def cluster_labels(self) -> np.ndarray:
         return self.labels.copy()
 
+    def cluster_models(self) -> dict[int, torch.Tensor]:
+        return dict(self.models)
+
     def place_new(self, clients, run):
         if len(self.models) == 1:
             (c,) = self.models

@@ -112,6 +112,9 @@ class FeSEM(Algorithm):
     def cluster_labels(self) -> np.ndarray:
         return self.labels.copy()
 
+    def cluster_models(self) -> dict[int, torch.Tensor]:
+        return {} if self.centers is None else dict(enumerate(self.centers))
+
     def place_new(self, clients, run):
         if self.centers is None:
             return super().place_new(clients, run)

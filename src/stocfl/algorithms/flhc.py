@@ -136,6 +136,9 @@ class FLHC(Algorithm):
     def cluster_labels(self) -> np.ndarray:
         return self.labels.copy() if self.models else super().cluster_labels()
 
+    def cluster_models(self) -> dict[int, torch.Tensor]:
+        return dict(self.models)
+
     def place_new(self, clients, run):
         if not self.models:
             return super().place_new(clients, run)

@@ -77,6 +77,9 @@ class IFCA(Algorithm):
     def cluster_labels(self) -> np.ndarray:
         return self.choice.copy()
 
+    def cluster_models(self) -> dict[int, torch.Tensor]:
+        return dict(enumerate(self.models))
+
     def place_new(self, clients, run):
         return place_by_lowest_loss(clients, dict(enumerate(self.models)), run)
 

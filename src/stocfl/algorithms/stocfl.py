@@ -227,6 +227,9 @@ class StoCFL(Algorithm):
     def cluster_labels(self) -> np.ndarray:
         return self.clusters.labels_.copy()
 
+    def cluster_models(self) -> dict[int, torch.Tensor]:
+        return {k: self.model_of(k) for k in self.clusters.ids}
+
     def place_new(self, clients: list[int], run: RunTasks) -> list[Placement]:
         """New clients after training (paper 4.4): each sends Psi; with max cosine d >= tau it
         joins the argmax cluster, otherwise it would open a new cluster; either way it is

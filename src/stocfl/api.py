@@ -1,0 +1,109 @@
+"""stocfl from Python: ``run`` and ``resume`` return a :class:`Result`; the command line is a
+thin layer over the same :class:`~stocfl.runner.Experiment`.
+
+    import stocfl
+    fed = stocfl.Federation.from_arrays(train=[(x0, y0), ...], test=[(xt0, yt0), ...], groups=[0, ...])
+    result = stocfl.run({"algorithm": {"name": "stocfl"}, "run": {"rounds": 20}}, federation=fed)
+    result.summary["accuracy"], result.metrics, result.labels, result.models
+
+Every problem with the input is one :class:`~stocfl.errors.UserError` whose message is the line
+the command line prints.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from stocfl import config as config_mod
+from stocfl.config import Config
+from stocfl.errors import UserError
+from stocfl.scenarios import Federation
+
+
+@dataclass
+class Result:
+    """What a run gives back.
+
+    Attributes
+    ----------
+    summary : dict
+        The final figures (as ``summary.json``).
+    metrics : list of dict
+        One dict per round (as ``metrics.jsonl``).
+    labels : np.ndarray of shape (N,)
+        The found cluster of every client (-1: never placed: held out, or never seen).
+    models : dict of str to state_dict
+        ``"global"`` and ``"cluster K"`` for every found cluster K, each a ``state_dict``
+        loadable into the run's ``nn.Module``.
+    out : Path or None
+        The results directory (None: the run kept everything in memory).
+    """
+
+    summary: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    labels: np.ndarray
+    models: dict[str, dict[str, torch.Tensor]]
+    out: Path | None
+
+
+def as_config(config: Any = None) -> Config:
+    """A validated :class:`Config` from a TOML path, a nested dict, a Config or None (defaults)."""
+    if config is None or isinstance(config, (str, Path)):
+        return config_mod.load(config)
+    if isinstance(config, Config):
+        return config
+    if isinstance(config, dict):
+        return config_mod.validate(copy.deepcopy(config))
+    raise UserError(f"config: expected a TOML path, a dict or a stocfl Config, got {type(config).__name__}")
+
+
+def run(config: Any = None, *, federation: Federation | None = None, model: torch.nn.Module | None = None,
+        out: str | Path | None = None, progress: bool = False) -> Result:
+    """Run an experiment and return its :class:`Result`.
+
+    Parameters
+    ----------
+    config : path, dict, Config or None
+        The run's configuration (``stocfl config`` lists every key); None = the defaults.
+    federation : Federation, optional
+        The clients' data (:meth:`Federation.from_arrays`); default: built from ``[scenario]``.
+    model : nn.Module, optional
+        The model, its current weights being w_0; default: built from ``[model]``.
+    out : path, optional
+        A results directory to write (resumable with :func:`resume`); None = nothing is written.
+    """
+    from stocfl.runner import Experiment
+
+    cfg = as_config(config)
+    if federation is not None and not isinstance(federation, Federation):
+        raise UserError(f"federation: expected a stocfl.Federation, got {type(federation).__name__}")
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise UserError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if cfg.run.engine == "flower-sim":
+        raise UserError("run.engine = flower-sim runs from the command line ('stocfl run'); use auto, sequential or "
+                        "batched from Python")
+    exp = Experiment.create(cfg, None if out is None else Path(out), federation=federation, module=model)
+    return _result(exp, exp.run(progress=progress))
+
+
+def resume(out: str | Path, *, federation: Federation | None = None, model: torch.nn.Module | None = None,
+           data_dir: str | None = None, progress: bool = False) -> Result:
+    """Continue the run in ``out`` (stopped or killed) to its end; ``federation`` and ``model``
+    as given to :func:`run` when it was started on them."""
+    from stocfl.runner import Experiment
+
+    exp = Experiment.resume(Path(out), data_dir, federation=federation, module=model)
+    return _result(exp, exp.run(progress=progress))
+
+
+def _result(exp, summary: dict[str, Any]) -> Result:
+    alg, flat = exp.algorithm, exp.model
+    models = {"global": flat.state_dict(alg.global_model())}
+    models.update({f"cluster {k}": flat.state_dict(w) for k, w in sorted(alg.cluster_models().items())})
+    return Result(summary, [dict(r) for r in exp.rows], alg.cluster_labels(), models, exp.out)

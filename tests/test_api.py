@@ -1,0 +1,141 @@
+"""The Python API: the README's example, own data and models, names registered from user code
+used from a TOML config, in-memory runs equal to runs on disk, one error form."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import stocfl
+from stocfl.cli import main
+from stocfl.data import load_dataset
+
+
+def rotated_clients(n_per_group=4, per_client=30, test=20):
+    """Digits split into clients, each group a rotation: plain arrays, as a user would have."""
+    d = load_dataset("digits")
+    rng = np.random.default_rng(0)
+    train, tests, groups = [], [], []
+    for g in range(2):
+        for _ in range(n_per_group):
+            i = rng.choice(len(d.y_train), per_client, replace=False)
+            j = rng.choice(len(d.y_test), test, replace=False)
+            rot = (lambda x: torch.rot90(x, 2, dims=(2, 3))) if g else (lambda x: x)
+            train.append((rot(d.x_train[i]).numpy(), d.y_train[i].numpy()))
+            tests.append((rot(d.x_test[j]).numpy(), d.y_test[j].numpy()))
+            groups.append(g)
+    return train, tests, groups
+
+
+def test_the_readme_example_runs_in_memory_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    train, test, groups = rotated_clients()
+    fed = stocfl.Federation.from_arrays(train=train, test=test, groups=groups)
+    my_module = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    result = stocfl.run({"algorithm": {"name": "stocfl", "tau": 0.5}, "run": {"rounds": 20, "sample_rate": 0.5},
+                         "train": {"epochs": 2, "lr": 0.1}}, federation=fed, model=my_module, out=None)
+    assert list(tmp_path.iterdir()) == [], "out=None writes nothing"
+    assert 0.5 < result.summary["accuracy"] <= 1 and result.summary["ari"] == 1.0
+    assert [m["round"] for m in result.metrics] == list(range(1, 21))
+    assert result.labels.shape == (8,) and len(set(result.labels[:4])) == 1 and result.labels[0] != result.labels[4]
+    assert set(result.models) == {"global", *(f"cluster {k}" for k in sorted(set(result.labels.tolist())))}
+    fresh = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    fresh.load_state_dict(result.models[f"cluster {result.labels[4]}"])  # loads into the user's module
+    x, y = test[4]
+    acc = (fresh(torch.as_tensor(x)).argmax(1).numpy() == y).mean()
+    assert acc > 0.5
+
+
+def test_in_memory_equals_on_disk_number_for_number(tmp_path):
+    cfg = {"algorithm": {"name": "stocfl"}, "run": {"rounds": 6}, "train": {"epochs": 2, "lr": 0.1}}
+    a = stocfl.run(cfg)
+    b = stocfl.run(cfg, out=tmp_path / "run")
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    strip = lambda rs: [{k: v for k, v in r.items() if k != "seconds"} for r in rs]  # noqa: E731
+    assert strip(a.metrics) == strip(b.metrics) == strip(rows)
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["accuracy"] == a.summary["accuracy"]
+    assert np.array_equal(a.labels, b.labels)
+
+
+def test_a_custom_federation_run_on_disk_resumes_from_python_only(tmp_path, capsys):
+    train, test, groups = rotated_clients()
+    fed = stocfl.Federation.from_arrays(train, test, groups)
+    cfg = {"algorithm": {"name": "fedavg"}, "run": {"rounds": 3}}
+    stocfl.run(cfg, federation=fed, out=tmp_path / "r")
+    assert main(["resume", str(tmp_path / "r")]) == 2
+    assert "stocfl.resume" in capsys.readouterr().err
+    again = stocfl.resume(tmp_path / "r", federation=fed)
+    assert again.summary["rounds_done"] == 3
+
+
+def test_registered_names_work_from_a_toml_config(tmp_path):
+    train, test, groups = rotated_clients()
+
+    def loader(data_dir):
+        x = np.concatenate([x for x, _ in train])
+        y = np.concatenate([y for _, y in train])
+        xt = np.concatenate([x for x, _ in test])
+        yt = np.concatenate([y for _, y in test])
+        return x, y, xt, yt
+
+    def halves(dataset, n_clients, per_client, test_per_client, seed, alpha):
+        n = len(dataset.y_train) // n_clients
+        m = len(dataset.y_test) // n_clients
+        return stocfl.Federation.from_arrays(
+            [(dataset.x_train[i * n:(i + 1) * n], dataset.y_train[i * n:(i + 1) * n]) for i in range(n_clients)],
+            [(dataset.x_test[i * m:(i + 1) * m], dataset.y_test[i * m:(i + 1) * m]) for i in range(n_clients)],
+            groups=[i * 2 // n_clients for i in range(n_clients)])
+
+    stocfl.register_dataset("my_digits", loader)
+    stocfl.register_model("tiny", lambda shape, n_classes, hidden: nn.Sequential(
+        nn.Flatten(), nn.Linear(int(np.prod(shape)), hidden), nn.Tanh(), nn.Linear(hidden, n_classes)))
+    stocfl.register_scenario("halves", halves)
+    path = tmp_path / "mine.toml"
+    path.write_text('[run]\nrounds = 3\n[scenario]\nname = "halves"\ndataset = "my_digits"\nn_clients = 4\n'
+                    '[model]\nname = "tiny"\nhidden = 16\n[algorithm]\nname = "fedavg"\n')
+    result = stocfl.run(path)
+    assert result.summary["dataset"] == "my_digits" and result.summary["n_clients"] == 4
+    assert set(result.models["global"]) == {"1.weight", "1.bias", "3.weight", "3.bias"}
+    assert result.models["global"]["1.weight"].shape == (16, 64)
+    assert main(["run", str(path), "--out", str(tmp_path / "cli"), "--quiet"]) == 0  # the CLI, same process
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda t, s: stocfl.Federation.from_arrays(t, s[:-1]), "give one of each per client"),
+    (lambda t, s: stocfl.Federation.from_arrays([(t[0][0], t[0][1][:-1])] + t[1:], s), "client 0 train"),
+    (lambda t, s: stocfl.Federation.from_arrays(t, s, n_classes=5), "outside 0..4"),
+    (lambda t, s: stocfl.Federation.from_arrays([(t[0][0] * np.nan, t[0][1])] + t[1:], s), "NaN"),
+    (lambda t, s: stocfl.Federation.from_arrays([(t[0][0][:, :, :4], t[0][1])] + t[1:], s), "different shapes"),
+    (lambda t, s: stocfl.Federation.from_arrays(t, s, groups=[0, 1]), "groups must be 8 integers"),
+    (lambda t, s: stocfl.Federation.from_arrays([(t[0][0], -t[0][1] - 1)] + t[1:], s), "negative"),
+    (lambda t, s: stocfl.Federation.from_arrays([t[0][0]] + t[1:], s), "must be a pair"),
+    (lambda t, s: stocfl.run({"run": {"rounds": 0}}), "config: run.rounds"),
+    (lambda t, s: stocfl.run({"algorithm": {"name": "stocfl", "tau": 3}}), "config: algorithm.tau"),
+    (lambda t, s: stocfl.run(42), "config: expected a TOML path"),
+    (lambda t, s: stocfl.run(None, model="mlp"), "model: expected a torch.nn.Module"),
+    (lambda t, s: stocfl.run(None, federation=stocfl.Federation.from_arrays(t, s),
+                             model=nn.Sequential(nn.Flatten(), nn.Linear(10, 10))), "does not fit"),
+    (lambda t, s: stocfl.register_model("auto", lambda *a: None), "identifier other than 'auto'"),
+    (lambda t, s: stocfl.run({"scenario": {"dataset": "nope"}}), "config: scenario.dataset: unknown data set"),
+])
+def test_bad_input_is_one_user_error_line(make, message):
+    train, test, _ = rotated_clients()
+    with pytest.raises(stocfl.UserError) as err:
+        make(train, test)
+    assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_from_datasets_equals_from_arrays():
+    from torch.utils.data import TensorDataset
+
+    train, test, groups = rotated_clients()
+    a = stocfl.Federation.from_arrays(train, test, groups)
+    b = stocfl.Federation.from_datasets([TensorDataset(torch.as_tensor(x), torch.as_tensor(y)) for x, y in train],
+                                        [TensorDataset(torch.as_tensor(x), torch.as_tensor(y)) for x, y in test],
+                                        groups)
+    assert torch.equal(a.x_train, b.x_train) and torch.equal(a.y_test, b.y_test)
+    assert np.array_equal(a.train_offsets, b.train_offsets) and a.n_classes == b.n_classes == 10
