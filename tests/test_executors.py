@@ -10,7 +10,10 @@ from stocfl.errors import UserError
 from stocfl.executors import BatchedExecutor, SequentialExecutor, choose_engine
 from stocfl.models import build_module, make_model
 from stocfl.scenarios import build
-from stocfl.tasks import Evaluate, Gradient, Train, batch_plan, task_seed
+from stocfl.algorithms.representation import Represent
+from stocfl.models import linear_anchor_weights
+from stocfl.tasks import Evaluate, Train, task_seed
+from stocfl.training import batch_plan
 
 FED = build("dirichlet", load_dataset("digits"), 16, 30, alpha=0.5, seed=0)  # unequal client sizes
 MODEL, W0 = make_model("auto", FED.input_shape, 10, 0, seed=0)
@@ -80,18 +83,11 @@ def test_evaluation_fast_path_is_exact():
     assert tr.n_samples == FED.train_sizes[5]
 
 
-def test_gradient_task():
-    g = SequentialExecutor(FED, MODEL).run([Gradient(2, W0)])[0]
-    x, y = FED.train_data(2)
-    w = W0.clone().requires_grad_(True)
-    nn.functional.cross_entropy(MODEL.forward(w, x), y).backward()
-    assert torch.allclose(g.gradient, w.grad) and g.n_samples == len(y)
-
-
 def test_mixed_task_list_keeps_order():
-    tasks = [Evaluate(0, W0), _tasks(0)[1], Gradient(2, W0), Evaluate(3, W0, "train")]
+    anchor = linear_anchor_weights(FED.input_shape, 10, 0)
+    tasks = [Evaluate(0, W0), _tasks(0)[1], Represent(2, anchor, anchor_model="linear"), Evaluate(3, W0, "train")]
     out = BatchedExecutor(FED, MODEL).run(tasks)
-    assert [type(r).__name__ for r in out] == ["Evaluated", "Trained", "Gradiented", "Evaluated"]
+    assert [type(r).__name__ for r in out] == ["Evaluated", "Trained", "Represented", "Evaluated"]
 
 
 def test_wrong_weight_shape_is_refused():

@@ -7,13 +7,14 @@ import pytest
 import torch
 
 from stocfl.cli import main
-from stocfl.tasks import Evaluate, Evaluated, Gradient, Gradiented, Represent, Represented, Train, Trained
+from stocfl.algorithms.representation import Represent, Represented
+from stocfl.tasks import BadResult, Evaluate, Evaluated, Train, Trained, check_result
 
 flwr = pytest.importorskip("flwr", reason="Flower is part of the test extra: pip install -e '.[test]'")
 from flwr.app import ConfigRecord, RecordDict  # noqa: E402
 
-from stocfl.flower.codec import (MESSAGE_TYPE, BadReply, decode_results, decode_tasks, encode_results,  # noqa: E402
-                                 encode_tasks)
+from stocfl.flower.codec import (BadReply, decode_results, decode_tasks, encode_results,  # noqa: E402
+                                 encode_tasks, message_type)
 
 W = torch.arange(6, dtype=torch.float32)
 
@@ -23,11 +24,10 @@ W = torch.arange(6, dtype=torch.float32)
     Train(3, W, 1, 0, 0.5, 5),
     Evaluate(3, W, "train"),
     Represent(3, W, "update", "linear", 20, 50, 0.1, 9, 1024, 11),
-    Gradient(3, W),
 ])
 def test_tasks_survive_the_message_codec(task):
     twin = type(task)(**{**task.__dict__, "weights" if hasattr(task, "weights") else "anchor": W * 2})
-    backs = decode_tasks(MESSAGE_TYPE[type(task)], encode_tasks([task, twin]))  # one message, two tasks
+    backs = decode_tasks(message_type(type(task)), encode_tasks([task, twin]))  # one message, two tasks
     assert len(backs) == 2
     for sent, back in zip([task, twin], backs):
         assert type(back) is type(sent)
@@ -66,8 +66,8 @@ def decode_result(task, result, client):
 def test_replies_are_checked_before_aggregation():
     t = Train(3, W, 1, 0, 0.1, 1)
     assert torch.equal(decode_result(t, Trained(W + 1, 10), 3).weights, W + 1)
-    with pytest.raises(BadReply, match="shape"):
-        decode_result(t, Trained(torch.zeros(5), 10), 3)
+    with pytest.raises(BadResult, match="shape"):  # the length is checked against the task, for every engine
+        check_result(t, decode_result(t, Trained(torch.zeros(5), 10), 3), 10, 10)
     with pytest.raises(BadReply, match="NaN or inf"):
         decode_result(t, Trained(torch.full((6,), math.nan), 10), 3)
     with pytest.raises(BadReply, match="from client 4"):
@@ -89,8 +89,8 @@ def test_replies_are_checked_before_aggregation():
         decode_result(Evaluate(3, W), Evaluated(math.inf, 7, 10), 3)
     r = decode_result(Represent(3, W), Represented(torch.ones(4), 10), 3)
     assert r.psi.shape == (4,)
-    g = decode_result(Gradient(3, W), Gradiented(W, 10), 3)
-    assert torch.equal(g.gradient, W)
+    with pytest.raises(BadReply, match="correct = 7.5 is not an integer"):
+        decode_result(Evaluate(3, W), Evaluated(0.5, 7.5, 10), 3)
 
 
 def test_flower_simulation_agrees_with_the_local_engine(tmp_path):

@@ -14,7 +14,8 @@ from stocfl import config
 from stocfl.executors import SequentialExecutor
 from stocfl.flower.loopback import LoopbackExecutor
 from stocfl.runner import Experiment
-from stocfl.tasks import ClientsDropped, Evaluated, Represented, Trained
+from stocfl.algorithms.representation import Represented
+from stocfl.tasks import ClientsDropped, Evaluated, Trained
 
 EVIL = 3
 SMALL = ["scenario.n_clients=12", "scenario.samples_per_client=20", "run.rounds=4", "run.sample_rate=0.5",

@@ -13,7 +13,7 @@ from stocfl.data import load_dataset
 from stocfl.executors import BatchedExecutor, SequentialExecutor
 from stocfl.models import make_model
 from stocfl.scenarios import build
-from stocfl.tasks import Represent, Represented, count_sketch
+from stocfl.algorithms.representation import Represent, Represented, count_sketch
 from stocfl.tau import suggest_tau
 
 FED = build("rotated", load_dataset("digits"), 24, 30, seed=0)
@@ -109,9 +109,9 @@ def test_merged_models_weigh_by_trained_samples_untrained_weigh_zero():
 
 def test_a_client_whose_psi_is_rejected_still_trains_w():
     class ZeroPsi(SequentialExecutor):
-        def represent(self, tasks):
-            return [Represented(torch.zeros_like(r.psi), r.n_samples) if t.client == 5 else r
-                    for t, r in zip(tasks, super().represent(tasks))]
+        def run(self, tasks):
+            return [Represented(torch.zeros_like(r.psi), r.n_samples) if isinstance(r, Represented) and t.client == 5
+                    else r for t, r in zip(tasks, super().run(tasks))]
 
     ex = ZeroPsi(FED, MODEL)
     alg = StoCFL(StoCFLParams(), CTX)
@@ -232,7 +232,7 @@ def test_new_clients_join_their_group():
 
 @pytest.mark.parametrize("kind", ["gradient", "update"])
 def test_linear_anchor_fast_path_equals_autograd(kind):
-    from stocfl.executors.base import local_sgd
+    from stocfl.training import local_sgd
     from stocfl.models import linear_anchor_weights, linear_model
 
     lin = linear_model(FED.input_shape, 10)

@@ -10,14 +10,17 @@ Names registered here (``register_dataset``, ``register_model``, ``register_scen
 then usable from a TOML config in the same process. Every input error is a ``UserError``.
 """
 
+from stocfl.algorithms import Algorithm, Context, register_algorithm
 from stocfl.api import Result, as_config, resume, run
 from stocfl.config import Config
 from stocfl.data import Dataset, register_dataset
 from stocfl.errors import UserError
 from stocfl.models import register_model
 from stocfl.scenarios import Federation, register_scenario
+from stocfl.tasks import ClientData, register_task
 
 __version__ = "0.1.0"
 
-__all__ = ["Config", "Dataset", "Federation", "Result", "UserError", "as_config", "register_dataset",
-           "register_model", "register_scenario", "resume", "run", "__version__"]
+__all__ = ["Algorithm", "ClientData", "Config", "Context", "Dataset", "Federation", "Result", "UserError", "as_config",
+           "register_algorithm", "register_dataset", "register_model", "register_scenario", "register_task", "resume",
+           "run", "__version__"]

@@ -1,18 +1,26 @@
 """Client tasks: what an algorithm asks of a client, and what the client answers.
 
-Tasks and results carry only flat float32 weight vectors, client ids and plain numbers, so
-that every executor (in-process loop, batched ``vmap``, Flower messages) runs them unchanged.
+A task kind is a dataclass (its fields are its message: flat float32 tensors, the client id,
+plain numbers and strings), its result dataclass, and one reference function that runs it on
+one client's data (:func:`register_task`). Every executor dispatches through the registry: an
+executor may have a faster path for a kind (the batched executor's training, the shared
+evaluation of clients on one model), otherwise the reference runs; the Flower codec derives
+its records from the dataclass fields. Training and evaluation are registered here; StoCFL's
+representation beside StoCFL (``stocfl.algorithms.representation``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Literal, TypeVar
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Literal, TypeVar
 
 import numpy as np
 import torch
 
 from stocfl.aggregation import weighted_mean
+from stocfl.errors import UserError
+from stocfl.models import FlatModel
+from stocfl.training import batch_plan, local_sgd
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,37 +50,6 @@ class Evaluate:
 
 
 @dataclass(frozen=True, eq=False)
-class Gradient:
-    """Gradient of the mean loss of ``weights`` on the client's whole train set."""
-
-    client: int
-    weights: torch.Tensor
-
-
-@dataclass(frozen=True, eq=False)
-class Represent:
-    """The client's data representation Psi(D) from a fixed anchor model (StoCFL).
-
-    ``kind="gradient"``: g = the gradient of the mean loss of ``anchor`` on the whole train
-    set; ``kind="update"`` (the StoCFL authors' code): g = anchor - (anchor after ``epochs``
-    epochs of local SGD with ``batch_size``, ``lr``, ``seed``). ``anchor_model="train"`` is the
-    run's model; ``"linear"`` a linear softmax model on the raw inputs. If ``dim`` > 0 the
-    client sends a seeded count-sketch projection of g to ``dim`` numbers (``projection_seed``,
-    the same for every client). The result is normalised to unit length."""
-
-    client: int
-    anchor: torch.Tensor
-    kind: Literal["gradient", "update"] = "gradient"
-    anchor_model: Literal["train", "linear"] = "train"
-    epochs: int = 20
-    batch_size: int = 50
-    lr: float = 0.1
-    seed: int = 0
-    dim: int = 0
-    projection_seed: int = 0
-
-
-@dataclass(frozen=True, eq=False)
 class Trained:
     weights: torch.Tensor
     n_samples: int
@@ -87,18 +64,6 @@ class Evaluated:
     @property
     def accuracy(self) -> float:
         return self.correct / self.n_samples if self.n_samples else 0.0
-
-
-@dataclass(frozen=True, eq=False)
-class Gradiented:
-    gradient: torch.Tensor
-    n_samples: int
-
-
-@dataclass(frozen=True, eq=False)
-class Represented:
-    psi: torch.Tensor  # unit vector, or all zeros when the gradient vanished
-    n_samples: int
 
 
 T = TypeVar("T")
@@ -123,35 +88,47 @@ def check_vector(t, what: str, n: int, bound: float = float("inf")) -> torch.Ten
     return t
 
 
-def check_result(task, result, train_size: int, test_size: int):
-    """``result`` checked against what the server asked (``task``) and knows (the client's
-    train and test sizes); returns it (a Psi re-normalised to unit length) or raises
-    :class:`BadResult` naming the problem."""
-    def count(n, expected, what):
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n != expected:
-            raise BadResult(f"{what} = {n!r}, but the client holds {expected}")
+def _count(n, expected: int, what: str) -> None:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n != expected:
+        raise BadResult(f"{what} = {n!r}, but the client holds {expected}")
 
-    if isinstance(task, Train) and isinstance(result, Trained):
-        check_vector(result.weights, "weights", task.weights.numel(), MAX_ABS)
-        count(result.n_samples, train_size, "n_samples")
-    elif isinstance(task, Evaluate) and isinstance(result, Evaluated):
-        count(result.n_samples, train_size if task.split == "train" else test_size, "n_samples")
-        c = result.correct
-        if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c <= result.n_samples:
-            raise BadResult(f"correct = {c!r}, expected an integer in 0..{result.n_samples}")
-        if not (isinstance(result.loss, (int, float)) and np.isfinite(result.loss) and result.loss >= 0):
-            raise BadResult(f"loss = {result.loss!r}, expected a finite number >= 0")
-    elif isinstance(task, Represent) and isinstance(result, Represented):
-        psi = check_vector(result.psi, "representation", task.dim or task.anchor.numel())
-        count(result.n_samples, train_size, "n_samples")
-        norm = float(psi.double().norm())
-        result = Represented((psi.double() / norm).float() if norm > 0 else psi, result.n_samples)
-    elif isinstance(task, Gradient) and isinstance(result, Gradiented):
-        check_vector(result.gradient, "gradient", task.weights.numel(), MAX_ABS)
-        count(result.n_samples, train_size, "n_samples")
-    else:
-        raise BadResult(f"a {type(result).__name__} in reply to a {type(task).__name__} task")
+
+def check_trained(task: "Train", result: "Trained", train_size: int, test_size: int) -> "Trained":
+    check_vector(result.weights, "weights", task.weights.numel(), MAX_ABS)
+    _count(result.n_samples, train_size, "n_samples")
     return result
+
+
+def check_evaluated(task: "Evaluate", result: "Evaluated", train_size: int, test_size: int) -> "Evaluated":
+    _count(result.n_samples, train_size if task.split == "train" else test_size, "n_samples")
+    c = result.correct
+    if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c <= result.n_samples:
+        raise BadResult(f"correct = {c!r}, expected an integer in 0..{result.n_samples}")
+    if not (isinstance(result.loss, (int, float)) and np.isfinite(result.loss) and result.loss >= 0):
+        raise BadResult(f"loss = {result.loss!r}, expected a finite number >= 0")
+    return result
+
+
+def check_any(task, result, train_size: int, test_size: int):
+    """The check of a kind registered without its own: every tensor finite, a count named
+    ``n_samples`` equal to the client's train size."""
+    for f in fields(result):
+        v = getattr(result, f.name)
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() and not bool(torch.isfinite(v).all()):
+            raise BadResult(f"{f.name} holds NaN or inf")
+        if f.name == "n_samples":
+            _count(v, train_size, "n_samples")
+    return result
+
+
+def check_result(task, result, train_size: int, test_size: int):
+    """``result`` checked against what the server asked (``task``, by its kind's check) and
+    knows (the client's train and test sizes); returns it (possibly normalised, e.g. a Psi
+    re-scaled to unit length) or raises :class:`BadResult` naming the problem."""
+    kind = kind_of(type(task))
+    if not isinstance(result, kind.result):
+        raise BadResult(f"a {type(result).__name__} in reply to a {type(task).__name__} task")
+    return (kind.check or check_any)(task, result, train_size, test_size)
 
 
 class ClientsDropped(Exception):
@@ -173,35 +150,122 @@ def without_dropped(clients: list[int], attempt: Callable[[list[int]], T]) -> tu
             clients = [i for i in clients if i not in err.clients]
 
 
-Task = Train | Evaluate | Gradient | Represent
-Result = Trained | Evaluated | Gradiented | Represented
-
-
-def count_sketch(v: torch.Tensor, dim: int, seed: int) -> torch.Tensor:
-    """A seeded count-sketch random projection R v with R of shape (dim, len(v)): coordinate j
-    goes to bucket h(j) with sign s(j). Inner products are preserved in expectation
-    (E <Rx, Ry> = <x, y>); the same (dim, seed, len) gives the same R on every client."""
-    g = torch.Generator().manual_seed(int(seed))
-    buckets = torch.randint(0, dim, (v.numel(),), generator=g)
-    signs = torch.randint(0, 2, (v.numel(),), generator=g).to(v.dtype).mul_(2).sub_(1)
-    return torch.zeros(dim, dtype=v.dtype).index_add_(0, buckets, v * signs)
-
-
-def batch_plan(n: int, epochs: int, batch_size: int, seed: int) -> list[list[torch.Tensor] | None]:
-    """Per epoch, the mini-batches as index tensors; ``None`` for a full-batch epoch.
-
-    Every executor takes the order from here, which is why they agree to float rounding."""
-    if batch_size == 0 or batch_size >= n:
-        return [None] * epochs
-    g = torch.Generator().manual_seed(int(seed))
-    return [list(torch.split(torch.randperm(n, generator=g), batch_size)) for _ in range(epochs)]
-
-
 def task_seed(run_seed: int, round_: int, client: int, purpose: int = 0) -> int:
     """A seed for one client's task in one round, independent of every other draw."""
     return int(np.random.SeedSequence([run_seed, round_, client, purpose]).generate_state(1)[0])
 
 
-def average(results: list[Trained]) -> torch.Tensor:
-    """The mean of trained models weighted by the samples that trained them (FedAvg's rule)."""
-    return weighted_mean([r.weights for r in results], [r.n_samples for r in results])
+# ---- the registry -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """What a task's reference function sees: one client's train and test data and the run's
+    model (a pure function of flat weights)."""
+
+    client: int
+    x: torch.Tensor
+    y: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    model: FlatModel
+    n_classes: int
+
+    def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        return (self.x, self.y) if name == "train" else (self.x_test, self.y_test)
+
+
+@dataclass(frozen=True)
+class TaskKind:
+    """A client computation: ``run(client_data, task) -> result`` is its reference; ``check``
+    validates a reply (default :func:`check_any`); ``batched(executor, tasks)``, when given, is
+    a vectorised version the batched executor uses; ``message`` is its Flower message type."""
+
+    task: type
+    result: type
+    run: Callable[[ClientData, Any], Any]
+    message: str
+    check: Callable[[Any, Any, int, int], Any] | None = None
+    batched: Callable[[Any, list], list] | None = None
+
+
+KINDS: dict[type, TaskKind] = {}
+
+
+def register_task(task: type, result: type, run: Callable[[ClientData, Any], Any], message: str | None = None,
+                  check: Callable | None = None, batched: Callable | None = None) -> TaskKind:
+    """Register a task kind (see :class:`TaskKind`). ``task`` and ``result`` are dataclasses; a
+    task has a field ``client``. ``message`` defaults to ``query.<task name in lower case>``."""
+    names = {f.name for f in fields(task)}
+    if "client" not in names:
+        raise UserError(f"register_task: {task.__name__} needs a field 'client' (the client that runs it)")
+    message = message or f"query.{task.__name__.lower()}"
+    taken = [k for k in KINDS.values() if k.message == message and k.task is not task]
+    if taken:
+        raise UserError(f"register_task: message type {message!r} is taken by {taken[0].task.__name__}")
+    KINDS[task] = TaskKind(task, result, run, message, check, batched)
+    return KINDS[task]
+
+
+def kind_of(task_type: type) -> TaskKind:
+    try:
+        return KINDS[task_type]
+    except KeyError:
+        raise UserError(f"{task_type.__name__} is not a registered task kind; register it with "
+                        f"stocfl.tasks.register_task") from None
+
+
+def kind_by_message(message: str) -> TaskKind:
+    for k in KINDS.values():
+        if k.message == message:
+            return k
+    raise ValueError(f"unknown message type {message!r}")
+
+
+def check_train_task(t: Train, n_params: int) -> None:
+    if t.weights.shape != (n_params,):
+        raise UserError(f"train task for client {t.client}: weights have shape {tuple(t.weights.shape)}, "
+                        f"the model has {n_params} parameters")
+
+
+def train_one(c: ClientData, t: Train) -> Trained:
+    """The reference: local SGD on the client's train set (``stocfl.training.local_sgd``)."""
+    check_train_task(t, c.model.n_params)
+    w = local_sgd(c.model, c.x, c.y, t.weights, t.epochs, t.batch_size, t.lr, t.seed, t.prox_center, t.prox_weight)
+    return Trained(w, len(c.y))
+
+
+EVAL_CHUNK = 8192  # samples per forward pass when evaluating
+
+
+@torch.no_grad()
+def evaluate_pooled(model: FlatModel, w: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor]]
+                    ) -> list[Evaluated]:
+    """Loss and accuracy of one weights vector on each of several clients' data, in one forward
+    pass over their concatenation (exact: the per-sample numbers do not depend on the batch)."""
+    x = torch.cat([p[0] for p in parts])
+    y = torch.cat([p[1] for p in parts])
+    losses, correct = [], []
+    for a in range(0, len(y), EVAL_CHUNK):
+        logits = model.forward(w, x[a: a + EVAL_CHUNK])
+        losses.append(torch.nn.functional.cross_entropy(logits, y[a: a + EVAL_CHUNK], reduction="none").double())
+        correct.append(logits.argmax(1) == y[a: a + EVAL_CHUNK])
+    loss_all = torch.cat(losses) if losses else torch.zeros(0, dtype=torch.float64)
+    correct_all = torch.cat(correct) if correct else torch.zeros(0, dtype=torch.bool)
+    out, start = [], 0
+    for _, yk in parts:
+        seg = slice(start, start + len(yk))
+        out.append(Evaluated(float(loss_all[seg].mean()) if len(yk) else 0.0, int(correct_all[seg].sum()), len(yk)))
+        start += len(yk)
+    return out
+
+
+def evaluate_one(c: ClientData, t: Evaluate) -> Evaluated:
+    return evaluate_pooled(c.model, t.weights, [c.split(t.split)])[0]
+
+
+register_task(Train, Trained, train_one, "train", check_trained)
+register_task(Evaluate, Evaluated, evaluate_one, "evaluate", check_evaluated)
+
+Task = Any  # an instance of a registered task kind
+Result = Any  # an instance of its result kind

@@ -16,6 +16,19 @@ from stocfl.errors import UserError
 ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedAvg, FedProx, StoCFL, Ditto, IFCA, CFL, FLHC, FeSEM)}
 
 
+def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
+    """Make an algorithm usable by its ``name`` (``algorithm.name``) in this process; usable as a
+    class decorator. Its ``Params`` (a :class:`~stocfl.algorithms.base.Params` model) are its
+    config keys."""
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise UserError(f"register_algorithm: {cls!r} is not a subclass of stocfl.algorithms.Algorithm")
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name.isidentifier():
+        raise UserError(f"register_algorithm: {cls.__name__}.name must be an identifier, e.g. 'my_algorithm'")
+    ALGORITHMS[name] = cls
+    return cls
+
+
 def algorithm_class(name: str) -> type[Algorithm]:
     try:
         return ALGORITHMS[name]
@@ -23,4 +36,4 @@ def algorithm_class(name: str) -> type[Algorithm]:
         raise UserError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}") from None
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "Context", "algorithm_class"]
+__all__ = ["ALGORITHMS", "Algorithm", "Context", "algorithm_class", "register_algorithm"]

@@ -34,7 +34,8 @@ from stocfl.bounds import MAX_COUNT, MAX_EPOCHS, MAX_LR, MAX_WEIGHT
 from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks
 from stocfl.clustering import ClusterSet, valid_representation
 from stocfl.models import linear_anchor_weights
-from stocfl.tasks import Represent, Represented, count_sketch, task_seed, weighted_mean
+from stocfl.algorithms.representation import Represent, Represented, count_sketch
+from stocfl.tasks import task_seed, weighted_mean
 
 log = logging.getLogger("stocfl")
 PLOT_DIM = 1024  # per-client vectors kept for plots are sketched to at most this many numbers

@@ -3,7 +3,7 @@
 Clients of unequal size are padded to the largest in the chunk and masked: padded samples
 weigh 0 in the loss, and a client that has run out of mini-batches in an epoch is frozen for
 the remaining steps (its whole update, proximal term included, is multiplied by 0). The batch
-order comes from :func:`stocfl.tasks.batch_plan`, as in the sequential executor, so both
+order comes from :func:`stocfl.training.batch_plan`, as in the sequential executor, so both
 give the same weights up to float rounding.
 """
 
@@ -15,8 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch.func import grad, vmap
 
-from stocfl.executors.base import Executor, check_train_task
-from stocfl.tasks import Train, Trained, batch_plan
+from stocfl.executors.base import Executor
+from stocfl.tasks import KINDS, Train, Trained, check_train_task
+from stocfl.training import batch_plan
 
 MEMORY_BUDGET = 1 << 30  # bytes per chunk for weights, gradients, centers and activations
 MAX_CHUNK = 512
@@ -32,6 +33,13 @@ class BatchedExecutor(Executor):
             return (per_sample * m).sum() / m.sum().clamp(min=1.0)
 
         self._grads = vmap(grad(masked_loss))
+
+    def fast_paths(self):
+        """Training vectorised here; any kind registered with a ``batched`` version uses it."""
+        paths = super().fast_paths()
+        paths.update({k.task: (lambda tasks, f=k.batched: f(self, tasks)) for k in KINDS.values() if k.batched})
+        paths[Train] = self.train
+        return paths
 
     def _chunk_len(self, max_batch: int) -> int:
         if self.chunk_size:

@@ -1,33 +1,121 @@
-"""Client tasks and results as Flower records: named keys only, never positional lists.
+"""Client tasks and results as Flower records, derived from the dataclass fields of each
+registered task kind (``stocfl.tasks.register_task``): no per-kind code here.
 
-One message carries all the tasks of one kind for the clients of one node in a call of the
-executor (e.g. StoCFL's train of w and of theta_k): task k travels as an ArrayRecord
-"k.arrays" (weights, anchor, prox_center) and a ConfigRecord "k.task" (its client and plain
-numbers), with a ConfigRecord "batch" holding the count. Result k comes back as an ArrayRecord
-"k.arrays" (weights or psi) and a MetricRecord "k.metrics", with a ConfigRecord "clients"
-whose "ids" name the client of each result. Replies are checked before anything is aggregated.
+One message carries the tasks of one kind for the clients of one node in a call of the
+executor (e.g. StoCFL's train of w and of theta_k). Task k travels as an ArrayRecord "k.arrays"
+(its tensor fields; a field that is None is left out) and a ConfigRecord "k.task" (its other
+fields: numbers and strings), with a ConfigRecord "batch" holding the count; the message type
+is the kind's. Result k comes back as "k.arrays" and a ConfigRecord "k.values" the same way,
+with a ConfigRecord "clients" whose "ids" name the client of each result. Every value is read
+back by its field's type: a number where an integer belongs, NaN or inf in a tensor, a tensor
+of the wrong shape class, a missing field or another client's id is a :class:`BadReply`.
+Replies are then checked against the task (``stocfl.tasks.check_result``) before any
+algorithm sees them.
 """
 
 from __future__ import annotations
 
 import math
+import typing
+from dataclasses import MISSING, fields
+from functools import lru_cache
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from stocfl.tasks import (BadResult, Evaluate, Evaluated, Gradient, Gradiented, Represent, Represented, Task,
-                          Train, Trained, check_vector)
-
-MESSAGE_TYPE = {Train: "train", Evaluate: "evaluate", Represent: "query.represent", Gradient: "query.gradient"}
+from stocfl.tasks import KINDS, BadResult, Task, kind_by_message, kind_of
 
 
 class BadReply(BadResult):
     """A client's reply that must not reach aggregation (wrong shape, NaN or inf, wrong client)."""
 
 
-def _arrays(**tensors) -> ArrayRecord:
-    return ArrayRecord(array_dict={k: Array(v.detach().numpy()) for k, v in tensors.items() if v is not None})
+def message_type(task_type: type) -> str:
+    return kind_of(task_type).message
+
+
+def message_types() -> list[str]:
+    return sorted(k.message for k in KINDS.values())
+
+
+@lru_cache(maxsize=None)
+def _layout(cls: type) -> tuple[tuple[str, str, bool, object], ...]:
+    """(name, "tensor" | "int" | "float" | "str" | "bool", optional, default) per field."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in fields(cls):
+        t = hints[f.name]
+        args = typing.get_args(t)
+        optional = type(None) in args
+        base = next((a for a in args if a is not type(None)), t) if args and typing.get_origin(t) is not typing.Literal \
+            else t
+        if base is torch.Tensor:
+            kind = "tensor"
+        elif typing.get_origin(base) is typing.Literal:
+            kind = "str"
+        elif base in (bool, int, float, str):
+            kind = base.__name__
+        else:
+            raise TypeError(f"{cls.__name__}.{f.name}: a message field must be a tensor, int, float, str or bool")
+        default = f.default if f.default is not MISSING else MISSING
+        out.append((f.name, kind, optional, default))
+    return tuple(out)
+
+
+def _encode(obj) -> tuple[ArrayRecord, ConfigRecord]:
+    arrays, values = {}, {}
+    for name, kind, _, _ in _layout(type(obj)):
+        v = getattr(obj, name)
+        if kind == "tensor":
+            if v is not None:
+                arrays[name] = Array(v.detach().numpy())
+        elif v is not None:
+            values[name] = v.item() if isinstance(v, np.generic) else v
+    return ArrayRecord(array_dict=arrays), ConfigRecord(values)
+
+
+def _read(cls: type, arrays: ArrayRecord, values: ConfigRecord):
+    """An instance of ``cls`` from its records, each value checked against its field's type."""
+    kw = {}
+    for name, kind, optional, default in _layout(cls):
+        if kind == "tensor":
+            if name in arrays:
+                try:
+                    t = torch.from_numpy(np.array(arrays[name].numpy(), dtype=np.float32))
+                except (TypeError, ValueError) as err:
+                    raise BadReply(f"{name}: not an array of numbers ({err})") from None
+                if t.numel() and not bool(torch.isfinite(t).all()):
+                    raise BadReply(f"{name} holds NaN or inf")
+                kw[name] = t
+            elif optional or default is not MISSING:
+                kw[name] = None if optional else default
+            else:
+                raise BadReply(f"{name} is missing")
+            continue
+        if name not in values:
+            if default is MISSING:
+                raise BadReply(f"{name} is missing")
+            continue
+        v = values[name]
+        if kind == "int":
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or (
+                    isinstance(v, float) and not (math.isfinite(v) and v.is_integer())):
+                raise BadReply(f"{name} = {v!r} is not an integer")
+            v = int(v)
+        elif kind == "float":
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise BadReply(f"{name} = {v!r} is not a number")
+            if not math.isfinite(v):
+                raise BadReply(f"{name} = {v!r} is not finite")
+            v = float(v)
+        elif kind == "bool":
+            if not isinstance(v, bool):
+                raise BadReply(f"{name} = {v!r} is not true or false")
+        elif not isinstance(v, str):
+            raise BadReply(f"{name} = {v!r} is not a string")
+        kw[name] = v
+    return cls(**kw)
 
 
 def encode_tasks(tasks: list[Task]) -> RecordDict:
@@ -36,129 +124,38 @@ def encode_tasks(tasks: list[Task]) -> RecordDict:
         raise ValueError("one message carries tasks of one kind")
     content = RecordDict({"batch": ConfigRecord({"n": len(tasks)})})
     for k, task in enumerate(tasks):
-        content[f"{k}.arrays"], content[f"{k}.task"] = _encode_task(task)
+        content[f"{k}.arrays"], content[f"{k}.task"] = _encode(task)
     return content
 
 
-def decode_tasks(message_type: str, content: RecordDict) -> list[Task]:
-    return [_decode_task(message_type, content[f"{k}.task"], content[f"{k}.arrays"])
-            for k in range(int(content["batch"]["n"]))]
+def decode_tasks(message: str, content: RecordDict) -> list[Task]:
+    cls = kind_by_message(message).task
+    return [_read(cls, content[f"{k}.arrays"], content[f"{k}.task"]) for k in range(int(content["batch"]["n"]))]
 
 
 def encode_results(results: list, clients: list[int]) -> RecordDict:
     """The reply to one message: ``results[k]`` is client ``clients[k]``'s."""
     content = RecordDict({"clients": ConfigRecord({"ids": [int(c) for c in clients]})})
     for k, result in enumerate(results):
-        content[f"{k}.arrays"], content[f"{k}.metrics"] = _encode_result(result)
+        content[f"{k}.arrays"], content[f"{k}.values"] = _encode(result)
     return content
 
 
 def decode_results(tasks: list[Task], content: RecordDict) -> list:
-    """The replies to ``tasks`` (one message's), each checked as by :func:`_decode_result`."""
+    """The replies to ``tasks`` (one message's), each read by its kind's result fields and
+    from the client it was asked of."""
     try:
         who = [int(c) for c in content["clients"]["ids"]]
-        parts = [(content[f"{k}.arrays"], content[f"{k}.metrics"]) for k in range(min(len(tasks), len(who)))]
+        parts = [(content[f"{k}.arrays"], content[f"{k}.values"]) for k in range(min(len(tasks), len(who)))]
     except (KeyError, TypeError, ValueError) as err:
         raise BadReply(f"reply without the expected records ({err})") from None
     if len(who) != len(tasks) or len(content) != 1 + 2 * len(tasks):
         raise BadReply(f"reply holds {(len(content) - 1) // 2} results for {len(tasks)} tasks")
-    return [_decode_result(t, c, arrays, m) for t, c, (arrays, m) in zip(tasks, who, parts)]
-
-
-def _encode_task(task: Task) -> tuple[ArrayRecord, ConfigRecord]:
-    if isinstance(task, Train):
-        cfg = {"client": task.client, "epochs": task.epochs, "batch_size": task.batch_size, "lr": task.lr,
-               "seed": task.seed, "prox_weight": task.prox_weight}
-        arrays = _arrays(weights=task.weights, prox_center=task.prox_center)
-    elif isinstance(task, Evaluate):
-        cfg = {"client": task.client, "split": task.split}
-        arrays = _arrays(weights=task.weights)
-    elif isinstance(task, Represent):
-        cfg = {"client": task.client, "kind": task.kind, "anchor_model": task.anchor_model, "epochs": task.epochs,
-               "batch_size": task.batch_size, "lr": task.lr, "seed": task.seed, "dim": task.dim,
-               "projection_seed": task.projection_seed}
-        arrays = _arrays(anchor=task.anchor)
-    elif isinstance(task, Gradient):
-        cfg = {"client": task.client}
-        arrays = _arrays(weights=task.weights)
-    else:
-        raise TypeError(f"no message for {type(task).__name__}")
-    return arrays, ConfigRecord(cfg)
-
-
-def _tensor(record: ArrayRecord, key: str) -> torch.Tensor | None:
-    return torch.from_numpy(np.array(record[key].numpy(), dtype=np.float32)) if key in record else None
-
-
-def _decode_task(message_type: str, cfg: ConfigRecord, arrays: ArrayRecord) -> Task:
-    if message_type == "train":
-        return Train(int(cfg["client"]), _tensor(arrays, "weights"), int(cfg["epochs"]), int(cfg["batch_size"]),
-                     float(cfg["lr"]), int(cfg["seed"]), _tensor(arrays, "prox_center"), float(cfg["prox_weight"]))
-    if message_type == "evaluate":
-        return Evaluate(int(cfg["client"]), _tensor(arrays, "weights"), str(cfg["split"]))
-    if message_type == "query.represent":
-        return Represent(int(cfg["client"]), _tensor(arrays, "anchor"), str(cfg["kind"]), str(cfg["anchor_model"]),
-                         int(cfg["epochs"]), int(cfg["batch_size"]), float(cfg["lr"]), int(cfg["seed"]),
-                         int(cfg["dim"]), int(cfg["projection_seed"]))
-    if message_type == "query.gradient":
-        return Gradient(int(cfg["client"]), _tensor(arrays, "weights"))
-    raise ValueError(f"unknown message type {message_type!r}")
-
-
-def _encode_result(result) -> tuple[ArrayRecord, MetricRecord]:
-    if isinstance(result, Trained):
-        arrays, metrics = _arrays(weights=result.weights), {"n_samples": result.n_samples}
-    elif isinstance(result, Evaluated):
-        arrays, metrics = ArrayRecord(), {"loss": result.loss, "correct": result.correct,
-                                          "n_samples": result.n_samples}
-    elif isinstance(result, Represented):
-        arrays, metrics = _arrays(psi=result.psi), {"n_samples": result.n_samples}
-    elif isinstance(result, Gradiented):
-        arrays, metrics = _arrays(gradient=result.gradient), {"n_samples": result.n_samples}
-    else:
-        raise TypeError(f"no reply for {type(result).__name__}")
-    return arrays, MetricRecord(metrics)
-
-
-def _finite(t: torch.Tensor | None, what: str, n: int) -> torch.Tensor:
-    try:
-        return check_vector(t, what, n)
-    except BadResult as err:
-        raise BadReply(str(err)) from None
-
-
-def _integer(m: MetricRecord, key: str) -> int:
-    """An integer metric, or BadReply: a float must be finite and whole (MetricRecord carries
-    numbers as int or float)."""
-    try:
-        v = m[key]
-    except (KeyError, TypeError) as err:
-        raise BadReply(f"reply without {key} ({err})") from None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not
-                                                                  (math.isfinite(v) and v.is_integer())):
-        raise BadReply(f"{key} = {v!r} is not an integer")
-    return int(v)
-
-
-def _decode_result(task: Task, who: int, arrays: ArrayRecord, m: MetricRecord):
-    """Client ``who``'s result for ``task``, checked: the right client, the right shapes,
-    finite numbers."""
-    n = _integer(m, "n_samples")
-    if who != task.client:
-        raise BadReply(f"reply from client {who} to a task for client {task.client}")
-    if isinstance(task, Train):
-        return Trained(_finite(_tensor(arrays, "weights"), "weights", task.weights.numel()), n)
-    if isinstance(task, Evaluate):
-        try:
-            loss = float(m["loss"])
-        except (KeyError, TypeError, ValueError) as err:
-            raise BadReply(f"reply without a loss ({err})") from None
-        if not math.isfinite(loss):
-            raise BadReply("evaluation loss is not finite")
-        return Evaluated(loss, _integer(m, "correct"), n)
-    if isinstance(task, Represent):
-        psi = _tensor(arrays, "psi")
-        if psi is None or psi.dim() != 1:
-            raise BadReply("representation missing or not a vector")
-        return Represented(psi, n)  # zero or non-finite Psi is rejected by StoCFL itself
-    return Gradiented(_finite(_tensor(arrays, "gradient"), "gradient", task.weights.numel()), n)
+    out = []
+    for t, c, (arrays, values) in zip(tasks, who, parts):
+        if c != t.client:
+            raise BadReply(f"reply from client {c} to a task for client {t.client}")
+        if not isinstance(arrays, ArrayRecord) or not isinstance(values, ConfigRecord):
+            raise BadReply("reply records of the wrong kind")
+        out.append(_read(kind_of(type(t)).result, arrays, values))
+    return out

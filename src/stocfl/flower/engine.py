@@ -22,7 +22,8 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from stocfl.errors import UserError
-from stocfl.flower.codec import MESSAGE_TYPE, BadReply, decode_results, decode_tasks, encode_results, encode_tasks
+from stocfl.flower.codec import (BadReply, decode_results, decode_tasks, encode_results, encode_tasks, message_type,
+                                 message_types)
 from stocfl.tasks import ClientsDropped, Result, Task
 
 NODE_WAIT_SECONDS = 120.0
@@ -140,7 +141,7 @@ class FlowerExecutor:
         groups: dict[tuple[int, type], list[int]] = {}  # one message per node and kind of task
         for k, t in enumerate(tasks):
             groups.setdefault((self.node_of[t.client], type(t)), []).append(k)
-        msgs = [Message(encode_tasks([tasks[k] for k in ks]), dst_node_id=node, message_type=MESSAGE_TYPE[kind])
+        msgs = [Message(encode_tasks([tasks[k] for k in ks]), dst_node_id=node, message_type=message_type(kind))
                 for (node, kind), ks in groups.items()]
         out: list[Result | None] = [None] * len(tasks)
         for (node, _), ks, reply in zip(groups, groups.values(), self.exchange(msgs, self.timeout)):
@@ -223,10 +224,13 @@ def client_app(raw_config: dict[str, Any] | Callable[[Context], dict[str, Any]])
         return Message(encode_results(executor.run(tasks), [t.client for t in tasks]), reply_to=msg)
 
     app.query("identify")(identify)
-    app.train()(handle)
-    app.evaluate()(handle)
-    app.query("represent")(handle)
-    app.query("gradient")(handle)
+    for kind in message_types():  # every registered task kind: train, evaluate, query.<name>
+        if kind == "train":
+            app.train()(handle)
+        elif kind == "evaluate":
+            app.evaluate()(handle)
+        else:
+            app.query(kind.split(".", 1)[1])(handle)
     return app
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from flwr.common import serde
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
-from stocfl.flower.codec import MESSAGE_TYPE, BadReply, decode_results, decode_tasks, encode_results, encode_tasks
+from stocfl.flower.codec import BadReply, decode_results, decode_tasks, encode_results, encode_tasks, message_type
 from stocfl.tasks import ClientsDropped, Result, Task
 
 
@@ -39,7 +39,7 @@ class LoopbackExecutor:
         why: dict[int, str] = {}
         for (node, kind), idx in groups.items():
             sent = [tasks[k] for k in idx]
-            received = decode_tasks(MESSAGE_TYPE[kind], over_the_wire(encode_tasks(sent)))
+            received = decode_tasks(message_type(kind), over_the_wire(encode_tasks(sent)))
             reply = encode_results(self.inner.run(received), [t.client for t in received])
             self.messages += 1
             try:
