@@ -114,7 +114,20 @@ def _choice(value: str, names, what: str) -> str:
 class TrainConfig(Section):
     epochs: int = Field(1, ge=1, le=MAX_EPOCHS, description="local epochs E")
     batch_size: int = Field(10, ge=0, le=MAX_COUNT, description="local batch size B; 0 = full batch")
-    lr: float = Field(0.05, gt=0, le=MAX_LR, description="local SGD learning rate eta")
+    lr: float = Field(0.05, gt=0, le=MAX_LR, description="local learning rate eta")
+    optimizer: Literal["sgd", "adam"] = Field(
+        "sgd", description="local optimizer (torch.optim.SGD or Adam semantics), fresh state in every local training"
+    )
+    momentum: float = Field(0.0, ge=0, lt=1, description="sgd: momentum (no dampening, no Nesterov)")
+    weight_decay: float = Field(0.0, ge=0, le=MAX_WEIGHT, description="L2 weight decay added to the gradient")
+    betas: list[float] = Field([0.9, 0.999], description="adam: [beta1, beta2], each in [0, 1)")
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v):
+        if len(v) != 2 or not all(0 <= b < 1 for b in v):
+            raise ValueError("expected [beta1, beta2], each in [0, 1)")
+        return v
 
 
 class AggregationConfig(Section):

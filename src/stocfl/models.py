@@ -91,17 +91,34 @@ def build_module(name: str, input_shape: tuple[int, ...], n_classes: int, hidden
     return module
 
 
+def _flat(module: nn.Module) -> torch.Tensor:
+    """Parameters then buffers (BatchNorm's running statistics and batch count), one float32 vector."""
+    parts = [p.detach().reshape(-1).float() for p in module.parameters()]
+    parts += [b.detach().reshape(-1).float() for b in module.buffers()]
+    return torch.cat(parts) if parts else torch.zeros(0)
+
+
 class FlatModel:
-    """A module as a pure function of a flat parameter vector."""
+    """A module as a pure function of a flat vector: its parameters, then its buffers.
+
+    Buffers (BatchNorm's running mean, variance and batch count) travel, average and are
+    checkpointed with the weights, as FedAvg does; gradients, proximal terms and weight decay
+    act on the first ``n_trainable`` entries only. ``forward`` runs in eval mode (running
+    statistics); local training runs in train mode and writes the updated statistics back
+    (:meth:`forward_train`)."""
 
     def __init__(self, module: nn.Module):
-        if any(True for _ in module.buffers()):
-            raise ValueError("models with buffers (e.g. BatchNorm) are not supported by the flat engine")
         self.module = copy.deepcopy(module).to("meta")  # a template only: no real storage (the caller's stays)
-        self.names = [n for n, _ in module.named_parameters()]
-        self.shapes = [tuple(p.shape) for _, p in module.named_parameters()]
+        params = list(module.named_parameters())
+        buffers = list(module.named_buffers())
+        self.names = [n for n, _ in params] + [n for n, _ in buffers]
+        self.shapes = [tuple(t.shape) for _, t in params] + [tuple(t.shape) for _, t in buffers]
+        self.dtypes = [t.dtype for _, t in params] + [t.dtype for _, t in buffers]
         self.numels = [math.prod(s) for s in self.shapes]
         self.n_params = sum(self.numels)
+        self.n_trainable = sum(self.numels[: len(params)])
+        self.has_buffers = bool(buffers)
+        self.n_tensors = len(params)  # the first n_tensors names are parameters, the rest buffers
 
     @staticmethod
     def init_weights(module: nn.Module, seed: int) -> torch.Tensor:
@@ -111,22 +128,40 @@ class FlatModel:
             for m in module.modules():
                 if hasattr(m, "reset_parameters"):
                     m.reset_parameters()
-            return torch.cat([p.detach().reshape(-1) for p in module.parameters()]).float()
+            return _flat(module)
 
     @staticmethod
     def flatten(module: nn.Module) -> torch.Tensor:
-        """The module's current parameters as one flat float32 vector (a copy)."""
-        return torch.cat([p.detach().reshape(-1) for p in module.parameters()]).float().clone()
+        """The module's current parameters and buffers as one flat float32 vector (a copy)."""
+        return _flat(module).clone()
 
     def state_dict(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
         """Flat weights as the module's ``state_dict`` (copies), loadable with ``load_state_dict``."""
-        return {n: t.detach().clone() for n, t in self.unflatten(w).items()}
+        return {n: t.detach().clone().to(d) for (n, t), d in zip(self.unflatten(w).items(), self.dtypes)}
 
     def unflatten(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
         return {n: p.view(s) for n, p, s in zip(self.names, torch.split(w, self.numels), self.shapes)}
 
     def forward(self, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Logits of the model at ``w`` (eval mode: BatchNorm uses the running statistics)."""
+        if self.has_buffers:
+            self.module.eval()
         return functional_call(self.module, self.unflatten(w), (x,))
+
+    def forward_train(self, params: torch.Tensor, buffers: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """Logits in train mode from ``params`` (the first ``n_trainable`` entries, may require
+        grad) and ``buffers`` (one tensor per buffer, from :meth:`split_buffers`: BatchNorm
+        updates them in place; separate tensors, so that autograd's version checks of one
+        layer do not see another layer's update)."""
+        k = self.n_tensors
+        views = {n: t.view(s) for n, t, s in zip(self.names[:k], torch.split(params, self.numels[:k]), self.shapes[:k])}
+        views.update({n: t.view(s) for n, t, s in zip(self.names[k:], buffers, self.shapes[k:])})
+        self.module.train()
+        return functional_call(self.module, views, (x,))
+
+    def split_buffers(self, w: torch.Tensor) -> list[torch.Tensor]:
+        """The buffers of flat weights ``w``, each a tensor of its own (copies)."""
+        return [t.clone() for t in torch.split(w[self.n_trainable:], self.numels[self.n_tensors:])]
 
 
 def linear_model(input_shape, n_classes: int) -> FlatModel:

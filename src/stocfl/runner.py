@@ -27,6 +27,7 @@ import torch
 
 from stocfl import checkpoint, config as config_mod, report
 from stocfl.aggregation import Aggregator
+from stocfl.optim import Optimizer
 from stocfl.algorithms import Context, algorithm_class
 from stocfl.config import Config
 from stocfl.data import resolve_data_dir
@@ -89,7 +90,8 @@ class Experiment:
                       init_model=lambda seed: FlatModel.init_weights(copy.deepcopy(module), seed),
                       last_layer=self.model.numels[-1] + self.model.numels[-2], workdir=self.out,
                       participants=tuple(self.fed.participants), sample_size=self.sample_size(),
-                      aggregator=Aggregator(**self.cfg.aggregation.model_dump()))
+                      aggregator=Aggregator(**self.cfg.aggregation.model_dump()),
+                      optimizer=Optimizer(t.optimizer, t.lr, t.momentum, t.weight_decay, *t.betas))
         self.algorithm = algorithm_class(self.cfg.algorithm["name"])(self.cfg.algorithm_params(), ctx)
         self.sampler = np.random.default_rng([self.cfg.run.seed, 1])
         self.round = 0

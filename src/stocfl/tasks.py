@@ -20,6 +20,7 @@ import torch
 from stocfl.aggregation import weighted_mean
 from stocfl.errors import UserError
 from stocfl.models import FlatModel
+from stocfl.optim import Optimizer
 from stocfl.training import batch_plan, local_sgd
 
 
@@ -28,7 +29,9 @@ class Train:
     """Local SGD from ``weights``: ``epochs`` passes over the client's train set in shuffled
     mini-batches of ``batch_size`` (0 = full batch) with learning rate ``lr``, minimising
     f_i(w) + (prox_weight / 2) * ||w - prox_center||^2 (the proximal term is off when
-    ``prox_center`` is None). ``seed`` fixes the mini-batch order."""
+    ``prox_center`` is None). ``seed`` fixes the mini-batch order. ``optimizer`` ("sgd" or "adam")
+    with ``momentum``, ``weight_decay``, ``beta1``, ``beta2`` (``stocfl.optim``), from a fresh
+    state."""
 
     client: int
     weights: torch.Tensor
@@ -38,6 +41,15 @@ class Train:
     seed: int
     prox_center: torch.Tensor | None = None
     prox_weight: float = 0.0
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+
+    @property
+    def opt(self) -> Optimizer:
+        return Optimizer(self.optimizer, self.lr, self.momentum, self.weight_decay, self.beta1, self.beta2)
 
 
 @dataclass(frozen=True, eq=False)
@@ -231,7 +243,8 @@ def check_train_task(t: Train, n_params: int) -> None:
 def train_one(c: ClientData, t: Train) -> Trained:
     """The reference: local SGD on the client's train set (``stocfl.training.local_sgd``)."""
     check_train_task(t, c.model.n_params)
-    w = local_sgd(c.model, c.x, c.y, t.weights, t.epochs, t.batch_size, t.lr, t.seed, t.prox_center, t.prox_weight)
+    w = local_sgd(c.model, c.x, c.y, t.weights, t.epochs, t.batch_size, t.lr, t.seed, t.prox_center, t.prox_weight,
+                  opt=t.opt)
     return Trained(w, len(c.y))
 
 

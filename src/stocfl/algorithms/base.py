@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from stocfl.aggregation import Aggregator
 from stocfl.bounds import MAX_MODEL_BYTES
+from stocfl.optim import Optimizer
 from stocfl.errors import UserError
 from stocfl.tasks import Evaluate, Result, Task, Train, Trained, task_seed
 
@@ -47,6 +48,7 @@ class Context:
     participants: tuple[int, ...] | None = None  # clients that may train (None: all); the rest are held out
     sample_size: int = 0  # clients sampled per round, m (0: not known)
     aggregator: Aggregator = Aggregator()  # how trained models are combined ([aggregation])
+    optimizer: Optimizer = Optimizer()  # the local optimizer ([train]; its lr is ``lr``)
 
     @property
     def training_clients(self) -> list[int]:
@@ -106,9 +108,9 @@ class Algorithm:
     def local_training(self, round_: int, client: int, weights: torch.Tensor, purpose: int = 0,
                        prox_center: torch.Tensor | None = None, prox_weight: float = 0.0) -> Train:
         """A Train task with the run's E, B, eta and a seed unique to (round, client, purpose)."""
-        c = self.ctx
-        return Train(client, weights, c.epochs, c.batch_size, c.lr,
-                     task_seed(c.seed, round_, client, purpose), prox_center, prox_weight)
+        c, o = self.ctx, self.ctx.optimizer
+        return Train(client, weights, c.epochs, c.batch_size, c.lr, task_seed(c.seed, round_, client, purpose),
+                     prox_center, prox_weight, o.name, o.momentum, o.weight_decay, o.beta1, o.beta2)
 
     def aggregate(self, results: list[Trained], start: torch.Tensor | list[torch.Tensor], weights=None) -> torch.Tensor:
         """The trained models combined by the run's rule (``[aggregation]``; by default the mean

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch.func import grad, vmap
 
 from stocfl.executors.base import Executor
+from stocfl.optim import Optimizer
 from stocfl.tasks import KINDS, Train, Trained, check_train_task
 from stocfl.training import batch_plan
 
@@ -38,7 +39,8 @@ class BatchedExecutor(Executor):
         """Training vectorised here; any kind registered with a ``batched`` version uses it."""
         paths = super().fast_paths()
         paths.update({k.task: (lambda tasks, f=k.batched: f(self, tasks)) for k in KINDS.values() if k.batched})
-        paths[Train] = self.train
+        if not self.model.has_buffers:  # vmap cannot update BatchNorm's running statistics in place:
+            paths[Train] = self.train   # such models train client by client (the reference)
         return paths
 
     def _chunk_len(self, max_batch: int) -> int:
@@ -53,20 +55,20 @@ class BatchedExecutor(Executor):
         kinds: dict[tuple, list[int]] = defaultdict(list)
         for k, t in enumerate(tasks):
             check_train_task(t, self.model.n_params)
-            kinds[(t.epochs, t.batch_size, t.lr)].append(k)
+            kinds[(t.epochs, t.batch_size, t.opt)].append(k)
         sizes = self.fed.train_sizes
-        for (epochs, batch_size, lr), idx in kinds.items():
+        for (epochs, batch_size, opt), idx in kinds.items():
             idx.sort(key=lambda k: sizes[tasks[k].client])  # similar sizes share a chunk: less padding
             max_batch = int(max(sizes[tasks[k].client] for k in idx))
             max_batch = max_batch if batch_size == 0 else min(batch_size, max_batch)
             step = self._chunk_len(max_batch)
             for a in range(0, len(idx), step):
                 chunk = idx[a : a + step]
-                for k, r in zip(chunk, self._train_chunk([tasks[k] for k in chunk], epochs, batch_size, lr)):
+                for k, r in zip(chunk, self._train_chunk([tasks[k] for k in chunk], epochs, batch_size, opt)):
                     out[k] = r
         return out  # type: ignore[return-value]
 
-    def _train_chunk(self, tasks: list[Train], epochs: int, batch_size: int, lr: float) -> list[Trained]:
+    def _train_chunk(self, tasks: list[Train], epochs: int, batch_size: int, opt: Optimizer) -> list[Trained]:
         c = len(tasks)
         data = [self.fed.train_data(t.client) for t in tasks]
         n = torch.tensor([len(y) for _, y in data])
@@ -83,6 +85,7 @@ class BatchedExecutor(Executor):
             centers = torch.stack([t.prox_center if t.prox_center is not None else t.weights for t in tasks])
         plans = [batch_plan(int(n[i]), epochs, batch_size, t.seed) for i, t in enumerate(tasks)]
         rows = torch.arange(c)[:, None]
+        state = None if opt.plain else opt.init(w)
         full_mask = (torch.arange(n_max)[None, :] < n[:, None]).float()
         for e in range(epochs):
             steps = [len(p[e]) if p[e] is not None else 1 for p in plans]
@@ -95,7 +98,10 @@ class BatchedExecutor(Executor):
                 if has_prox:
                     g.add_(mu[:, None] * (w - centers))
                 active = torch.tensor([float(s < k) for k in steps])[:, None]
-                w.sub_(lr * active * g)
+                if state is None:
+                    w.sub_(opt.lr * active * g)
+                else:
+                    opt.step(w, g, state, active)
         return [Trained(w[i].clone(), int(n[i])) for i in range(c)]
 
     @staticmethod
