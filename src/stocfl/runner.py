@@ -48,6 +48,24 @@ def build_federation(cfg: Config) -> Federation:
                  seed=cfg.run.seed, alpha=s.alpha, data_dir=s.data_dir or None, holdout=s.holdout)
 
 
+def build_model(cfg: Config, fed: Federation, module: Any = None) -> tuple[FlatModel, torch.Tensor, Any]:
+    """The run's model as a flat function, its w_0 and its nn.Module: the module given (its
+    current weights are w_0), else ``[model]`` initialised with the run's seed; checked against
+    the data by one forward pass. Shared by the runner and the Flower ClientApp."""
+    m = cfg.model
+    name = m.name if module is None else type(module).__name__
+    if module is not None:
+        model, w0 = FlatModel(module), FlatModel.flatten(module)
+    else:
+        try:
+            model, w0 = make_model(m.name, fed.input_shape, fed.n_classes, m.hidden, cfg.run.seed)
+            module = build_module(m.name, fed.input_shape, fed.n_classes, m.hidden)
+        except ValueError as err:
+            raise UserError(f"config: model.name: {err}") from None
+    check_model_fits(model, w0, fed, name)
+    return model, w0, module
+
+
 @dataclass
 class Experiment:
     cfg: Config
@@ -59,22 +77,7 @@ class Experiment:
     def __post_init__(self):
         self.threads = set_threads(self.cfg.run.threads)
         self.fed = self.federation if self.federation is not None else build_federation(self.cfg)
-        m = self.cfg.model
-        if self.module is not None:
-            module = self.module
-            try:
-                self.model = FlatModel(module)
-            except ValueError as err:
-                raise UserError(f"model: {err}") from None
-            w0 = FlatModel.flatten(module)
-        else:
-            try:
-                self.model, w0 = make_model(m.name, self.fed.input_shape, self.fed.n_classes, m.hidden,
-                                            self.cfg.run.seed)
-                module = build_module(m.name, self.fed.input_shape, self.fed.n_classes, m.hidden)
-            except ValueError as err:
-                raise UserError(f"config: model.name: {err}") from None
-        check_model_fits(self.model, w0, self.fed, m.name if self.module is None else type(self.module).__name__)
+        self.model, w0, module = build_model(self.cfg, self.fed, self.module)
         t = self.cfg.train
         if self.executor is not None:
             self.engine = self.cfg.run.engine
@@ -88,7 +91,8 @@ class Experiment:
         ctx = Context(self.fed.n_clients, w0, t.epochs, t.batch_size, t.lr, self.cfg.run.seed,
                       self.fed.input_shape, self.fed.n_classes,
                       init_model=lambda seed: FlatModel.init_weights(copy.deepcopy(module), seed),
-                      last_layer=self.model.numels[-1] + self.model.numels[-2], workdir=self.out,
+                      last_layer=sum(self.model.numels[self.model.n_tensors - 2: self.model.n_tensors]),
+                      n_trainable=self.model.n_trainable, workdir=self.out,
                       participants=tuple(self.fed.participants), sample_size=self.sample_size(),
                       aggregator=Aggregator(**self.cfg.aggregation.model_dump()),
                       optimizer=Optimizer(t.optimizer, t.lr, t.momentum, t.weight_decay, *t.betas))
@@ -307,16 +311,12 @@ class Experiment:
             "placed": last.get("placed"), "participants": len(self.fed.participants),
             "seconds": round(self.elapsed, 3), "notes": self.fed.notes,
         }
-        summary.update({k: v for k, v in rows[-1].items() if k in ("objective", "tau")} if rows else {})
+        summary.update(self.algorithm.summary(rows))  # the algorithm's own final figures
         heldout = self.place_heldout()
         if heldout:
             summary["heldout"] = summarize_placements(heldout)
         labels = self.algorithm.cluster_labels()
         reps = self.algorithm.representations()
-        if reps is not None and len(reps[0]) >= 3:
-            from stocfl.tau import suggest_tau
-
-            summary["tau_suggested"] = suggest_tau(reps[1])
         if self.out is not None:
             if heldout:
                 report.write_csv(self.out / "heldout.csv", heldout)

@@ -43,7 +43,8 @@ class Context:
     input_shape: tuple[int, ...] = ()
     n_classes: int = 0
     init_model: Callable[[int], torch.Tensor] | None = None  # seed -> fresh initial weights
-    last_layer: int = 0  # trailing entries of the flat vector that form the output layer
+    last_layer: int = 0  # entries of the output layer, the last of the parameters
+    n_trainable: int = 0  # entries that are parameters (the rest: buffers such as BatchNorm's); 0 = all
     workdir: Path | None = None  # where per-client stores live (None: in memory)
     participants: tuple[int, ...] | None = None  # clients that may train (None: all); the rest are held out
     sample_size: int = 0  # clients sampled per round, m (0: not known)
@@ -152,8 +153,13 @@ class Algorithm:
         return [Placement(i, -1, None, False, w) for i in clients]
 
     def representations(self) -> tuple[list[int], torch.Tensor] | None:
-        """Per-client representations kept for plots, as (client ids, rows), if any."""
+        """Per-client representations kept for plots, as (client ids, rows), if any (the results
+        writer draws their cosine matrix and a t-SNE embedding)."""
         return None
+
+    def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """The algorithm's own fields of the run's summary, from the metrics rows of every round."""
+        return {}
 
     def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         raise NotImplementedError

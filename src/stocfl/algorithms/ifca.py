@@ -59,9 +59,11 @@ class IFCA(Algorithm):
                 self.models[k] = self.aggregate(mine, self.models[k])
         if self.params.share_layers:
             shared = self.aggregate(results, starts)
-            body = len(shared) - self.ctx.last_layer
+            end = self.ctx.n_trainable or len(shared)  # the output layer: the last parameters
+            head = end - self.ctx.last_layer
             for w in self.models:
-                w[:body] = shared[:body]
+                w[:head] = shared[:head]
+                w[end:] = shared[end:]  # buffers (BatchNorm statistics) are shared like the body
         return {"choices": np.bincount(chosen, minlength=len(self.models)).tolist()}
 
     def global_model(self) -> torch.Tensor:

@@ -248,6 +248,14 @@ class StoCFL(Algorithm):
             out.append(Placement(i, k, sim, not joins, self.model_of(k) if k >= 0 else self.w))
         return out
 
+    def summary(self, rows):
+        out = {k: v for k, v in rows[-1].items() if k in ("objective", "tau")} if rows else {}
+        if len(self.reps) >= 3:
+            from stocfl.tau import suggest_tau
+
+            out["tau_suggested"] = suggest_tau(self.representations()[1])
+        return out
+
     def representations(self):
         ids = sorted(self.reps)
         return (ids, torch.stack([self.reps[i] for i in ids])) if ids else None

@@ -201,13 +201,12 @@ def client_app(raw_config: dict[str, Any] | Callable[[Context], dict[str, Any]])
         if "executor" not in state:
             from stocfl import config as config_mod
             from stocfl.executors import SequentialExecutor, set_threads
-            from stocfl.models import make_model
-            from stocfl.runner import build_federation
+            from stocfl.runner import build_federation, build_model
 
             set_threads(1)  # one CPU per client actor
             cfg = config_mod.validate(raw_config(context) if callable(raw_config) else raw_config)
             fed = build_federation(cfg)
-            model, _ = make_model(cfg.model.name, fed.input_shape, fed.n_classes, cfg.model.hidden, cfg.run.seed)
+            model, _, _ = build_model(cfg, fed)
             state["executor"] = SequentialExecutor(fed, model)
         return state["executor"], served_clients(context.node_config, state["executor"].fed.n_clients)
 
