@@ -5,7 +5,6 @@ BatchNorm model, Adam, StoCFL, in memory)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from torch import nn

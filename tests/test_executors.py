@@ -3,7 +3,6 @@ import copy
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from stocfl.data import load_dataset
 from stocfl.errors import UserError
@@ -14,6 +13,8 @@ from stocfl.algorithms.representation import Represent
 from stocfl.models import linear_anchor_weights
 from stocfl.tasks import Evaluate, Train, task_seed
 from stocfl.training import batch_plan
+
+from reference import plain_training
 
 FED = build("dirichlet", load_dataset("digits"), 16, 30, alpha=0.5, seed=0)  # unequal client sizes
 MODEL, W0 = make_model("auto", FED.input_shape, 10, 0, seed=0)
@@ -44,19 +45,8 @@ def test_batched_equals_sequential(batch_size, chunk):
 def test_sequential_matches_a_plain_pytorch_loop():
     """Reference: nn.Module + torch.optim.SGD + the same batch order, prox term by autograd."""
     t = _tasks(7)[3]
-    module = build_module("auto", FED.input_shape, 10)
-    torch.nn.utils.vector_to_parameters(t.weights.clone(), module.parameters())
-    opt = torch.optim.SGD(module.parameters(), lr=t.lr)
-    x, y = FED.train_data(t.client)
-    for epoch in batch_plan(len(y), t.epochs, t.batch_size, t.seed):
-        for idx in epoch:
-            opt.zero_grad()
-            loss = nn.functional.cross_entropy(module(x[idx]), y[idx])
-            w = torch.nn.utils.parameters_to_vector(module.parameters())
-            loss = loss + t.prox_weight / 2 * (w - t.prox_center).pow(2).sum()
-            loss.backward()
-            opt.step()
-    ref = torch.nn.utils.parameters_to_vector(module.parameters()).detach()
+    assert t.prox_center is not None
+    ref = plain_training(build_module("auto", FED.input_shape, 10), t, *FED.train_data(t.client))
     got = SequentialExecutor(FED, MODEL).run([t])[0].weights
     assert torch.allclose(ref, got, atol=1e-5)
 

@@ -18,14 +18,7 @@ from stocfl.models import build_module, make_model
 from stocfl.optim import Optimizer
 from stocfl.scenarios import build
 from stocfl.tasks import Train, task_seed
-from stocfl.training import batch_plan
-
-
-def torch_optimizer(opt: Optimizer, params):
-    if opt.name == "adam":
-        return torch.optim.Adam(params, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps,
-                                weight_decay=opt.weight_decay, foreach=False)
-    return torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay, foreach=False)
+from reference import plain_training, torch_optimizer
 
 
 OPTIMIZERS = st.one_of(
@@ -87,19 +80,8 @@ def _tasks(kind, batch_size, lr):
 @pytest.mark.parametrize("kind, lr", [("momentum", 0.05), ("adam", 0.01)])
 def test_local_training_equals_a_plain_torch_optim_loop(kind, lr):
     t = _tasks(kind, 7, lr)[3]
-    module = build_module("auto", FED.input_shape, 10)
-    torch.nn.utils.vector_to_parameters(t.weights.clone(), module.parameters())
-    opt = torch_optimizer(t.opt, module.parameters())
-    x, y = FED.train_data(t.client)
-    for epoch in batch_plan(len(y), t.epochs, t.batch_size, t.seed):
-        for idx in epoch:
-            opt.zero_grad()
-            loss = nn.functional.cross_entropy(module(x[idx]), y[idx])
-            w = torch.nn.utils.parameters_to_vector(module.parameters())
-            loss = loss + t.prox_weight / 2 * (w - t.prox_center).pow(2).sum()
-            loss.backward()
-            opt.step()
-    ref = torch.nn.utils.parameters_to_vector(module.parameters()).detach()
+    assert t.prox_center is not None
+    ref = plain_training(build_module("auto", FED.input_shape, 10), t, *FED.train_data(t.client))
     got = SequentialExecutor(FED, MODEL).run([t])[0].weights
     assert torch.allclose(ref, got, atol=1e-5), float((ref - got).abs().max())
 

@@ -17,11 +17,10 @@ from typing import Any, Callable, Literal, TypeVar
 import numpy as np
 import torch
 
-from stocfl.aggregation import weighted_mean
 from stocfl.errors import UserError
 from stocfl.models import FlatModel
 from stocfl.optim import Optimizer
-from stocfl.training import batch_plan, local_sgd
+from stocfl.training import local_sgd
 
 
 @dataclass(frozen=True, eq=False)

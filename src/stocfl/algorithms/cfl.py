@@ -10,7 +10,7 @@ from pydantic import Field
 
 from stocfl.bounds import MAX_COUNT, MAX_WEIGHT
 from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks, place_by_lowest_loss
-from stocfl.tasks import weighted_mean
+from stocfl.aggregation import weighted_mean
 
 
 class CFLParams(Params):

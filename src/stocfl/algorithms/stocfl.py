@@ -35,7 +35,8 @@ from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTas
 from stocfl.clustering import ClusterSet, valid_representation
 from stocfl.models import linear_anchor_weights
 from stocfl.algorithms.representation import Represent, Represented, count_sketch
-from stocfl.tasks import task_seed, weighted_mean
+from stocfl.aggregation import weighted_mean
+from stocfl.tasks import task_seed
 
 log = logging.getLogger("stocfl")
 PLOT_DIM = 1024  # per-client vectors kept for plots are sketched to at most this many numbers
