@@ -59,6 +59,7 @@ def test_per_client_models_survive_a_stop_and_an_unrecorded_store_write(tmp_path
         assert torch.equal(store_a.get(i), store_b.get(i))
 
 
+@pytest.mark.slow  # a reproduction; test_baselines checks the order assign -> train -> update
 def test_fesem_accuracy_rises_with_rounds_on_dirichlet_mnist_at_ten_percent(tmp_path, data_dir):
     """FeSEM's setting (configs/dirichlet_mnist.toml: 100 clients, Dirichlet 0.5, 10% per round).
     With the centres updated from the fresh local models, accuracy climbs: measured 43.0% after

@@ -184,16 +184,16 @@ def test_projection_is_client_side_and_small():
 
 
 def test_server_memory_for_representations_is_flat_in_n():
-    """N = 20,000 clients with 64-dim representations from 4 groups, 1% sampled per round: the
+    """N = 10,000 clients with 64-dim representations from 4 groups, 1% sampled per round: the
     server holds one sum per cluster, not one vector per client."""
-    n, dim = 20_000, 64
+    n, dim = 10_000, 64
     g = torch.Generator().manual_seed(0)
     centers = torch.randn(4, dim, generator=g)
     cs = ClusterSet(n)
     rng = np.random.default_rng(0)
     order = rng.permutation(n)
-    for r in range(0, n, 200):  # 1% of the clients arrive per round
-        batch = order[r : r + 200]
+    for r in range(0, n, 100):  # 1% of the clients arrive per round
+        batch = order[r : r + 100]
         new = [cs.add(int(i), centers[i % 4] + 0.5 * torch.randn(dim, generator=g)) for i in batch]
         cs.merge_greedy(new, 0.5)
         held = sum(t.numel() for t in cs.sums_.values())

@@ -21,6 +21,7 @@ def _stocfl(tmp_path, data_dir, scenario, extra=()):
     return Experiment.create(cfg, tmp_path / scenario).run(progress=False)
 
 
+@pytest.mark.slow  # test_groups_found_within_50_rounds[dim=1024] covers it at full size
 def test_rotated_mnist_groups_found_with_projection(tmp_path, data_dir):
     s = _stocfl(tmp_path, data_dir, "rotated", ["algorithm.dim=1024", "scenario.n_clients=200", "run.rounds=30"])
     assert s["ari"] >= 0.99 and s["n_clusters"] == 4, s
