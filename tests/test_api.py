@@ -139,3 +139,26 @@ def test_from_datasets_equals_from_arrays():
                                         groups)
     assert torch.equal(a.x_train, b.x_train) and torch.equal(a.y_test, b.y_test)
     assert np.array_equal(a.train_offsets, b.train_offsets) and a.n_classes == b.n_classes == 10
+
+
+def test_a_users_loss_trains_and_evaluates_on_both_executors(tmp_path, capsys):
+    import torch.nn.functional as F
+
+    smooth = lambda logits, y: F.cross_entropy(logits, y, reduction="none", label_smoothing=0.2)  # noqa: E731
+    plain_ce = lambda logits, y: F.cross_entropy(logits, y, reduction="none")  # noqa: E731
+    cfg = {"algorithm": {"name": "fedavg"}, "run": {"rounds": 3, "engine": "sequential"}, "train": {"lr": 0.1}}
+    default = stocfl.run(cfg)
+    same = stocfl.run(cfg, loss=plain_ce)
+    seq = stocfl.run(cfg, loss=smooth)
+    bat = stocfl.run({**cfg, "run": {"rounds": 3, "engine": "batched"}}, loss=smooth)
+    w = lambda r: torch.cat([t.reshape(-1) for t in r.models["global"].values()])  # noqa: E731
+    assert torch.allclose(w(default), w(same), atol=1e-6), "cross-entropy given as a function: the same model"
+    assert not torch.allclose(w(default), w(seq), atol=1e-4), "the user's loss is the one trained"
+    assert torch.allclose(w(seq), w(bat), atol=1e-5)
+    assert seq.metrics[-1]["accuracy"] == bat.metrics[-1]["accuracy"]
+    stocfl.run(cfg, loss=smooth, out=tmp_path / "r")
+    assert main(["resume", str(tmp_path / "r")]) == 2 and "loss=" in capsys.readouterr().err
+    for bad, message in [(lambda logits, y: logits.sum(), "one value per sample"),
+                         (lambda logits, y: 1 / 0, "ZeroDivisionError"), ("ce", "expected a function")]:
+        with pytest.raises(stocfl.UserError, match=message):
+            stocfl.run(cfg, loss=bad)

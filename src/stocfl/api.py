@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -64,7 +64,8 @@ def as_config(config: Any = None) -> Config:
 
 
 def run(config: Any = None, *, federation: Federation | None = None, model: torch.nn.Module | None = None,
-        out: str | Path | None = None, progress: bool = False) -> Result:
+        loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, out: str | Path | None = None,
+        progress: bool = False) -> Result:
     """Run an experiment and return its :class:`Result`.
 
     Parameters
@@ -75,6 +76,9 @@ def run(config: Any = None, *, federation: Federation | None = None, model: torc
         The clients' data (:meth:`Federation.from_arrays`); default: built from ``[scenario]``.
     model : nn.Module, optional
         The model, its current weights being w_0; default: built from ``[model]``.
+    loss : callable, optional
+        ``loss(logits, y)`` -> one value per sample, for local training and evaluation;
+        default: cross-entropy. (StoCFL's linear anchor keeps cross-entropy.)
     out : path, optional
         A results directory to write (resumable with :func:`resume`); None = nothing is written.
     """
@@ -85,20 +89,22 @@ def run(config: Any = None, *, federation: Federation | None = None, model: torc
         raise UserError(f"federation: expected a stocfl.Federation, got {type(federation).__name__}")
     if model is not None and not isinstance(model, torch.nn.Module):
         raise UserError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if loss is not None and not callable(loss):
+        raise UserError(f"loss: expected a function loss(logits, y) -> per-sample values, got {type(loss).__name__}")
     if cfg.run.engine == "flower-sim":
         raise UserError("run.engine = flower-sim runs from the command line ('stocfl run'); use auto, sequential or "
                         "batched from Python")
-    exp = Experiment.create(cfg, None if out is None else Path(out), federation=federation, module=model)
+    exp = Experiment.create(cfg, None if out is None else Path(out), federation=federation, module=model, loss=loss)
     return _result(exp, exp.run(progress=progress))
 
 
 def resume(out: str | Path, *, federation: Federation | None = None, model: torch.nn.Module | None = None,
-           data_dir: str | None = None, progress: bool = False) -> Result:
-    """Continue the run in ``out`` (stopped or killed) to its end; ``federation`` and ``model``
-    as given to :func:`run` when it was started on them."""
+           loss: Callable | None = None, data_dir: str | None = None, progress: bool = False) -> Result:
+    """Continue the run in ``out`` (stopped or killed) to its end; ``federation``, ``model`` and
+    ``loss`` as given to :func:`run` when it was started with them."""
     from stocfl.runner import Experiment
 
-    exp = Experiment.resume(Path(out), data_dir, federation=federation, module=model)
+    exp = Experiment.resume(Path(out), data_dir, federation=federation, module=model, loss=loss)
     return _result(exp, exp.run(progress=progress))
 
 

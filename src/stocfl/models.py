@@ -13,6 +13,7 @@ import math
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
@@ -107,7 +108,8 @@ class FlatModel:
     statistics); local training runs in train mode and writes the updated statistics back
     (:meth:`forward_train`)."""
 
-    def __init__(self, module: nn.Module):
+    def __init__(self, module: nn.Module, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
+        self.loss = loss  # per-sample loss(logits, y) -> (n,); None: cross-entropy
         self.module = copy.deepcopy(module).to("meta")  # a template only: no real storage (the caller's stays)
         params = list(module.named_parameters())
         buffers = list(module.named_buffers())
@@ -141,6 +143,12 @@ class FlatModel:
 
     def unflatten(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
         return {n: p.view(s) for n, p, s in zip(self.names, torch.split(w, self.numels), self.shapes)}
+
+    def per_sample_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits, y, reduction="none") if self.loss is None else self.loss(logits, y)
+
+    def mean_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits, y) if self.loss is None else self.loss(logits, y).mean()
 
     def forward(self, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Logits of the model at ``w`` (eval mode: BatchNorm uses the running statistics)."""

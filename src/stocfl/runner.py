@@ -48,22 +48,45 @@ def build_federation(cfg: Config) -> Federation:
                  seed=cfg.run.seed, alpha=s.alpha, data_dir=s.data_dir or None, holdout=s.holdout)
 
 
-def build_model(cfg: Config, fed: Federation, module: Any = None) -> tuple[FlatModel, torch.Tensor, Any]:
+def build_model(cfg: Config, fed: Federation, module: Any = None, loss: Any = None
+                ) -> tuple[FlatModel, torch.Tensor, Any]:
     """The run's model as a flat function, its w_0 and its nn.Module: the module given (its
-    current weights are w_0), else ``[model]`` initialised with the run's seed; checked against
-    the data by one forward pass. Shared by the runner and the Flower ClientApp."""
+    current weights are w_0), else ``[model]`` initialised with the run's seed; with ``loss``
+    (per-sample loss(logits, y)) instead of cross-entropy. Checked against the data by one
+    forward pass. Shared by the runner and the Flower ClientApp."""
     m = cfg.model
     name = m.name if module is None else type(module).__name__
     if module is not None:
-        model, w0 = FlatModel(module), FlatModel.flatten(module)
+        model, w0 = FlatModel(module, loss), FlatModel.flatten(module)
     else:
         try:
             model, w0 = make_model(m.name, fed.input_shape, fed.n_classes, m.hidden, cfg.run.seed)
+            model.loss = loss
             module = build_module(m.name, fed.input_shape, fed.n_classes, m.hidden)
         except ValueError as err:
             raise UserError(f"config: model.name: {err}") from None
     check_model_fits(model, w0, fed, name)
+    if loss is not None:
+        check_loss(model, w0, fed)
     return model, w0, module
+
+
+def check_loss(model: FlatModel, w0: torch.Tensor, fed: Federation) -> None:
+    """A user's loss on two train samples: one finite number per sample, differentiable."""
+    x, y = fed.x_train[:2], fed.y_train[:2]
+    try:
+        w = w0.clone().requires_grad_(True)
+        out = model.per_sample_loss(model.forward(w, x), y)
+        ok = isinstance(out, torch.Tensor) and tuple(out.shape) == (len(y),) and bool(torch.isfinite(out).all())
+        if ok:
+            torch.autograd.grad(out.sum(), w)
+    except Exception as err:  # a user's function can raise anything
+        raise UserError(f"loss: calling it on the model's outputs failed ({type(err).__name__}: "
+                        f"{str(err).splitlines()[0] if str(err) else ''}); expected loss(logits, y) -> one value per "
+                        f"sample") from None
+    if not ok:
+        raise UserError(f"loss: expected loss(logits, y) -> a finite tensor of shape ({len(y)},), one value per "
+                        f"sample, got {getattr(out, 'shape', type(out).__name__)}")
 
 
 @dataclass
@@ -73,11 +96,12 @@ class Experiment:
     executor: Any = None  # given: an executor from outside (Flower); None: an in-process one
     federation: Federation | None = None  # given: the clients' data (the API); None: from [scenario]
     module: Any = None  # given: an nn.Module whose weights are w_0 (the API); None: from [model]
+    loss: Any = None  # given: a per-sample loss(logits, y) (the API); None: cross-entropy
 
     def __post_init__(self):
         self.threads = set_threads(self.cfg.run.threads)
         self.fed = self.federation if self.federation is not None else build_federation(self.cfg)
-        self.model, w0, module = build_model(self.cfg, self.fed, self.module)
+        self.model, w0, module = build_model(self.cfg, self.fed, self.module, self.loss)
         t = self.cfg.train
         if self.executor is not None:
             self.engine = self.cfg.run.engine
@@ -107,12 +131,12 @@ class Experiment:
     # ---- construction -------------------------------------------------------------------
     @classmethod
     def create(cls, cfg: Config, out: Path | None, executor: Any = None, federation: Federation | None = None,
-               module: Any = None) -> "Experiment":
+               module: Any = None, loss: Any = None) -> "Experiment":
         if out is not None and (out / "config.toml").exists():
             raise UserError(f"{out} already holds a run; continue it with 'stocfl resume {out}' or pick another --out")
         if federation is None:
             pin_data_dir(cfg)
-        exp = cls(cfg, out, executor, federation, module)  # data first: a data error leaves no half-made directory
+        exp = cls(cfg, out, executor, federation, module, loss)  # data first: a data error leaves no half-made directory
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
             write_atomic(out / "config.toml", report.to_toml(cfg.to_dict()))
@@ -122,7 +146,7 @@ class Experiment:
 
     @classmethod
     def open(cls, out: Path, data_dir: str | None = None, executor: Any = None, federation: Federation | None = None,
-             module: Any = None) -> "Experiment":
+             module: Any = None, loss: Any = None) -> "Experiment":
         """A saved run, rebuilt from its config and last checkpoint (and the federation and
         module it was given in Python, if it was); nothing on disk changes."""
         path = out / "config.toml"
@@ -139,21 +163,22 @@ class Experiment:
             if stored is not None and stored != config_digest(cfg):
                 raise UserError(f"{path} does not match the run's checkpoint (edited, truncated or corrupt); "
                                 f"restore it or start a new run")
-            for key, given, what in (("custom_data", federation, "federation"), ("custom_model", module, "model")):
+            for key, given, what in (("custom_data", federation, "federation"), ("custom_model", module, "model"),
+                                     ("custom_loss", loss, "loss")):
                 if meta.get(key) and given is None:
                     raise UserError(f"{out} was run on a {what} given in Python; continue it from Python with "
                                     f"stocfl.resume({str(out)!r}, {what}=...)")
-        exp = cls(cfg, out, executor, federation, module)
+        exp = cls(cfg, out, executor, federation, module, loss)
         if has_checkpoint:
             exp.load_checkpoint()
         return exp
 
     @classmethod
     def resume(cls, out: Path, data_dir: str | None = None, executor: Any = None, federation: Federation | None = None,
-               module: Any = None) -> "Experiment":
+               module: Any = None, loss: Any = None) -> "Experiment":
         """A saved run, ready to continue: its metrics must be the ones its checkpoint saw (rows
         after the checkpoint's round, from a kill before the checkpoint, are dropped)."""
-        exp = cls.open(out, data_dir, executor, federation, module)
+        exp = cls.open(out, data_dir, executor, federation, module, loss)
         rows = report.read_jsonl(out / "metrics.jsonl")
         kept = rows[: exp.round]
         if [r.get("round") for r in kept] != list(range(1, exp.round + 1)) or (
@@ -184,6 +209,7 @@ class Experiment:
             "metrics_sha256": self.metrics_chain,
             **({"custom_data": True} if self.federation is not None else {}),
             **({"custom_model": True} if self.module is not None else {}),
+            **({"custom_loss": True} if self.loss is not None else {}),
         })
 
     def load_checkpoint(self) -> None:

@@ -260,7 +260,7 @@ def evaluate_pooled(model: FlatModel, w: torch.Tensor, parts: list[tuple[torch.T
     losses, correct = [], []
     for a in range(0, len(y), EVAL_CHUNK):
         logits = model.forward(w, x[a: a + EVAL_CHUNK])
-        losses.append(torch.nn.functional.cross_entropy(logits, y[a: a + EVAL_CHUNK], reduction="none").double())
+        losses.append(model.per_sample_loss(logits, y[a: a + EVAL_CHUNK]).double())
         correct.append(logits.argmax(1) == y[a: a + EVAL_CHUNK])
     loss_all = torch.cat(losses) if losses else torch.zeros(0, dtype=torch.float64)
     correct_all = torch.cat(correct) if correct else torch.zeros(0, dtype=torch.bool)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from stocfl.models import FlatModel
 from stocfl.optim import Optimizer
@@ -43,7 +42,7 @@ def local_sgd(model: FlatModel, x, y, w, epochs, batch_size, lr, seed, center=No
                 g = grad(w, xb, yb, n_classes)
             else:
                 wl = w.requires_grad_(True)
-                (g,) = torch.autograd.grad(F.cross_entropy(model.forward(wl, xb), yb), wl)
+                (g,) = torch.autograd.grad(model.mean_loss(model.forward(wl, xb), yb), wl)
                 w = wl.detach()
             if center is not None and mu:
                 g.add_(w - center, alpha=mu)
@@ -66,7 +65,7 @@ def _local_sgd_buffers(model: FlatModel, x, y, w, epochs, batch_size, lr, seed, 
             xb, yb = (x, y) if idx is None else (x[idx], y[idx])
             buffers = model.split_buffers(w)
             leaf = params.detach().requires_grad_(True)
-            (g,) = torch.autograd.grad(F.cross_entropy(model.forward_train(leaf, buffers, xb), yb), leaf)
+            (g,) = torch.autograd.grad(model.mean_loss(model.forward_train(leaf, buffers, xb), yb), leaf)
             if center is not None and mu:
                 g.add_(params - center[:p], alpha=mu)
             if state is None:

@@ -17,7 +17,6 @@ from functools import lru_cache
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 
 from stocfl.errors import UserError
 from stocfl.models import FlatModel, linear_model
@@ -87,7 +86,7 @@ def represent(c: ClientData, t: Represent) -> Represented:
             g = grad(t.anchor, c.x.flatten(1), c.y, c.n_classes)
         else:
             w = t.anchor.detach().clone().requires_grad_(True)
-            (g,) = torch.autograd.grad(F.cross_entropy(model.forward(w, c.x), c.y), w)
+            (g,) = torch.autograd.grad(model.mean_loss(model.forward(w, c.x), c.y), w)
     else:
         w = local_sgd(model, c.x, c.y, t.anchor, t.epochs, t.batch_size, t.lr, t.seed, grad=grad)
         g = t.anchor - w

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
-import torch.nn.functional as F
 from torch.func import grad, vmap
 
 from stocfl.executors.base import Executor
@@ -30,7 +29,7 @@ class BatchedExecutor(Executor):
         self.chunk_size = chunk_size
 
         def masked_loss(w, x, y, m):
-            per_sample = F.cross_entropy(self.model.forward(w, x), y, reduction="none")
+            per_sample = self.model.per_sample_loss(self.model.forward(w, x), y)
             return (per_sample * m).sum() / m.sum().clamp(min=1.0)
 
         self._grads = vmap(grad(masked_loss))
