@@ -198,15 +198,15 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"stocfl: error: {err}", file=sys.stderr)
         return 2
-    except OSError as err:  # a path that cannot be made, read or written (the run's finished rounds stay on disk)
-        where = f"{err.filename}: " if err.filename else ""
-        print(f"stocfl: error: {where}{err.strerror or err}; check the path and its permissions", file=sys.stderr)
-        return 2
     except BrokenPipeError:  # output piped into e.g. head: the run itself is complete on disk
         import os
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as err:  # a path that cannot be made, read or written (the run's finished rounds stay on disk)
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"stocfl: error: {where}{err.strerror or err}; check the path and its permissions", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("stocfl: interrupted; the last finished round is checkpointed: continue with 'stocfl resume DIR'",
               file=sys.stderr)

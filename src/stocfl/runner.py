@@ -125,6 +125,7 @@ class Experiment:
         self.round = 0
         self.elapsed = 0.0
         self.metrics_chain: str | None = metrics_chain([])
+        self.config_sha256 = config_digest(self.cfg)
         self.rows: list[dict[str, Any]] = []  # metrics rows of the rounds done
         self.saved: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None  # state after the last round
 
@@ -205,7 +206,7 @@ class Experiment:
             "elapsed": self.elapsed,
             "sampler": self.sampler.bit_generator.state,
             "algorithm": meta,
-            "config_sha256": config_digest(self.cfg),
+            "config_sha256": self.config_sha256,
             "metrics_sha256": self.metrics_chain,
             **({"custom_data": True} if self.federation is not None else {}),
             **({"custom_model": True} if self.module is not None else {}),

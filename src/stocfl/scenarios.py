@@ -136,7 +136,8 @@ class Federation:
         if holdout is not None:
             mask = np.zeros(n, dtype=bool)
             try:
-                mask[np.asarray(holdout, dtype=bool) if np.asarray(holdout).dtype == bool else list(holdout)] = True
+                h = np.asarray(holdout)
+                mask[h if h.dtype == bool else list(h)] = True
             except (IndexError, ValueError, TypeError):
                 raise UserError(f"Federation.from_arrays: holdout must be client ids in 0..{n - 1} or a mask of "
                                 f"{n}") from None

@@ -28,10 +28,10 @@ def local_sgd(model: FlatModel, x, y, w, epochs, batch_size, lr, seed, center=No
     ``grad(w, x_flat, y, n_classes)``, when given, is an exact closed-form gradient used
     instead of autograd (the linear anchor's fast path). ``opt``: another optimizer than plain
     SGD (momentum, weight decay, Adam; ``stocfl.optim``), from a fresh state."""
-    if model.has_buffers and grad is None:
-        return _local_sgd_buffers(model, x, y, w, epochs, batch_size, lr, seed, center, mu, opt)
     w = w.detach().clone()
-    state = opt.init(w) if opt is not None and not opt.plain else None
+    p = model.n_trainable  # the step acts on the parameters; buffers take BatchNorm's running statistics
+    params = w[:p]  # a view: steps write into w
+    state = opt.init(params) if opt is not None and not opt.plain else None
     if grad is not None:
         x = x.flatten(1)
         n_classes = len(w) // (x.shape[1] + 1)
@@ -39,38 +39,18 @@ def local_sgd(model: FlatModel, x, y, w, epochs, batch_size, lr, seed, center=No
         for idx in epoch or [None]:
             xb, yb = (x, y) if idx is None else (x[idx], y[idx])
             if grad is not None:
-                g = grad(w, xb, yb, n_classes)
+                g = grad(params, xb, yb, n_classes)
             else:
-                wl = w.requires_grad_(True)
-                (g,) = torch.autograd.grad(model.mean_loss(model.forward(wl, xb), yb), wl)
-                w = wl.detach()
-            if center is not None and mu:
-                g.add_(w - center, alpha=mu)
-            if state is None:
-                w.add_(g, alpha=-lr)
-            else:
-                opt.step(w, g, state)
-    return w
-
-
-def _local_sgd_buffers(model: FlatModel, x, y, w, epochs, batch_size, lr, seed, center, mu, opt):
-    """local_sgd for a model with buffers (BatchNorm): the step acts on the parameters; the
-    buffers take the running statistics of every mini-batch, as in ``module.train()``."""
-    w = w.detach().clone()
-    p = model.n_trainable
-    params = w[:p]  # a view: steps write into w
-    state = opt.init(params) if opt is not None and not opt.plain else None
-    for epoch in batch_plan(len(y), epochs, batch_size, seed):
-        for idx in epoch or [None]:
-            xb, yb = (x, y) if idx is None else (x[idx], y[idx])
-            buffers = model.split_buffers(w)
-            leaf = params.detach().requires_grad_(True)
-            (g,) = torch.autograd.grad(model.mean_loss(model.forward_train(leaf, buffers, xb), yb), leaf)
+                leaf = params.detach().requires_grad_(True)
+                buffers = model.split_buffers(w) if model.has_buffers else None
+                logits = model.forward(leaf, xb) if buffers is None else model.forward_train(leaf, buffers, xb)
+                (g,) = torch.autograd.grad(model.mean_loss(logits, yb), leaf)
+                if buffers is not None:  # after the gradient: w shares its storage with leaf
+                    w[p:] = torch.cat([t.reshape(-1) for t in buffers])
             if center is not None and mu:
                 g.add_(params - center[:p], alpha=mu)
             if state is None:
                 params.add_(g, alpha=-lr)
             else:
                 opt.step(params, g, state)
-            w[p:] = torch.cat([t.reshape(-1) for t in buffers])
     return w

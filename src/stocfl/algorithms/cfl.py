@@ -73,8 +73,9 @@ class CFL(Algorithm):
             n = [results[k].n_samples for k in idx]
             mean_dw = weighted_mean(list(dw), n)
             mean_norm, max_norm = float(mean_dw.norm()), float(dw.norm(dim=1).max())
-            # the updates are aggregated (from 0) and added: the same numbers as FedAvg's w_c + mean dW
-            self.models[c] = w_c + self.ctx.aggregator(list(dw), n, torch.zeros_like(w_c))
+            # the updates are aggregated (from 0) and added: with the mean rule, FedAvg's w_c + mean dW
+            robust = self.ctx.aggregator.rule != "mean"
+            self.models[c] = w_c + (self.ctx.aggregator(list(dw), n, torch.zeros_like(w_c)) if robust else mean_dw)
             norms.append({"cluster": c, "mean_norm": mean_norm, "max_norm": max_norm})
             if (round_ > self.params.warmup and mean_norm < self.params.eps1 and max_norm > self.params.eps2
                     and len(idx) > 2):

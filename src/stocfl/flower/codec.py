@@ -45,11 +45,10 @@ def _layout(cls: type) -> tuple[tuple[str, str, bool, object], ...]:
     hints = typing.get_type_hints(cls)
     out = []
     for f in fields(cls):
-        t = hints[f.name]
-        args = typing.get_args(t)
-        optional = type(None) in args
-        base = next((a for a in args if a is not type(None)), t) if args and typing.get_origin(t) is not typing.Literal \
-            else t
+        base = hints[f.name]
+        optional = type(None) in typing.get_args(base)
+        if optional:  # X | None
+            base = next(a for a in typing.get_args(base) if a is not type(None))
         if base is torch.Tensor:
             kind = "tensor"
         elif typing.get_origin(base) is typing.Literal:
@@ -58,8 +57,7 @@ def _layout(cls: type) -> tuple[tuple[str, str, bool, object], ...]:
             kind = base.__name__
         else:
             raise TypeError(f"{cls.__name__}.{f.name}: a message field must be a tensor, int, float, str or bool")
-        default = f.default if f.default is not MISSING else MISSING
-        out.append((f.name, kind, optional, default))
+        out.append((f.name, kind, optional, f.default))
     return tuple(out)
 
 
