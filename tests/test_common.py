@@ -71,7 +71,7 @@ def play(alg, executor, samples=SAMPLES, start=1):
 
 
 def assert_same_state(a, b):
-    (ta, ma), (tb, mb) = a.state(), b.state()
+    (ta, ma), (tb, mb) = a.encode_state(), b.encode_state()
     assert set(ta) == set(tb) and ma == mb
     for k in ta:
         assert torch.equal(ta[k], tb[k]), k
@@ -102,11 +102,11 @@ def test_every_algorithm_on_every_executor(name, executor, tmp_path):
     if executor != "batched":
         assert torch.equal(alg.global_model(), ref.global_model()), "the codec must carry numbers unchanged"
     # state through the checkpoint file (safetensors + JSON metadata) and back
-    tensors, meta = alg.state()
+    tensors, meta = alg.encode_state()
     checkpoint.save(tmp_path / "c.safetensors", tensors, meta)
     t2, m2 = checkpoint.load(tmp_path / "c.safetensors")
     fresh = make(name)
-    fresh.load_state(t2, m2)
+    fresh.decode_state(t2, m2)
     assert_same_state(alg, fresh)
     ex = EXECUTORS[executor]()
     nxt = [PARTICIPANTS[9:12] + PARTICIPANTS[0:2]]
@@ -133,9 +133,9 @@ def test_every_algorithm_combines_by_the_runs_rule(name, rule):
     the state differs from the mean's, stays finite, and equals itself on the codec path."""
     alg = play(make(name, aggregator=Aggregator(rule, trim=0.34)), SequentialExecutor(FED, MODEL))
     ref = sequential_reference(name)
-    tensors, _ = alg.state()
+    tensors, _ = alg.encode_state()
     assert all(torch.isfinite(t).all() for t in tensors.values() if t.is_floating_point())
-    ref_tensors, _ = ref.state()
+    ref_tensors, _ = ref.encode_state()
     assert any(not torch.equal(t, ref_tensors[k]) for k, t in tensors.items()), f"{name} ignores aggregation.rule"
     again = play(make(name, aggregator=Aggregator(rule, trim=0.34)), EXECUTORS["loopback"]())
     assert_same_state(alg, again)
@@ -181,10 +181,10 @@ def test_a_round_in_which_every_sampled_client_fails(tmp_path, name):
     ex = FailAll(probe.fed, probe.model)
     exp = Experiment.create(cfg, tmp_path / name, ex)
     assert exp.run(progress=False, stop_after=1) is None
-    before = exp.algorithm.state()
+    before = exp.algorithm.encode_state()
     ex.failing = True
     assert exp.run(progress=False, stop_after=2) is None
-    after = exp.algorithm.state()
+    after = exp.algorithm.encode_state()
     assert set(before[0]) == set(after[0]) and all(torch.equal(before[0][k], after[0][k]) for k in before[0])
     ex.failing = False
     summary = exp.run(progress=False)

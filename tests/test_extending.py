@@ -58,17 +58,21 @@ class LabelSetClustering(stocfl.Algorithm):
     name = "labelsets"
     Params = LabelSetParams
 
+    @dataclass
+    class State:  # everything that outlives a round; checkpointed and replayed with no code here
+        w: torch.Tensor
+        labels: np.ndarray
+        keys: dict[str, int]  # label set, as a string of 0s and 1s -> cluster
+        models: dict[int, torch.Tensor]
+
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
-        self.w = ctx.init_weights.clone()
-        self.labels = np.full(ctx.n_clients, -1, dtype=np.int64)
-        self.keys: dict[tuple, int] = {}
-        self.models: dict[int, torch.Tensor] = {}
+        self.state = self.State(ctx.init_weights.clone(), np.full(ctx.n_clients, -1, dtype=np.int64), {}, {})
 
     def round(self, round_: int, sampled: list[int], run) -> dict[str, Any]:
         new = [i for i in sampled if self.labels[i] < 0]
         for i, r in zip(new, run([LabelSet(i, self.ctx.n_classes) for i in new])):
-            key = tuple(r.present.tolist())
+            key = "".join(str(int(b)) for b in r.present.tolist())
             self.labels[i] = self.keys.setdefault(key, len(self.keys))
         start = {i: self.models.get(int(self.labels[i]), self.w) for i in sampled}
         results = run([self.local_training(round_, i, start[i]) for i in sampled])
@@ -89,17 +93,6 @@ class LabelSetClustering(stocfl.Algorithm):
 
     def cluster_models(self):
         return dict(self.models)
-
-    def state(self):
-        ids = sorted(self.models)
-        tensors = {"w": self.w, **({"models": torch.stack([self.models[k] for k in ids])} if ids else {})}
-        return tensors, {"labels": self.labels.tolist(), "ids": ids, "keys": [list(k) for k in self.keys]}
-
-    def load_state(self, tensors, meta):
-        self.w = tensors["w"].clone()
-        self.labels = np.asarray(meta["labels"], dtype=np.int64)
-        self.models = {k: tensors["models"][j].clone() for j, k in enumerate(meta["ids"])}
-        self.keys = {tuple(k): j for j, k in enumerate(meta["keys"])}
 
 
 CONFIG = {"algorithm": {"name": "labelsets"}, "scenario": {"name": "pathological", "n_clients": 16},

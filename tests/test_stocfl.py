@@ -83,9 +83,9 @@ def test_finds_the_rotations_and_same_on_both_executors():
 
 def test_state_round_trip():
     alg = _run(StoCFL(StoCFLParams(tau=0.3), CTX))
-    tensors, meta = alg.state()
+    tensors, meta = alg.encode_state()
     fresh = StoCFL(StoCFLParams(tau=0.3), CTX)
-    fresh.load_state(tensors, meta)
+    fresh.decode_state(tensors, meta)
     assert np.array_equal(fresh.cluster_labels(), alg.cluster_labels())
     assert fresh.clusters.members_ == {k: sorted(v) for k, v in alg.clusters.members_.items()}
     ex = SequentialExecutor(FED, MODEL)
@@ -130,9 +130,9 @@ def test_auto_tau_needs_no_kept_representations_and_says_what_it_did():
     diag = alg.round(1, [0, 5], ex.run)  # two clients: too few to suggest tau, no merges yet
     assert diag["tau"] is None and diag["tau_auto"].startswith("waiting: 2 of 3") and diag["merges"] == 0
     assert len(alg.clusters) == 2 and not alg.reps
-    tensors, meta = alg.state()
+    tensors, meta = alg.encode_state()
     resumed = StoCFL(StoCFLParams(tau="auto", keep_representations=False), CTX)
-    resumed.load_state(tensors, meta)
+    resumed.decode_state(tensors, meta)
     for a in (alg, resumed):
         diag = a.round(2, [1, 7, 9, 13, 20], ex.run)
         assert diag["tau"] is not None and diag["tau_auto"] == "suggested from 7 representations"
@@ -300,10 +300,12 @@ def test_merge_check_makes_bridging_two_groups_cost_more_crafted_representations
 
 def test_merge_check_runs_in_stocfl_checkpoints_and_logs_refusals():
     alg = _run(StoCFL(StoCFLParams(tau=0.3, leave_out=0.2), CTX))
-    tensors, meta = alg.state()
-    assert tensors["member_vectors"].shape[0] == len(meta["vector_clients"]) == int((alg.cluster_labels() >= 0).sum())
+    tensors, meta = alg.encode_state()
+    clusters = meta["fields"]["clusters"]["meta"]
+    assert tensors["clusters/member_vectors"].shape[0] == len(clusters["vector_clients"]) == int(
+        (alg.cluster_labels() >= 0).sum())
     fresh = StoCFL(StoCFLParams(tau=0.3, leave_out=0.2), CTX)
-    fresh.load_state(tensors, meta)
+    fresh.decode_state(tensors, meta)
     ex = SequentialExecutor(FED, MODEL)
     a, b = alg.round(4, [4, 6, 8, 10], ex.run), fresh.round(4, [4, 6, 8, 10], ex.run)
     assert a == b and "merges_refused" in a

@@ -36,6 +36,7 @@ from stocfl.executors import choose_engine, make_executor, set_threads
 from stocfl.files import write_atomic
 from stocfl.models import FlatModel, build_module, make_model
 from stocfl.scenarios import Federation, build
+from stocfl.state import StateError
 from stocfl.tasks import BadResult, ClientsDropped, Evaluate, check_result, without_dropped
 
 CHECKPOINT = "checkpoint.safetensors"
@@ -197,8 +198,8 @@ class Experiment:
     def save_checkpoint(self) -> None:
         """The state after the last finished round, as a value in memory (what a failed round
         is replayed from) and, with a results directory, in its checkpoint file."""
-        tensors, meta = self.algorithm.state()
-        self.saved = ({k: v.detach().clone() for k, v in tensors.items()}, json.loads(json.dumps(meta)))
+        tensors, meta = self.algorithm.encode_state()
+        self.saved = (tensors, json.loads(json.dumps(meta)))
         if self.out is None:
             return
         checkpoint.save(self.out / CHECKPOINT, {f"algorithm/{k}": v for k, v in tensors.items()}, {
@@ -217,7 +218,11 @@ class Experiment:
         tensors, meta = checkpoint.load(self.out / CHECKPOINT)
         prefix = "algorithm/"
         self.saved = ({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}, meta["algorithm"])
-        self.restore_algorithm()
+        try:
+            self.restore_algorithm()
+        except StateError as err:
+            raise UserError(f"checkpoint {self.out / CHECKPOINT} does not fit this version of stocfl ({err}); "
+                            f"start a new run") from None
         self.sampler.bit_generator.state = meta["sampler"]
         self.round = meta["round"]
         self.elapsed = meta["elapsed"]
@@ -256,7 +261,7 @@ class Experiment:
     def restore_algorithm(self) -> None:
         """The algorithm's state as of the last finished round (the value kept in memory)."""
         tensors, meta = self.saved
-        self.algorithm.load_state(tensors, json.loads(json.dumps(meta)))
+        self.algorithm.decode_state(tensors, json.loads(json.dumps(meta)))
 
     def evaluate(self) -> dict[str, float]:
         """Accuracy of the participating clients, each with the model it would use, weighted

@@ -7,6 +7,7 @@ batches clients or sends messages.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -15,6 +16,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from stocfl import state as state_mod
 from stocfl.aggregation import Aggregator
 from stocfl.bounds import MAX_MODEL_BYTES
 from stocfl.optim import Optimizer
@@ -95,16 +97,48 @@ def place_by_lowest_loss(clients: list[int], models: dict[int, torch.Tensor], ru
 
 
 class Algorithm:
-    """Base class. Subclasses set ``name``, ``Params`` and implement ``round``.
+    """Base class. Subclasses set ``name``, ``Params``, ``State`` and implement ``round``.
 
-    State that must survive a checkpoint lives in :meth:`state` (tensors + JSON-able meta)."""
+    ``State`` is a dataclass holding everything that must outlive a round (see
+    :mod:`stocfl.state` for what its fields may hold); ``self.state`` is its value, set in
+    ``__init__``, and each of its fields reads and writes as an attribute of the algorithm
+    (``self.w`` is ``self.state.w``). Checkpoints and replays of failed rounds go through it
+    with no code in the algorithm."""
 
     name: ClassVar[str]
     Params: ClassVar[type[Params]] = Params
+    State: ClassVar[type | None] = None
 
     def __init__(self, params: Params, ctx: Context):
         self.params = params
         self.ctx = ctx
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        st = cls.__dict__.get("State")
+        if st is None:
+            return
+        if not dataclasses.is_dataclass(st):
+            raise TypeError(f"{cls.__name__}.State must be a dataclass")
+        for f in dataclasses.fields(st):
+            if f.name in cls.__dict__:
+                raise TypeError(f"{cls.__name__}.{f.name} is both a State field and a class attribute")
+            setattr(cls, f.name, property(lambda self, n=f.name: getattr(self.state, n),
+                                          lambda self, v, n=f.name: setattr(self.state, n, v)))
+
+    def encode_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """``self.state`` as (tensors, JSON-able meta): a checkpoint's content."""
+        if getattr(self, "state", None) is None:
+            raise UserError(f"algorithm {self.name!r}: set self.state to an instance of its State dataclass in "
+                            f"__init__ (the state that checkpoints and replays keep)")
+        try:
+            return state_mod.encode(self.state)
+        except state_mod.StateError as err:
+            raise UserError(f"algorithm {self.name!r}: {err}") from None
+
+    def decode_state(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+        """Back to the state :meth:`encode_state` gave (tensors, meta); every tensor is copied."""
+        self.state = state_mod.decode(tensors, meta, self.state)
 
     def local_training(self, round_: int, client: int, weights: torch.Tensor, purpose: int = 0,
                        prox_center: torch.Tensor | None = None, prox_weight: float = 0.0) -> Train:
@@ -160,9 +194,3 @@ class Algorithm:
     def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """The algorithm's own fields of the run's summary, from the metrics rows of every round."""
         return {}
-
-    def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        raise NotImplementedError
-
-    def load_state(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
-        raise NotImplementedError

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -53,11 +54,15 @@ class CFL(Algorithm):
     name = "cfl"
     Params = CFLParams
 
+    @dataclass
+    class State:
+        labels: np.ndarray  # cluster of every client; -1: not sampled yet
+        models: dict[int, torch.Tensor]  # cluster id -> model
+        next_id: int  # id of the next cluster a split opens
+
     def __init__(self, params: CFLParams, ctx: Context):
         super().__init__(params, ctx)
-        self.labels = np.full(ctx.n_clients, -1, dtype=np.int64)  # -1: not sampled yet
-        self.models: dict[int, torch.Tensor] = {0: ctx.init_weights.clone()}
-        self.next_id = 1
+        self.state = self.State(np.full(ctx.n_clients, -1, dtype=np.int64), {0: ctx.init_weights.clone()}, 1)
 
     def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
         for p in self.place_new([i for i in sampled if self.labels[i] < 0], run):
@@ -120,13 +125,3 @@ class CFL(Algorithm):
             (c,) = self.models
             return [Placement(i, c, None, False, self.models[c]) for i in clients]
         return place_by_lowest_loss(clients, self.models, run)
-
-    def state(self):
-        ids = sorted(self.models)
-        return {"models": torch.stack([self.models[c] for c in ids])}, {
-            "ids": ids, "labels": self.labels.tolist(), "next_id": self.next_id}
-
-    def load_state(self, tensors, meta):
-        self.models = {c: tensors["models"][k].clone() for k, c in enumerate(meta["ids"])}
-        self.labels = np.asarray(meta["labels"], dtype=np.int64)
-        self.next_id = meta["next_id"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,10 +32,15 @@ class Ditto(Algorithm):
     name = "ditto"
     Params = DittoParams
 
+    @dataclass
+    class State:
+        w: torch.Tensor  # the global model
+        personal: ClientStore  # v_i of every client sampled so far
+
     def __init__(self, params: DittoParams, ctx: Context):
         super().__init__(params, ctx)
-        self.w = ctx.init_weights.clone()
-        self.personal = ClientStore(ctx.n_clients, len(ctx.init_weights), ctx.workdir, "ditto_personal")
+        self.state = self.State(ctx.init_weights.clone(),
+                                ClientStore(ctx.n_clients, len(ctx.init_weights), ctx.workdir, "ditto_personal"))
 
     def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
         tasks = []
@@ -53,12 +59,3 @@ class Ditto(Algorithm):
 
     def client_models(self, clients, run):
         return [self.personal.get(i) if i in self.personal else self.w for i in clients]
-
-    def state(self):
-        rows, meta = self.personal.state()
-        return {"w": self.w, **{f"personal/{k}": v for k, v in rows.items()}}, {"personal": meta}
-
-    def load_state(self, tensors, meta):
-        self.w = tensors["w"].clone()
-        self.personal.load_state({k[9:]: v for k, v in tensors.items() if k.startswith("personal/")},
-                                 meta["personal"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,9 +19,13 @@ class FedAvg(Algorithm):
 
     name = "fedavg"
 
+    @dataclass
+    class State:
+        w: torch.Tensor  # the server model
+
     def __init__(self, params: Params, ctx: Context):
         super().__init__(params, ctx)
-        self.w = ctx.init_weights.clone()
+        self.state = self.State(ctx.init_weights.clone())
 
     def local_task(self, round_: int, client: int):
         return self.local_training(round_, client, self.w)
@@ -32,9 +37,3 @@ class FedAvg(Algorithm):
 
     def global_model(self) -> torch.Tensor:
         return self.w
-
-    def state(self):
-        return {"w": self.w}, {}
-
-    def load_state(self, tensors, meta):
-        self.w = tensors["w"].clone()

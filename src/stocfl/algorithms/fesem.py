@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -51,15 +52,20 @@ class FeSEM(Algorithm):
     name = "fesem"
     Params = FeSEMParams
 
+    @dataclass
+    class State:
+        local: ClientStore  # W_i of every client sampled so far
+        centers: torch.Tensor | None  # the K centers (K x P); None before round 1
+        labels: np.ndarray  # center of every client; -1: never sampled
+
     def __init__(self, params: FeSEMParams, ctx: Context):
         super().__init__(params, ctx)
         if 0 < ctx.sample_size < params.n_centers:
             raise UserError(f"fesem: K = algorithm.n_centers = {params.n_centers} centers need at least K clients in "
                             f"round 1, but a round samples {ctx.sample_size}; raise run.sample_rate or lower n_centers")
         check_models_fit(params.n_centers, ctx, "n_centers")
-        self.local = ClientStore(ctx.n_clients, len(ctx.init_weights), ctx.workdir, "fesem_local")
-        self.centers: torch.Tensor | None = None
-        self.labels = np.full(ctx.n_clients, -1, dtype=np.int64)
+        self.state = self.State(ClientStore(ctx.n_clients, len(ctx.init_weights), ctx.workdir, "fesem_local"), None,
+                                np.full(ctx.n_clients, -1, dtype=np.int64))
 
     def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
         if self.centers is None:
@@ -119,15 +125,3 @@ class FeSEM(Algorithm):
         if self.centers is None:
             return super().place_new(clients, run)
         return place_by_lowest_loss(clients, dict(enumerate(self.centers)), run)
-
-    def state(self):
-        rows, meta = self.local.state()
-        tensors = {f"local/{k}": v for k, v in rows.items()}
-        if self.centers is not None:
-            tensors["centers"] = self.centers
-        return tensors, {"labels": self.labels.tolist(), "local": meta}
-
-    def load_state(self, tensors, meta):
-        self.centers = tensors["centers"].clone() if "centers" in tensors else None
-        self.labels = np.asarray(meta["labels"], dtype=np.int64)
-        self.local.load_state({k[6:]: v for k, v in tensors.items() if k.startswith("local/")}, meta["local"])

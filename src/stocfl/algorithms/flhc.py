@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -70,11 +71,15 @@ class FLHC(Algorithm):
     name = "flhc"
     Params = FLHCParams
 
+    @dataclass
+    class State:
+        w: torch.Tensor  # the global model of the warm-up
+        labels: np.ndarray  # cluster of every client; -1: not clustered
+        models: dict[int, torch.Tensor]  # cluster id -> model; empty until the clustering step
+
     def __init__(self, params: FLHCParams, ctx: Context):
         super().__init__(params, ctx)
-        self.w = ctx.init_weights.clone()
-        self.labels = np.full(ctx.n_clients, -1, dtype=np.int64)
-        self.models: dict[int, torch.Tensor] = {}
+        self.state = self.State(ctx.init_weights.clone(), np.full(ctx.n_clients, -1, dtype=np.int64), {})
 
     def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
         if round_ <= self.params.warmup_rounds:
@@ -143,15 +148,3 @@ class FLHC(Algorithm):
         if not self.models:
             return super().place_new(clients, run)
         return place_by_lowest_loss(clients, self.models, run)
-
-    def state(self):
-        ids = sorted(self.models)
-        tensors = {"w": self.w}
-        if ids:
-            tensors["models"] = torch.stack([self.models[k] for k in ids])
-        return tensors, {"ids": ids, "labels": self.labels.tolist()}
-
-    def load_state(self, tensors, meta):
-        self.w = tensors["w"].clone()
-        self.models = {k: tensors["models"][j].clone() for j, k in enumerate(meta["ids"])}
-        self.labels = np.asarray(meta["labels"], dtype=np.int64)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,13 +37,18 @@ class IFCA(Algorithm):
     name = "ifca"
     Params = IFCAParams
 
+    @dataclass
+    class State:
+        models: list[torch.Tensor]  # the M cluster models
+        choice: np.ndarray  # latest choice of every client (-1: never sampled)
+
     def __init__(self, params: IFCAParams, ctx: Context):
         super().__init__(params, ctx)
         if ctx.init_model is None:
             raise UserError("ifca needs Context.init_model (seed -> weights) to initialise its models independently")
         check_models_fit(params.n_models, ctx, "n_models")
-        self.models = [ctx.init_model(ctx.seed + 1 + m) for m in range(params.n_models)]
-        self.choice = np.full(ctx.n_clients, -1, dtype=np.int64)  # latest choice of every client
+        self.state = self.State([ctx.init_model(ctx.seed + 1 + m) for m in range(params.n_models)],
+                                np.full(ctx.n_clients, -1, dtype=np.int64))
 
     def choose(self, clients: list[int], run: RunTasks) -> list[int]:
         """argmin_m of the train loss of model m on each client (ties: the lower index)."""
@@ -84,10 +90,3 @@ class IFCA(Algorithm):
 
     def place_new(self, clients, run):
         return place_by_lowest_loss(clients, dict(enumerate(self.models)), run)
-
-    def state(self):
-        return {"models": torch.stack(self.models)}, {"choice": self.choice.tolist()}
-
-    def load_state(self, tensors, meta):
-        self.models = [w.clone() for w in tensors["models"]]
-        self.choice = np.asarray(meta["choice"], dtype=np.int64)

@@ -24,6 +24,7 @@ tau = -1 and lambda = 0 is FedAvg, number for number.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -111,19 +112,28 @@ class StoCFL(Algorithm):
     name = "stocfl"
     Params = StoCFLParams
 
+    @dataclass
+    class State:
+        w: torch.Tensor  # the global model
+        clusters: ClusterSet  # the partition and each cluster's sum of Psi
+        theta: dict[int, torch.Tensor]  # trained cluster models only
+        trained: dict[int, float]  # samples that have trained each theta_k
+        reps: dict[int, torch.Tensor]  # per-client Psi for plots (optional)
+        tau: float | None  # None: "auto" and not decided yet
+        tau_note: str
+        anchor: torch.Tensor  # psi, the model Psi is computed from
+
     def __init__(self, params: StoCFLParams, ctx: Context):
         super().__init__(params, ctx)
-        self.w = ctx.init_weights.clone()
-        self.clusters = ClusterSet(ctx.n_clients, keep_vectors=params.leave_out > 0)
-        self.theta: dict[int, torch.Tensor] = {}  # trained cluster models only
-        self.trained: dict[int, float] = {}  # samples that have trained each theta_k
-        self.reps: dict[int, torch.Tensor] = {}  # per-client Psi for plots (optional)
-        self.tau = params.tau if params.tau != "auto" else None
-        self.tau_note = "" if params.tau != "auto" else f"waiting: 0 of {AUTO_TAU_MIN} representations, no merges yet"
         if params.anchor == "linear":
-            self.anchor = linear_anchor_weights(ctx.input_shape, ctx.n_classes, ctx.seed + 7919)
+            anchor = linear_anchor_weights(ctx.input_shape, ctx.n_classes, ctx.seed + 7919)
         else:
-            self.anchor = ctx.init_weights.clone()
+            anchor = ctx.init_weights.clone()
+        self.state = self.State(
+            w=ctx.init_weights.clone(), clusters=ClusterSet(ctx.n_clients, keep_vectors=params.leave_out > 0),
+            theta={}, trained={}, reps={}, tau=params.tau if params.tau != "auto" else None,
+            tau_note="" if params.tau != "auto" else f"waiting: 0 of {AUTO_TAU_MIN} representations, no merges yet",
+            anchor=anchor)
 
     # ---- clustering ------------------------------------------------------------------------
     def represent_task(self, client: int) -> Represent:
@@ -260,27 +270,3 @@ class StoCFL(Algorithm):
     def representations(self):
         ids = sorted(self.reps)
         return (ids, torch.stack([self.reps[i] for i in ids])) if ids else None
-
-    # ---- state -------------------------------------------------------------------------------
-    def state(self):
-        tensors, meta = self.clusters.state()
-        tensors = {**tensors, "w": self.w, "anchor": self.anchor}
-        ids = sorted(self.theta)
-        if ids:
-            tensors["theta"] = torch.stack([self.theta[k] for k in ids])
-        rep_ids = sorted(self.reps)
-        if rep_ids:
-            tensors["reps"] = torch.stack([self.reps[i] for i in rep_ids])
-        meta = {**meta, "theta_ids": ids, "trained": [self.trained[k] for k in ids], "rep_ids": rep_ids,
-                "tau": self.tau, "tau_note": self.tau_note}
-        return tensors, meta
-
-    def load_state(self, tensors, meta):
-        self.clusters.load_state(tensors, meta)
-        self.w = tensors["w"].clone()
-        self.anchor = tensors["anchor"].clone()
-        self.theta = {k: tensors["theta"][j].clone() for j, k in enumerate(meta["theta_ids"])}
-        self.trained = dict(zip(meta["theta_ids"], meta["trained"]))
-        self.reps = {i: tensors["reps"][j].clone() for j, i in enumerate(meta["rep_ids"])}
-        self.tau = meta["tau"]
-        self.tau_note = meta.get("tau_note", "")
