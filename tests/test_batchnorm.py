@@ -5,8 +5,12 @@ BatchNorm model, Adam, StoCFL, in memory)."""
 
 from __future__ import annotations
 
+import copy
+
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import stocfl
@@ -103,3 +107,133 @@ def test_a_small_resnet_with_batchnorm_learns_cifar10(data_dir):
                         model=small_resnet())
     assert result.summary["accuracy"] > 0.2, result.summary  # chance is 0.1; measured 0.275
     assert int(result.models["global"]["1.num_batches_tracked"]) > 0
+
+
+# ---- FedBN: train.local_bn --------------------------------------------------------------------
+def feature_shift_clients(per_group=2, per_client=30, test=20):
+    """Digits whose second group has its pixel intensities inverted and scaled (FedBN's
+    feature-shift setting: same labels, different input statistics)."""
+    from stocfl.data import load_dataset as load
+
+    d = load("digits")
+    rng = np.random.default_rng(1)
+    train, tests, groups = [], [], []
+    for g in range(2):
+        shift = (lambda x: 3.0 * (1.0 - x) + 0.5) if g else (lambda x: x)
+        for _ in range(per_group):
+            i = rng.choice(len(d.y_train), per_client, replace=False)
+            j = rng.choice(len(d.y_test), test, replace=False)
+            train.append((shift(d.x_train[i]).numpy(), d.y_train[i].numpy()))
+            tests.append((shift(d.x_test[j]).numpy(), d.y_test[j].numpy()))
+            groups.append(g)
+    return train, tests, groups
+
+
+def fedbn_reference(module, train, test, rounds, epochs, lr):
+    """FedBN as a plain torch loop: every client trains a copy of the global module with its
+    own BatchNorm entries (torch.optim.SGD, full batch, train mode) and keeps them; the server
+    averages every entry weighted by |D_i|; each client is evaluated with the global model and
+    its own BatchNorm."""
+    g = copy.deepcopy(module)
+    norms = {n for n, m in g.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)}
+    own: dict[int, dict[str, torch.Tensor]] = {}
+
+    def with_own(i):
+        m = copy.deepcopy(g)
+        if i in own:
+            m.load_state_dict({**m.state_dict(), **own[i]})
+        return m
+
+    for _ in range(rounds):
+        states, sizes = [], []
+        for i, (x, y) in enumerate(train):
+            m = with_own(i)
+            m.train()
+            opt = torch.optim.SGD(m.parameters(), lr=lr)
+            for _ in range(epochs):
+                opt.zero_grad()
+                F.cross_entropy(m(torch.as_tensor(x)), torch.as_tensor(y)).backward()
+                opt.step()
+            sd = m.state_dict()
+            own[i] = {k: v.clone() for k, v in sd.items() if k.rpartition(".")[0] in norms}
+            states.append(sd)
+            sizes.append(len(y))
+        g.load_state_dict({k: (sum(n * s[k].double() for s, n in zip(states, sizes)) / sum(sizes)).to(v.dtype)
+                           for k, v in states[0].items()})
+    correct = []
+    for i, (x, y) in enumerate(test):
+        m = with_own(i).eval()
+        with torch.no_grad():
+            correct.append(int((m(torch.as_tensor(x)).argmax(1) == torch.as_tensor(y)).sum()))
+    return g, own, correct
+
+
+@pytest.mark.parametrize("engine", ["sequential", "batched"])
+def test_local_bn_is_fedbn_against_a_plain_torch_loop(engine):
+    from stocfl.runner import Experiment
+
+    train, test, groups = feature_shift_clients()
+    fed = stocfl.Federation.from_arrays(train, test, groups)
+    torch.manual_seed(0)
+    module = bn_mlp()
+    cfg = stocfl.as_config({"algorithm": {"name": "fedavg"}, "run": {"rounds": 3, "sample_rate": 1.0, "engine": engine},
+                            "train": {"epochs": 2, "batch_size": 0, "lr": 0.1, "local_bn": True}})
+    exp = Experiment.create(cfg, None, federation=fed, module=module)
+    exp.run(progress=False)
+    g, own, correct = fedbn_reference(module, train, test, 3, 2, 0.1)
+    flat = exp.model
+    assert torch.allclose(exp.algorithm.global_model(), FlatModel.flatten(g), atol=1e-5)
+    idx = flat.batchnorm_entries()
+    for i in range(fed.n_clients):
+        mine = torch.cat([own[i][n].reshape(-1).float() for n in flat.names if n in own[i]])
+        assert torch.allclose(exp.local.store.get(i), mine, atol=1e-5), i
+    assert [exp.last_eval[i].correct for i in range(fed.n_clients)] == correct
+    assert len(idx) == 32 * 2 + 32 * 2 + 1  # weight, bias, running mean, running var, batch count
+
+
+def test_local_bn_changes_the_run_checkpoints_and_needs_batchnorm(tmp_path):
+    train, test, groups = feature_shift_clients()
+    fed = stocfl.Federation.from_arrays(train, test, groups)
+    base = {"algorithm": {"name": "stocfl"}, "run": {"rounds": 4, "sample_rate": 0.5},
+            "train": {"epochs": 2, "lr": 0.1, "local_bn": True}}
+    torch.manual_seed(0)
+    module = bn_mlp()
+    whole = stocfl.run(base, federation=fed, model=copy.deepcopy(module), out=tmp_path / "a")
+    off = stocfl.run({**base, "train": {"epochs": 2, "lr": 0.1}}, federation=fed, model=copy.deepcopy(module))
+    assert whole.metrics[-1]["accuracy"] != off.metrics[-1]["accuracy"] or not torch.equal(
+        whole.models["global"]["2.running_mean"], off.models["global"]["2.running_mean"])
+    # stopped after 2 rounds and resumed: the same numbers as the run in one go
+    from stocfl.runner import Experiment
+
+    cfg = stocfl.as_config(base)
+    Experiment.create(cfg, tmp_path / "b", federation=fed, module=copy.deepcopy(module)).run(progress=False,
+                                                                                               stop_after=2)
+    again = stocfl.resume(tmp_path / "b", federation=fed, model=copy.deepcopy(module))
+    assert [r["accuracy"] for r in again.metrics] == [r["accuracy"] for r in whole.metrics]
+    assert (tmp_path / "b" / "local_bn.f32").exists()
+    with pytest.raises(stocfl.UserError, match="local_bn = true keeps BatchNorm layers per client, but the model"):
+        stocfl.run(base, federation=fed, model=nn.Sequential(nn.Flatten(), nn.Linear(64, 10)))
+
+
+def test_local_bn_keeps_the_entries_of_the_clients_own_model():
+    """Two Train tasks of one client in a list (Ditto's and StoCFL's global and own model): both
+    start from the client's entries, and it keeps those of the task with a proximal center."""
+    from stocfl.localbn import LocalBatchNorm
+    from stocfl.tasks import Trained
+
+    local = LocalBatchNorm(torch.tensor([1, 3]), n_clients=2)
+    seen = []
+
+    def run(tasks):  # a client that adds 10 * (task number + 1) to whatever it is sent
+        seen.extend(tasks)
+        return [Trained(t.weights + 10 * (k + 1), 5) if isinstance(t, Train) else None for k, t in enumerate(tasks)]
+
+    w, c = torch.zeros(4), torch.full((4,), 2.0)
+    wrapped = local.wrap(run)
+    wrapped([Train(0, w, 1, 0, 0.1, 0), Train(0, w, 1, 0, 0.1, 0, prox_center=c, prox_weight=1.0)])
+    assert torch.equal(local.store.get(0), torch.tensor([20.0, 20.0])) and 1 not in local.store
+    seen.clear()
+    wrapped([Train(0, w, 1, 0, 0.1, 0, prox_center=c, prox_weight=1.0), Evaluate(0, w), Evaluate(1, w)])
+    assert torch.equal(seen[0].weights, torch.tensor([0.0, 20.0, 0.0, 20.0]))
+    assert torch.equal(seen[0].prox_center, torch.tensor([2.0, 20.0, 2.0, 20.0]))  # no pull on its own entries
+    assert torch.equal(seen[1].weights, seen[0].weights) and seen[2].weights is w  # never trained: as sent

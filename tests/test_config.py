@@ -113,7 +113,7 @@ def test_run_dependent_errors_are_one_line_exit_2(tmp_path, capsys):
 def test_a_model_that_does_not_fit_the_data_is_one_line():
     from stocfl.data import load_dataset
     from stocfl.models import FlatModel, cnn28, mlp
-    from stocfl.runner import check_model_fits
+    from stocfl.build import check_model_fits
     from stocfl.scenarios import build
 
     fed = build("iid", load_dataset("digits"), 2, 10, seed=0)

@@ -14,7 +14,7 @@ def test_shipped_configs_validate(path):
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_shipped_configs_build_their_federation(path, data_dir):
-    from stocfl.runner import build_federation
+    from stocfl.build import build_federation
 
     cfg = config.load(path, data_dir=str(data_dir))
     fed = build_federation(cfg)

@@ -1,11 +1,8 @@
-"""Extending stocfl from user code: a toy algorithm with its own client computation (a task kind
-defined here, nowhere in the package) runs on the sequential, batched and Flower-codec paths and
-by name from a config. This file is the README's "Extending stocfl" example."""
+"""Extending stocfl from user code: the README's "Extending stocfl" example, run as written (a data
+set, a BatchNorm model, a task kind and an algorithm defined there, nowhere in the package), and
+its algorithm on the sequential, batched and Flower-codec paths and by name from a config."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pytest
@@ -17,23 +14,23 @@ from stocfl.executors import BatchedExecutor, SequentialExecutor
 from stocfl.flower.loopback import LoopbackExecutor
 
 
-# ---- a client computation: the set of labels a client holds ------------------------------------
-@dataclass(frozen=True, eq=False)
-class LabelSet:
-    client: int
-    n_classes: int
+def readme_example():
+    """The README's "Extending stocfl" code block, run as it stands, as a module."""
+    import re
+    import sys
+    import types
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    code = re.search(r"```python\n(.*?)```", readme[readme.index("## Extending stocfl"):], re.S).group(1)
+    module = types.ModuleType("readme_example")  # dataclasses look their module up in sys.modules
+    sys.modules[module.__name__] = module
+    exec(compile(code, "README.md", "exec"), module.__dict__)
+    return module
 
 
-@dataclass(frozen=True, eq=False)
-class LabelSetResult:
-    present: torch.Tensor  # 1.0 for every label the client holds
-    n_samples: int
-
-
-def label_set(c: stocfl.ClientData, t: LabelSet) -> LabelSetResult:
-    return LabelSetResult((torch.bincount(c.y, minlength=t.n_classes) > 0).float(), len(c.y))
-
-
+EXAMPLE = readme_example()
+LabelSet, LabelSetResult, label_set = EXAMPLE.LabelSet, EXAMPLE.LabelSetResult, EXAMPLE.label_set
 VECTORISED_CALLS = []
 
 
@@ -45,54 +42,16 @@ def label_sets_batched(executor, tasks):  # what a batched executor runs instead
 stocfl.register_task(LabelSet, LabelSetResult, label_set, batched=label_sets_batched)
 
 
-# ---- an algorithm that uses it: clients with the same label set share a model -----------------
 class LabelSetParams(stocfl.algorithms.base.Params):
     min_share: float = Field(0.0, ge=0, le=1, description="unused; shows a parameter with a default")
 
 
 @stocfl.register_algorithm
-class LabelSetClustering(stocfl.Algorithm):
-    """Each client sends the set of labels it holds once; clients with the same set form a
-    cluster, trained with FedAvg inside the cluster."""
+class WithParams(EXAMPLE.LabelSetClustering):
+    """The README's algorithm with a parameter of its own (config keys come from ``Params``)."""
 
     name = "labelsets"
     Params = LabelSetParams
-
-    @dataclass
-    class State:  # everything that outlives a round; checkpointed and replayed with no code here
-        w: torch.Tensor
-        labels: np.ndarray
-        keys: dict[str, int]  # label set, as a string of 0s and 1s -> cluster
-        models: dict[int, torch.Tensor]
-
-    def __init__(self, params, ctx):
-        super().__init__(params, ctx)
-        self.state = self.State(ctx.init_weights.clone(), np.full(ctx.n_clients, -1, dtype=np.int64), {}, {})
-
-    def round(self, round_: int, sampled: list[int], run) -> dict[str, Any]:
-        new = [i for i in sampled if self.labels[i] < 0]
-        for i, r in zip(new, run([LabelSet(i, self.ctx.n_classes) for i in new])):
-            key = "".join(str(int(b)) for b in r.present.tolist())
-            self.labels[i] = self.keys.setdefault(key, len(self.keys))
-        start = {i: self.models.get(int(self.labels[i]), self.w) for i in sampled}
-        results = run([self.local_training(round_, i, start[i]) for i in sampled])
-        for k in sorted({int(self.labels[i]) for i in sampled}):
-            mine = [r for i, r in zip(sampled, results) if self.labels[i] == k]
-            self.models[k] = self.aggregate(mine, self.models.get(k, self.w))
-        self.w = self.aggregate(results, self.w)
-        return {"label_sets": len(self.keys)}
-
-    def global_model(self):
-        return self.w
-
-    def client_models(self, clients, run):
-        return [self.models.get(int(self.labels[i]), self.w) for i in clients]
-
-    def cluster_labels(self):
-        return self.labels.copy()
-
-    def cluster_models(self):
-        return dict(self.models)
 
 
 CONFIG = {"algorithm": {"name": "labelsets"}, "scenario": {"name": "pathological", "n_clients": 16},
@@ -133,3 +92,11 @@ def test_the_toy_algorithm_runs_by_name_from_the_api_and_rejects_bad_replies():
         stocfl.tasks.check_result(LabelSet(0, 10), bad, 5, 5)
     with pytest.raises(stocfl.UserError, match="algorithm.min_share"):
         stocfl.run({**CONFIG, "algorithm": {"name": "labelsets", "min_share": 2.0}})
+
+
+def test_the_readme_extending_example_runs_as_written():
+    """A data set, a BatchNorm model, a task kind and an algorithm of the user's, by name."""
+    result = EXAMPLE.result
+    assert result.summary["algorithm"] == "label_sets" and result.summary["dataset"] == "my_digits"
+    assert result.summary["ari"] == 1.0 and result.summary["n_clusters"] == 4, result.summary
+    assert "2.running_var" in result.models["global"]  # the BatchNorm model was used

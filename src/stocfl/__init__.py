@@ -6,7 +6,8 @@ The Python API::
     fed = stocfl.Federation.from_arrays(train=[(x0, y0), ...], test=[(xt0, yt0), ...])
     result = stocfl.run({"algorithm": {"name": "stocfl"}}, federation=fed)
 
-Names registered here (``register_dataset``, ``register_model``, ``register_scenario``) are
+Names registered here (``register_dataset``, ``register_model``, ``register_scenario``,
+``register_algorithm``, ``register_task``, ``register_engine``) are
 then usable from a TOML config in the same process. Every input error is a ``UserError``.
 """
 
@@ -15,12 +16,14 @@ from stocfl.api import Result, as_config, resume, run
 from stocfl.config import Config
 from stocfl.data import Dataset, register_dataset
 from stocfl.errors import UserError
+from stocfl.executors import Engine, register_engine
 from stocfl.models import register_model
 from stocfl.scenarios import Federation, register_scenario
 from stocfl.tasks import ClientData, register_task
+import stocfl.flower  # noqa: E402,F401  (registers the flower-sim engine)
 
 __version__ = "0.1.0"
 
-__all__ = ["Algorithm", "ClientData", "Config", "Context", "Dataset", "Federation", "Result", "UserError", "as_config",
-           "register_algorithm", "register_dataset", "register_model", "register_scenario", "register_task", "resume",
-           "run", "__version__"]
+__all__ = ["Algorithm", "ClientData", "Config", "Context", "Dataset", "Engine", "Federation", "Result", "UserError",
+           "as_config", "register_algorithm", "register_dataset", "register_engine", "register_model",
+           "register_scenario", "register_task", "resume", "run", "__version__"]

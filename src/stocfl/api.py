@@ -23,6 +23,7 @@ import torch
 from stocfl import config as config_mod
 from stocfl.config import Config
 from stocfl.errors import UserError
+from stocfl.executors import ENGINES, engine_of
 from stocfl.scenarios import Federation
 
 
@@ -91,9 +92,9 @@ def run(config: Any = None, *, federation: Federation | None = None, model: torc
         raise UserError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     if loss is not None and not callable(loss):
         raise UserError(f"loss: expected a function loss(logits, y) -> per-sample values, got {type(loss).__name__}")
-    if cfg.run.engine == "flower-sim":
-        raise UserError("run.engine = flower-sim runs from the command line ('stocfl run'); use auto, sequential or "
-                        "batched from Python")
+    if engine_of(cfg.run.engine).launch is not None:
+        raise UserError(f"run.engine = {cfg.run.engine} runs from the command line ('stocfl run'); use one of "
+                        f"{', '.join(n for n, e in ENGINES.items() if e.executor is not None)} from Python")
     exp = Experiment.create(cfg, None if out is None else Path(out), federation=federation, module=model, loss=loss)
     return _result(exp, exp.run(progress=progress))
 

@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from stocfl.data import resolve_data_dir
 from stocfl.errors import UserError
-from stocfl.executors import choose_engine, make_executor, set_threads
+from stocfl.executors import BatchedExecutor, SequentialExecutor, choose_engine, set_threads
 from stocfl.models import build_module, make_model
 from stocfl.scenarios import build
 from stocfl.tasks import Train, task_seed
@@ -83,7 +83,7 @@ def run_case(name, fed, model_name, hidden, n_clients, epochs, batch_size, lr, p
     flops = 6.0 * flat.n_params * epochs * float(sum(fed.train_sizes[i] for i in clients))
     seconds = {"naive": _time(lambda: naive_round(fed, module, w0, clients, epochs, batch_size, lr), reps)}
     for engine in ("sequential", "batched"):
-        ex = make_executor(engine, fed, flat)
+        ex = SequentialExecutor(fed, flat) if engine == "sequential" else BatchedExecutor(fed, flat)
         ex.run(tasks[: min(4, len(tasks))])  # warm-up (vmap tracing, allocator)
         seconds[engine] = _time(lambda: ex.run(tasks), reps)
     auto = choose_engine("auto", flat.n_params, batch_size, float(fed.train_sizes.mean()))

@@ -86,6 +86,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run(args) -> int:
     from stocfl import api, config
+    from stocfl.build import pin_data_dir
+    from stocfl.executors import engine_of
     from stocfl.runner import Experiment
 
     engine = [] if args.engine is None else [f"run.engine={'auto' if args.engine == 'local' else args.engine}"]
@@ -93,37 +95,30 @@ def _run(args) -> int:
     out = Path(args.out) if args.out else Path("runs") / (
         f"{cfg.scenario.name}-{cfg.scenario.dataset}-{cfg.algorithm['name']}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
-    if cfg.run.engine == "flower-sim":
-        from stocfl.runner import pin_data_dir
-
-        pin_data_dir(cfg)  # Flower clients must find the same data
-        summary = _flower(cfg.to_dict(), out, lambda ex: Experiment.create(cfg, out, ex), cfg.scenario.n_clients,
-                          not args.quiet)
+    launch = engine_of(cfg.run.engine).launch
+    if launch is not None:
+        pin_data_dir(cfg)  # the engine's clients must find the same data
+        summary = launch(cfg.to_dict(), out, lambda ex: Experiment.create(cfg, out, ex), cfg.scenario.n_clients,
+                         not args.quiet)
     else:
         summary = api.run(cfg, out=out, progress=not args.quiet).summary
     _print_summary(summary, out)
     return 0
 
 
-def _flower(raw, out, make, n_clients, progress):
-    try:
-        from stocfl.flower.engine import simulate
-    except ImportError:
-        raise UserError("run.engine = flower-sim needs Flower: pip install 'flwr[simulation]>=1.41,<1.43'") from None
-    return simulate(raw, out, make, n_clients, progress)
-
-
 def _resume(args) -> int:
     from stocfl import api
+    from stocfl.build import read_config
+    from stocfl.executors import engine_of
     from stocfl.runner import Experiment
 
     out = Path(args.dir)
-    from stocfl.runner import read_config
-
     raw = read_config(out, args.data_dir)
-    if raw.get("run", {}).get("engine") == "flower-sim":
-        summary = _flower(raw, out, lambda ex: Experiment.resume(out, args.data_dir, ex),
-                          raw["scenario"]["n_clients"], not args.quiet)
+    engine = raw.get("run", {}).get("engine", "auto")
+    launch = engine_of(engine).launch if isinstance(engine, str) else None
+    if launch is not None:
+        summary = launch(raw, out, lambda ex: Experiment.resume(out, args.data_dir, ex), raw["scenario"]["n_clients"],
+                         not args.quiet)
     else:
         summary = api.resume(out, data_dir=args.data_dir, progress=not args.quiet).summary
     _print_summary(summary, out)

@@ -30,9 +30,9 @@ class RunConfig(Section):
     )
     seed: int = Field(0, ge=0, le=2**32 - 1, description="seeds data split, model init, sampling and local SGD")
     eval_every: int = Field(1, ge=1, le=MAX_COUNT, description="evaluate all clients every k rounds (and at the end)")
-    engine: Literal["auto", "sequential", "batched", "flower-sim"] = Field(
+    engine: str = Field(
         "auto", description="executor of client tasks; auto picks sequential or batched by model and batch size; "
-        "flower-sim sends them as Flower messages (simulation engine)"
+        "flower-sim sends them as Flower messages (simulation engine); or a registered engine"
     )
     threads: int = Field(0, ge=0, le=1024, description="torch threads; 0 = the free cores of this machine")
     client_timeout: float = Field(
@@ -46,6 +46,14 @@ class RunConfig(Section):
         0, ge=0, le=MAX_COUNT, description="flower-sim: simulated SuperNodes, node i serving clients i, i+k, i+2k, ... "
         "(one message per node and kind of task); 0 = one SuperNode per client"
     )
+
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, v):
+        from stocfl.executors import ENGINES
+
+        return _choice(v, ENGINES, "engine")
 
 
 class ScenarioConfig(Section):
@@ -121,6 +129,10 @@ class TrainConfig(Section):
     momentum: float = Field(0.0, ge=0, lt=1, description="sgd: momentum (no dampening, no Nesterov)")
     weight_decay: float = Field(0.0, ge=0, le=MAX_WEIGHT, description="L2 weight decay added to the gradient")
     betas: list[float] = Field([0.9, 0.999], description="adam: [beta1, beta2], each in [0, 1)")
+    local_bn: bool = Field(
+        False, description="FedBN: every BatchNorm layer's weights and statistics stay with the client (needs a model "
+        "with BatchNorm)"
+    )
 
     @field_validator("betas")
     @classmethod

@@ -9,6 +9,7 @@ the same code runs one client (plain autograd) or a stack of clients (``vmap``).
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from typing import Callable
 
@@ -121,6 +122,14 @@ class FlatModel:
         self.n_trainable = sum(self.numels[: len(params)])
         self.has_buffers = bool(buffers)
         self.n_tensors = len(params)  # the first n_tensors names are parameters, the rest buffers
+        norms = {name for name, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)}
+        self.batchnorm_tensors = [k for k, n in enumerate(self.names) if n.rpartition(".")[0] in norms]
+
+    def batchnorm_entries(self) -> torch.Tensor:
+        """Indices into the flat vector of every BatchNorm layer's parameters and buffers."""
+        starts = [0, *itertools.accumulate(self.numels)]
+        idx = [torch.arange(starts[k], starts[k + 1]) for k in self.batchnorm_tensors]
+        return torch.cat(idx) if idx else torch.zeros(0, dtype=torch.long)
 
     @staticmethod
     def init_weights(module: nn.Module, seed: int) -> torch.Tensor:

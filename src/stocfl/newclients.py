@@ -14,8 +14,9 @@ from typing import Any
 from stocfl import config as config_mod
 from stocfl.errors import UserError
 from stocfl.executors import make_executor
-from stocfl.runner import (Experiment, build_federation, checked, cluster_majority, placement_rows, read_config,
-                           summarize_placements)
+from stocfl.build import build_federation, checked, read_config
+from stocfl.results import cluster_majority, placement_rows, summarize_placements
+from stocfl.runner import Experiment
 from stocfl.tasks import Evaluate
 
 NEW_DATA_KEYS = ("scenario.", "run.seed")
@@ -44,7 +45,7 @@ def place_clients(run_dir: str | Path, overrides: list[str] = (), clients: list[
         if fed.input_shape != exp.fed.input_shape or fed.n_classes != exp.fed.n_classes:
             raise UserError(f"the new clients' data ({fed.input_shape}, {fed.n_classes} classes) does not fit the "
                             f"run's model ({exp.fed.input_shape}, {exp.fed.n_classes} classes)")
-        executor = make_executor(exp.engine, fed, exp.model, exp.cfg.run.chunk_size)
+        executor = make_executor(exp.engine, fed, exp.model, exp.cfg)
         chosen = clients if clients is not None else list(range(fed.n_clients))
     else:
         chosen = clients if clients is not None else fed.heldout_clients

@@ -11,13 +11,10 @@ Layout of a results directory::
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import logging
-import math
 import time
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,68 +23,27 @@ import numpy as np
 import torch
 
 from stocfl import checkpoint, config as config_mod, report
-from stocfl.aggregation import Aggregator
-from stocfl.optim import Optimizer
-from stocfl.algorithms import Context, algorithm_class
+from stocfl.algorithms import algorithm_class
+from stocfl.build import (build_context, build_federation, build_model, checked, pin_data_dir, read_config,
+                          sample_size)
 from stocfl.config import Config
-from stocfl.data import resolve_data_dir
 from stocfl.errors import UserError
-from stocfl.executors import choose_engine, make_executor, set_threads
+from stocfl.executors import make_executor, set_threads
 from stocfl.files import write_atomic
-from stocfl.models import FlatModel, build_module, make_model
-from stocfl.scenarios import Federation, build
+from stocfl.localbn import LocalBatchNorm
+from stocfl.results import place_heldout, summarize, summarize_placements, write_results
+from stocfl.scenarios import Federation
 from stocfl.state import StateError
-from stocfl.tasks import BadResult, ClientsDropped, Evaluate, check_result, without_dropped
+from stocfl.tasks import ClientsDropped, Evaluate, without_dropped
 
 CHECKPOINT = "checkpoint.safetensors"
 log = logging.getLogger("stocfl")
 
 
-def build_federation(cfg: Config) -> Federation:
-    s = cfg.scenario
-    return build(s.name, s.dataset, s.n_clients, s.samples_per_client, s.test_per_client,
-                 seed=cfg.run.seed, alpha=s.alpha, data_dir=s.data_dir or None, holdout=s.holdout)
 
 
-def build_model(cfg: Config, fed: Federation, module: Any = None, loss: Any = None
-                ) -> tuple[FlatModel, torch.Tensor, Any]:
-    """The run's model as a flat function, its w_0 and its nn.Module: the module given (its
-    current weights are w_0), else ``[model]`` initialised with the run's seed; with ``loss``
-    (per-sample loss(logits, y)) instead of cross-entropy. Checked against the data by one
-    forward pass. Shared by the runner and the Flower ClientApp."""
-    m = cfg.model
-    name = m.name if module is None else type(module).__name__
-    if module is not None:
-        model, w0 = FlatModel(module, loss), FlatModel.flatten(module)
-    else:
-        try:
-            model, w0 = make_model(m.name, fed.input_shape, fed.n_classes, m.hidden, cfg.run.seed)
-            model.loss = loss
-            module = build_module(m.name, fed.input_shape, fed.n_classes, m.hidden)
-        except ValueError as err:
-            raise UserError(f"config: model.name: {err}") from None
-    check_model_fits(model, w0, fed, name)
-    if loss is not None:
-        check_loss(model, w0, fed)
-    return model, w0, module
 
 
-def check_loss(model: FlatModel, w0: torch.Tensor, fed: Federation) -> None:
-    """A user's loss on two train samples: one finite number per sample, differentiable."""
-    x, y = fed.x_train[:2], fed.y_train[:2]
-    try:
-        w = w0.clone().requires_grad_(True)
-        out = model.per_sample_loss(model.forward(w, x), y)
-        ok = isinstance(out, torch.Tensor) and tuple(out.shape) == (len(y),) and bool(torch.isfinite(out).all())
-        if ok:
-            torch.autograd.grad(out.sum(), w)
-    except Exception as err:  # a user's function can raise anything
-        raise UserError(f"loss: calling it on the model's outputs failed ({type(err).__name__}: "
-                        f"{str(err).splitlines()[0] if str(err) else ''}); expected loss(logits, y) -> one value per "
-                        f"sample") from None
-    if not ok:
-        raise UserError(f"loss: expected loss(logits, y) -> a finite tensor of shape ({len(y)},), one value per "
-                        f"sample, got {getattr(out, 'shape', type(out).__name__)}")
 
 
 @dataclass
@@ -103,24 +59,20 @@ class Experiment:
         self.threads = set_threads(self.cfg.run.threads)
         self.fed = self.federation if self.federation is not None else build_federation(self.cfg)
         self.model, w0, module = build_model(self.cfg, self.fed, self.module, self.loss)
-        t = self.cfg.train
-        if self.executor is not None:
-            self.engine = self.cfg.run.engine
-        else:
-            if self.cfg.run.engine == "flower-sim":
-                raise UserError("run.engine = flower-sim runs through 'stocfl run'/'stocfl resume' (Flower's simulation)")
-            self.engine = choose_engine(self.cfg.run.engine, self.model.n_params, t.batch_size,
-                                        float(self.fed.train_sizes.mean()))
-            self.executor = make_executor(self.engine, self.fed, self.model, self.cfg.run.chunk_size)
+        self.engine = self.cfg.run.engine  # given an executor (Flower's): the engine it serves
+        if self.executor is None:
+            self.executor = make_executor(self.cfg.run.engine, self.fed, self.model, self.cfg)
+            self.engine = self.executor.name  # auto: the one it chose
         self.run_tasks = checked(self.executor.run, self.fed)
-        ctx = Context(self.fed.n_clients, w0, t.epochs, t.batch_size, t.lr, self.cfg.run.seed,
-                      self.fed.input_shape, self.fed.n_classes,
-                      init_model=lambda seed: FlatModel.init_weights(copy.deepcopy(module), seed),
-                      last_layer=sum(self.model.numels[self.model.n_tensors - 2: self.model.n_tensors]),
-                      n_trainable=self.model.n_trainable, workdir=self.out,
-                      participants=tuple(self.fed.participants), sample_size=self.sample_size(),
-                      aggregator=Aggregator(**self.cfg.aggregation.model_dump()),
-                      optimizer=Optimizer(t.optimizer, t.lr, t.momentum, t.weight_decay, *t.betas))
+        self.local: LocalBatchNorm | None = None
+        if self.cfg.train.local_bn:
+            entries = self.model.batchnorm_entries()
+            if not len(entries):
+                raise UserError("config: train.local_bn = true keeps BatchNorm layers per client, but the model has "
+                                "none; set it false or use a model with BatchNorm")
+            self.local = LocalBatchNorm(entries, self.fed.n_clients, self.out)
+            self.run_tasks = self.local.wrap(self.run_tasks)
+        ctx = build_context(self.cfg, self.fed, self.model, w0, module, self.out)
         self.algorithm = algorithm_class(self.cfg.algorithm["name"])(self.cfg.algorithm_params(), ctx)
         self.sampler = np.random.default_rng([self.cfg.run.seed, 1])
         self.round = 0
@@ -128,7 +80,7 @@ class Experiment:
         self.metrics_chain: str | None = metrics_chain([])
         self.config_sha256 = config_digest(self.cfg)
         self.rows: list[dict[str, Any]] = []  # metrics rows of the rounds done
-        self.saved: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None  # state after the last round
+        self.saved: dict[str, tuple[dict[str, torch.Tensor], dict[str, Any]]] = {}  # state after the last round
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -197,16 +149,19 @@ class Experiment:
     # ---- checkpoints --------------------------------------------------------------------
     def save_checkpoint(self) -> None:
         """The state after the last finished round, as a value in memory (what a failed round
-        is replayed from) and, with a results directory, in its checkpoint file."""
-        tensors, meta = self.algorithm.encode_state()
-        self.saved = (tensors, json.loads(json.dumps(meta)))
+        is replayed from) and, with a results directory, in its checkpoint file: the
+        algorithm's state and, with ``train.local_bn``, the clients' own BatchNorm entries."""
+        parts = {"algorithm": self.algorithm.encode_state()}
+        if self.local is not None:
+            parts["local_bn"] = self.local.state()
+        self.saved = {k: (t, json.loads(json.dumps(m))) for k, (t, m) in parts.items()}
         if self.out is None:
             return
-        checkpoint.save(self.out / CHECKPOINT, {f"algorithm/{k}": v for k, v in tensors.items()}, {
+        checkpoint.save(self.out / CHECKPOINT, {f"{p}/{k}": v for p, (t, _) in parts.items() for k, v in t.items()}, {
             "round": self.round,
             "elapsed": self.elapsed,
             "sampler": self.sampler.bit_generator.state,
-            "algorithm": meta,
+            **{p: m for p, (_, m) in parts.items()},
             "config_sha256": self.config_sha256,
             "metrics_sha256": self.metrics_chain,
             **({"custom_data": True} if self.federation is not None else {}),
@@ -216,11 +171,12 @@ class Experiment:
 
     def load_checkpoint(self) -> None:
         tensors, meta = checkpoint.load(self.out / CHECKPOINT)
-        prefix = "algorithm/"
-        self.saved = ({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}, meta["algorithm"])
+        names = ["algorithm"] + (["local_bn"] if self.local is not None else [])
+        self.saved = {p: ({k[len(p) + 1:]: v for k, v in tensors.items() if k.startswith(p + "/")}, meta.get(p))
+                      for p in names}
         try:
             self.restore_algorithm()
-        except StateError as err:
+        except (StateError, KeyError, TypeError) as err:
             raise UserError(f"checkpoint {self.out / CHECKPOINT} does not fit this version of stocfl ({err}); "
                             f"start a new run") from None
         self.sampler.bit_generator.state = meta["sampler"]
@@ -230,9 +186,7 @@ class Experiment:
 
     # ---- the loop -----------------------------------------------------------------------
     def sample_size(self) -> int:
-        """m = ceil(rate * N) of the participating clients."""
-        pool = len(self.fed.participants)
-        return min(pool, math.ceil(self.cfg.run.sample_rate * pool))
+        return sample_size(self.cfg, self.fed)
 
     def sample(self) -> list[int]:
         pool = self.fed.participants
@@ -260,8 +214,10 @@ class Experiment:
 
     def restore_algorithm(self) -> None:
         """The algorithm's state as of the last finished round (the value kept in memory)."""
-        tensors, meta = self.saved
+        tensors, meta = self.saved["algorithm"]
         self.algorithm.decode_state(tensors, json.loads(json.dumps(meta)))
+        if self.local is not None:
+            self.local.load_state(*self.saved["local_bn"])
 
     def evaluate(self) -> dict[str, float]:
         """Accuracy of the participating clients, each with the model it would use, weighted
@@ -276,19 +232,6 @@ class Experiment:
         clients, (res, gres) = without_dropped(self.fed.participants, attempt)
         self.last_eval = dict(zip(clients, res))
         return {"accuracy": _pooled(res), "global_accuracy": _pooled(gres)}
-
-    def place_heldout(self) -> list[dict[str, Any]]:
-        """Held-out clients as new clients: placement and test accuracy with the chosen model."""
-        clients = self.fed.heldout_clients
-        if not clients:
-            return []
-        def attempt(clients):
-            placed = self.algorithm.place_new(clients, self.run_tasks)
-            return placed, self.run_tasks([Evaluate(p.client, p.weights) for p in placed])
-
-        _, (placed, res) = without_dropped(clients, attempt)
-        return placement_rows(placed, res, self.fed.groups, cluster_majority(self.algorithm.cluster_labels(),
-                                                                             self.fed.groups))
 
     def run(self, progress: bool = True, stop_after: int | None = None) -> dict[str, Any] | None:
         """Run to ``run.rounds`` and write the summary; with ``stop_after``, stop once that many
@@ -329,81 +272,15 @@ class Experiment:
         """The summary of a finished run; with a results directory, every results file too."""
         if not hasattr(self, "last_eval"):
             self.evaluate()
-        rows = self.rows
-        last_eval = next((x for x in reversed(rows) if x.get("accuracy") is not None), {})
-        last = rows[-1] if rows else {}
-        s = self.cfg
-        summary = {
-            "algorithm": s.algorithm["name"], "scenario": self.fed.scenario if self.federation is not None else
-            s.scenario.name, "dataset": self.fed.dataset if self.federation is not None else s.scenario.dataset,
-            "seed": s.run.seed, "n_clients": self.fed.n_clients, "rounds": s.run.rounds,
-            "rounds_done": self.round, "engine": self.engine, "threads": self.threads,
-            "accuracy": last_eval.get("accuracy"), "global_accuracy": last_eval.get("global_accuracy"),
-            "n_clusters": last.get("n_clusters"), "ari": last.get("ari"), "nmi": last.get("nmi"),
-            "placed": last.get("placed"), "participants": len(self.fed.participants),
-            "seconds": round(self.elapsed, 3), "notes": self.fed.notes,
-        }
-        summary.update(self.algorithm.summary(rows))  # the algorithm's own final figures
-        heldout = self.place_heldout()
+        summary = summarize(self.cfg, self.fed, self.federation is not None, self.algorithm, self.rows, self.round,
+                            self.engine, self.threads, self.elapsed)
+        heldout = place_heldout(self.algorithm, self.fed, self.run_tasks)
         if heldout:
             summary["heldout"] = summarize_placements(heldout)
-        labels = self.algorithm.cluster_labels()
-        reps = self.algorithm.representations()
         if self.out is not None:
-            if heldout:
-                report.write_csv(self.out / "heldout.csv", heldout)
-            report.write_csv(self.out / "clusters.csv", report.cluster_table(labels, self.fed.groups, self.last_eval))
-            if reps is not None:
-                self.plot_representations(*reps, labels)
-            report.write_json(self.out / "summary.json", summary)
-            report.plot_accuracy(rows, self.out / "accuracy.png",
-                                 f"{summary['algorithm']} on {summary['scenario']} ({summary['dataset']})")
+            write_results(self.out, summary, self.rows, self.algorithm, self.fed, self.last_eval, heldout,
+                          self.cfg.run.seed)
         return summary
-
-    def plot_representations(self, ids: list[int], reps: torch.Tensor, labels: np.ndarray) -> None:
-        from stocfl import plots
-
-        groups = self.fed.groups[ids] if self.fed.groups is not None else None
-        name = f"{self.cfg.scenario.name} ({self.cfg.scenario.dataset})"
-        plots.similarity_matrix(reps, groups, self.out / "similarity.png", f"cosine of Psi, {name}")
-        plots.embedding(reps, labels[ids], groups, self.out / "embedding.png", name, self.cfg.run.seed)
-
-
-def checked(run, fed: Federation):
-    """``run`` (an executor's) with every result checked against its task and the client's
-    sizes (:func:`stocfl.tasks.check_result`) before any algorithm sees it: the clients with a
-    bad result are dropped (:class:`ClientsDropped`, counted in metrics.jsonl), whatever the
-    engine."""
-    train, test = fed.train_sizes, fed.test_sizes
-
-    def run_checked(tasks):
-        out, why = [], {}
-        for t, r in zip(tasks, run(tasks)):
-            try:
-                out.append(check_result(t, r, int(train[t.client]), int(test[t.client])))
-            except BadResult as err:
-                why.setdefault(t.client, f"client {t.client}: bad reply ({err})")
-        if why:
-            raise ClientsDropped(sorted(why), [why[c] for c in sorted(why)])
-        return out
-
-    return run_checked
-
-
-def check_model_fits(model: FlatModel, w0: torch.Tensor, fed: Federation, name: str) -> None:
-    """One forward pass on one train sample: the model must take the data's inputs and give
-    one logit per class, before a round runs."""
-    x = fed.x_train[:1]
-    try:
-        with torch.no_grad():
-            out = model.forward(w0, x)
-    except RuntimeError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UserError(f"config: model.name = {name!r} does not fit {fed.dataset} inputs of shape "
-                        f"{tuple(x.shape[1:])} ({first}); pick a model for this data") from None
-    if tuple(out.shape) != (1, fed.n_classes):
-        raise UserError(f"config: model.name = {name!r} gives outputs of shape {tuple(out.shape[1:])} on "
-                        f"{fed.dataset}, which has {fed.n_classes} classes; pick a model for this data")
 
 
 def config_digest(cfg: Config) -> str:
@@ -422,21 +299,8 @@ def metrics_chain(rows: list[dict[str, Any]], start: str | None = None) -> str:
     return h
 
 
-def pin_data_dir(cfg: Config) -> None:
-    """Write the data directory in use ($STOCFL_DATA_DIR included) into the config as an
-    absolute path, so that a resume, a new-client query or a Flower client finds the same data."""
-    if cfg.scenario.data_dir or resolve_data_dir(None):
-        cfg.scenario.data_dir = str(resolve_data_dir(cfg.scenario.data_dir).resolve())
 
 
-def read_config(out: Path, data_dir: str | None = None) -> dict[str, Any]:
-    try:
-        raw = tomllib.loads((out / "config.toml").read_text())
-    except (OSError, tomllib.TOMLDecodeError) as err:
-        raise UserError(f"{out}/config.toml is unreadable ({err}); it is not a stocfl results directory") from None
-    if data_dir is not None:
-        raw.setdefault("scenario", {})["data_dir"] = str(Path(data_dir).resolve())
-    return raw
 
 
 def _pooled(results) -> float | None:
@@ -445,31 +309,7 @@ def _pooled(results) -> float | None:
     return sum(r.correct for r in results) / n if n else None
 
 
-def cluster_majority(labels: np.ndarray, groups: np.ndarray | None) -> dict[int, int]:
-    """The majority true group of each found cluster's members."""
-    if groups is None:
-        return {}
-    return {int(k): int(np.bincount(groups[labels == k]).argmax()) for k in np.unique(labels[labels >= 0])}
 
 
-def placement_rows(placed, results, groups, majority: dict[int, int]) -> list[dict[str, Any]]:
-    """One row per new client: cluster, cosine, opened_new, accuracy, true group, and whether
-    the cluster is its true group's (``majority``: the majority true group of each cluster)."""
-    rows = []
-    for p, r in zip(placed, results):
-        row = {"client": p.client, "cluster": p.cluster, "similarity": p.similarity, "opened_new": p.opened_new,
-               "accuracy": r.accuracy, "correct": r.correct, "test_samples": r.n_samples}
-        if groups is not None:
-            row["true_group"] = int(groups[p.client])
-            row["in_true_group_cluster"] = majority.get(p.cluster) == row["true_group"]
-        rows.append(row)
-    return rows
 
 
-def summarize_placements(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    n = sum(r["test_samples"] for r in rows)
-    out = {"clients": len(rows), "accuracy": sum(r["correct"] for r in rows) / n if n else 0.0,
-           "opened_new": sum(bool(r["opened_new"]) for r in rows)}
-    if rows and "in_true_group_cluster" in rows[0]:
-        out["in_true_group_cluster"] = sum(r["in_true_group_cluster"] for r in rows) / len(rows)
-    return out

@@ -194,3 +194,17 @@ class Algorithm:
     def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """The algorithm's own fields of the run's summary, from the metrics rows of every round."""
         return {}
+
+    def plots(self, out: Path, groups: np.ndarray | None, title: str, seed: int) -> None:
+        """Draw the algorithm's own figures into the results directory ``out`` (``groups``: every
+        client's true group, when known). By default, when it keeps per-client representations:
+        their cosine matrix (similarity.png) and a t-SNE embedding (embedding.png)."""
+        reps = self.representations()
+        if reps is None:
+            return
+        from stocfl import plots
+
+        ids, rows = reps
+        g = groups[ids] if groups is not None else None
+        plots.similarity_matrix(rows, g, out / "similarity.png", f"cosine of client representations, {title}")
+        plots.embedding(rows, self.cluster_labels()[ids], g, out / "embedding.png", title, seed)

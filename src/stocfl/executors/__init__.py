@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
@@ -10,8 +12,6 @@ from stocfl.errors import UserError
 from stocfl.executors.base import Executor
 from stocfl.executors.batched import BatchedExecutor
 from stocfl.executors.sequential import SequentialExecutor
-
-ENGINES = ("auto", "sequential", "batched")
 
 # Per-step work per client (about 6 * P * B flops) below which per-client overhead dominates
 # and batching clients with vmap pays; measured by `stocfl bench` (see README).
@@ -41,12 +41,59 @@ def choose_engine(engine: str, n_params: int, batch_size: int, mean_client_size:
     return "batched" if 6.0 * n_params * b < BATCHED_BELOW_FLOPS else "sequential"
 
 
-def make_executor(engine: str, federation, model, chunk_size: int = 0) -> Executor:
-    if engine == "sequential":
-        return SequentialExecutor(federation, model)
-    if engine == "batched":
-        return BatchedExecutor(federation, model, chunk_size=chunk_size)
-    raise UserError(f"run.engine = {engine!r} is not an in-process executor; choose one of {', '.join(ENGINES)}")
+@dataclass(frozen=True)
+class Engine:
+    """A way to run client tasks, by its ``run.engine`` name: an in-process executor
+    (``executor(federation, model, cfg) -> Executor``, ``cfg`` the run's config), or one that
+    runs the whole experiment itself (``launch``: the Flower simulation)."""
+
+    name: str
+    description: str
+    executor: Callable[..., Executor] | None = None
+    launch: Callable[..., Any] | None = None
 
 
-__all__ = ["Executor", "SequentialExecutor", "BatchedExecutor", "make_executor", "choose_engine", "set_threads"]
+ENGINES: dict[str, Engine] = {}
+
+
+def register_engine(engine: Engine) -> Engine:
+    """Make ``engine`` usable as ``run.engine = engine.name`` in this process."""
+    if not isinstance(engine, Engine) or not engine.name.replace("-", "_").isidentifier():
+        raise UserError(f"register_engine: expected an Engine with a name such as 'my-engine', got {engine!r}")
+    if (engine.executor is None) == (engine.launch is None):
+        raise UserError(f"register_engine: engine {engine.name!r} needs exactly one of executor and launch")
+    ENGINES[engine.name] = engine
+    return engine
+
+
+def engine_of(name: str) -> Engine:
+    try:
+        return ENGINES[name]
+    except KeyError:
+        raise UserError(f"config: run.engine = {name!r} is unknown; choose one of {', '.join(ENGINES)}") from None
+
+
+def make_executor(engine: str, federation, model, cfg) -> Executor:
+    """An in-process executor of ``engine`` for the run configured by ``cfg``; its ``name`` is
+    the engine that runs (``auto`` resolves to one)."""
+    e = engine_of(engine)
+    if e.executor is None:
+        raise UserError(f"run.engine = {engine!r} runs through 'stocfl run'/'stocfl resume', not in-process; choose "
+                        f"one of {', '.join(n for n, x in ENGINES.items() if x.executor is not None)}")
+    return e.executor(federation, model, cfg)
+
+
+def _auto(federation, model, cfg) -> Executor:
+    chosen = choose_engine("auto", model.n_params, cfg.train.batch_size, float(federation.train_sizes.mean()))
+    return make_executor(chosen, federation, model, cfg)
+
+
+register_engine(Engine("auto", "sequential or batched, chosen by model and batch size", executor=_auto))
+register_engine(Engine("sequential", "one client after another, a tight loop over pre-stacked tensors",
+                       executor=lambda fed, model, cfg: SequentialExecutor(fed, model)))
+register_engine(Engine("batched", "chunks of clients as one vmap(grad) computation",
+                       executor=lambda fed, model, cfg: BatchedExecutor(fed, model, chunk_size=cfg.run.chunk_size)))
+
+
+__all__ = ["ENGINES", "Engine", "Executor", "SequentialExecutor", "BatchedExecutor", "choose_engine", "engine_of",
+           "make_executor", "register_engine", "set_threads"]

@@ -20,6 +20,8 @@ class Executor:
     model, the members of a cluster) are evaluated in one forward pass over their data.
     """
 
+    name = "in-process"  # the run.engine it stands for
+
     def __init__(self, federation: Federation, model: FlatModel):
         self.fed = federation
         self.model = model

@@ -24,6 +24,8 @@ MAX_CHUNK = 512
 
 
 class BatchedExecutor(Executor):
+    name = "batched"
+
     def __init__(self, federation, model, chunk_size: int = 0):
         super().__init__(federation, model)
         self.chunk_size = chunk_size

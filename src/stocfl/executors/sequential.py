@@ -9,4 +9,4 @@ from stocfl.executors.base import Executor
 
 
 class SequentialExecutor(Executor):
-    pass
+    name = "sequential"

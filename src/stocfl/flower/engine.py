@@ -201,7 +201,7 @@ def client_app(raw_config: dict[str, Any] | Callable[[Context], dict[str, Any]])
         if "executor" not in state:
             from stocfl import config as config_mod
             from stocfl.executors import SequentialExecutor, set_threads
-            from stocfl.runner import build_federation, build_model
+            from stocfl.build import build_federation, build_model
 
             set_threads(1)  # one CPU per client actor
             cfg = config_mod.validate(raw_config(context) if callable(raw_config) else raw_config)
@@ -290,7 +290,8 @@ def deployed_main(grid: Grid, run_config: dict[str, Any]) -> None:
     the results directory and the number of clients to wait for (0: every client of the
     scenario). An existing results directory is resumed."""
     from stocfl import config as config_mod
-    from stocfl.runner import Experiment, read_config
+    from stocfl.build import read_config
+    from stocfl.runner import Experiment
 
     config, out, n = run_config_paths(run_config)
     resuming = (out / "config.toml").exists()

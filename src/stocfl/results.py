@@ -1,0 +1,94 @@
+"""The results of a run: its summary and, with a results directory, the files a reader opens.
+
+The runner hands over the metrics rows and the algorithm; an algorithm adds its own summary
+fields (``Algorithm.summary``) and figures (``Algorithm.plots``). Nothing here names an
+algorithm.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stocfl import report
+from stocfl.algorithms import Algorithm
+from stocfl.config import Config
+from stocfl.scenarios import Federation
+from stocfl.tasks import Evaluate, without_dropped
+
+
+def summarize(cfg: Config, fed: Federation, given_federation: bool, algorithm: Algorithm, rows: list[dict[str, Any]],
+              rounds_done: int, engine: str, threads: int, elapsed: float) -> dict[str, Any]:
+    """The run's final figures: the last evaluated accuracies, the last clustering scores, and
+    the algorithm's own fields."""
+    last_eval = next((x for x in reversed(rows) if x.get("accuracy") is not None), {})
+    last = rows[-1] if rows else {}
+    summary = {
+        "algorithm": cfg.algorithm["name"], "scenario": fed.scenario if given_federation else cfg.scenario.name,
+        "dataset": fed.dataset if given_federation else cfg.scenario.dataset,
+        "seed": cfg.run.seed, "n_clients": fed.n_clients, "rounds": cfg.run.rounds,
+        "rounds_done": rounds_done, "engine": engine, "threads": threads,
+        "accuracy": last_eval.get("accuracy"), "global_accuracy": last_eval.get("global_accuracy"),
+        "n_clusters": last.get("n_clusters"), "ari": last.get("ari"), "nmi": last.get("nmi"),
+        "placed": last.get("placed"), "participants": len(fed.participants),
+        "seconds": round(elapsed, 3), "notes": fed.notes,
+    }
+    summary.update(algorithm.summary(rows))
+    return summary
+
+
+def place_heldout(algorithm: Algorithm, fed: Federation, run) -> list[dict[str, Any]]:
+    """Held-out clients as new clients: placement and test accuracy with the chosen model."""
+    if not fed.heldout_clients:
+        return []
+
+    def attempt(clients):
+        placed = algorithm.place_new(clients, run)
+        return placed, run([Evaluate(p.client, p.weights) for p in placed])
+
+    _, (placed, res) = without_dropped(fed.heldout_clients, attempt)
+    return placement_rows(placed, res, fed.groups, cluster_majority(algorithm.cluster_labels(), fed.groups))
+
+
+def write_results(out: Path, summary: dict[str, Any], rows: list[dict[str, Any]], algorithm: Algorithm,
+                  fed: Federation, last_eval: dict, heldout: list[dict[str, Any]], seed: int) -> None:
+    """summary.json, clusters.csv, heldout.csv (if any), accuracy.png and the algorithm's figures."""
+    if heldout:
+        report.write_csv(out / "heldout.csv", heldout)
+    report.write_csv(out / "clusters.csv", report.cluster_table(algorithm.cluster_labels(), fed.groups, last_eval))
+    title = f"{summary['scenario']} ({summary['dataset']})"
+    algorithm.plots(out, fed.groups, title, seed)
+    report.write_json(out / "summary.json", summary)
+    report.plot_accuracy(rows, out / "accuracy.png", f"{summary['algorithm']} on {title}")
+
+
+def cluster_majority(labels: np.ndarray, groups: np.ndarray | None) -> dict[int, int]:
+    """The majority true group of each found cluster's members."""
+    if groups is None:
+        return {}
+    return {int(k): int(np.bincount(groups[labels == k]).argmax()) for k in np.unique(labels[labels >= 0])}
+
+
+def placement_rows(placed, results, groups, majority: dict[int, int]) -> list[dict[str, Any]]:
+    """One row per new client: cluster, cosine, opened_new, accuracy, true group, and whether
+    the cluster is its true group's (``majority``: the majority true group of each cluster)."""
+    rows = []
+    for p, r in zip(placed, results):
+        row = {"client": p.client, "cluster": p.cluster, "similarity": p.similarity, "opened_new": p.opened_new,
+               "accuracy": r.accuracy, "correct": r.correct, "test_samples": r.n_samples}
+        if groups is not None:
+            row["true_group"] = int(groups[p.client])
+            row["in_true_group_cluster"] = majority.get(p.cluster) == row["true_group"]
+        rows.append(row)
+    return rows
+
+
+def summarize_placements(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    n = sum(r["test_samples"] for r in rows)
+    out = {"clients": len(rows), "accuracy": sum(r["correct"] for r in rows) / n if n else 0.0,
+           "opened_new": sum(bool(r["opened_new"]) for r in rows)}
+    if rows and "in_true_group_cluster" in rows[0]:
+        out["in_true_group_cluster"] = sum(r["in_true_group_cluster"] for r in rows) / len(rows)
+    return out
