@@ -15,7 +15,7 @@ ROOT = Path(stocfl.__file__).parent
 LAYERS = [
     {"errors", "bounds", "files", "state", "optim", "aggregation", "clustering", "checkpoint", "store", "report",
      "plots", "tau"},
-    {"data", "models", "training", "scenarios", "tasks"},
+    {"data", "models", "training", "lowrank", "scenarios", "tasks"},
     {"algorithms"},
     {"executors", "localbn", "flower.codec", "flower.loopback", "flower.certs"},
     {"config", "build", "results", "runner", "flower", "flower.engine"},

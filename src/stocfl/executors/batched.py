@@ -15,6 +15,7 @@ import torch
 from torch.func import grad, vmap
 
 from stocfl.executors.base import Executor
+from stocfl.lowrank import LowRankTrainer, structure
 from stocfl.optim import Optimizer
 from stocfl.tasks import KINDS, Train, Trained, check_train_task
 from stocfl.training import batch_plan
@@ -26,9 +27,11 @@ MAX_CHUNK = 512
 class BatchedExecutor(Executor):
     name = "batched"
 
-    def __init__(self, federation, model, chunk_size: int = 0):
+    def __init__(self, federation, model, chunk_size: int = 0, lowrank: bool = False):
         super().__init__(federation, model)
         self.chunk_size = chunk_size
+        s = structure(model) if lowrank else None
+        self.lowrank = LowRankTrainer(model, s) if s is not None else None  # plain SGD on a dense first layer
 
         def masked_loss(w, x, y, m):
             per_sample = self.model.per_sample_loss(self.model.forward(w, x), y)
@@ -84,6 +87,10 @@ class BatchedExecutor(Executor):
         has_prox = bool((mu != 0).any())
         if has_prox:
             centers = torch.stack([t.prox_center if t.prox_center is not None else t.weights for t in tasks])
+        if self.lowrank is not None and opt.plain:
+            trained = self.lowrank.train(w, centers if has_prox else None, mu, x_pad, y_pad, n, epochs, batch_size,
+                                         opt.lr, [t.seed for t in tasks])
+            return [Trained(trained[i].clone(), int(n[i])) for i in range(c)]
         plans = [batch_plan(int(n[i]), epochs, batch_size, t.seed) for i, t in enumerate(tasks)]
         rows = torch.arange(c)[:, None]
         state = None if opt.plain else opt.init(w)
