@@ -41,7 +41,7 @@ def reference_and_lowrank(dtype, d, h, k, sizes, epochs, batch, lr, mu, prox, bi
     ref = torch.stack([local_sgd(flat, x[i, :n], y[i, :n], w[i], epochs, batch, lr, seeds[i],
                                  None if centers is None else centers[i], float(mus[i]))
                        for i, n in enumerate(sizes)])
-    got = LowRankTrainer(flat, s).train(w, centers, mus, x, y, torch.tensor(sizes), epochs, batch, lr, seeds)
+    got = LowRankTrainer(flat, s).train(w.clone(), centers, mus, x, y, torch.tensor(sizes), epochs, batch, lr, seeds)
     return ref, got, w
 
 
@@ -85,3 +85,14 @@ def test_which_models_qualify_and_what_each_path_costs():
 def test_a_client_out_of_batches_is_frozen_in_the_stack(prox):
     ref, got, w = reference_and_lowrank(torch.float64, 12, 5, 3, [2, 9], 2, 2, 0.1, 0.5, prox, True, 1, 3)
     assert torch.allclose(got, ref, rtol=0, atol=1e-12)
+
+
+def test_auto_takes_the_lowrank_path_where_it_costs_less():
+    from stocfl.executors import choose_lowrank
+
+    paper = FlatModel(mlp(784, 2048, 10))
+    assert choose_lowrank(paper, 5, 0, 50, plain_sgd=True)  # |D| = 50 against 784 inputs
+    assert not choose_lowrank(paper, 1, 10, 600, plain_sgd=True)  # many samples, small batches
+    assert not choose_lowrank(paper, 5, 0, 50, plain_sgd=False)  # Adam, momentum: steps leave the span
+    conv = FlatModel(nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(2 * 26 * 26, 10)))
+    assert not choose_lowrank(conv, 5, 0, 50, plain_sgd=True)

@@ -2,9 +2,12 @@
 
 Cases
 -----
+mlp2048_rotated_mnist_d50
+    The StoCFL paper's Rotated-MNIST setting at (N, |D|) = (4800, 50), 10% per round: MLP
+    784-2048-10, 5 full-batch epochs, lr 0.1, 480 clients trained (compute-bound; the low-rank
+    path's case: 50 samples against 784 inputs).
 mlp2048_rotated_mnist
-    The StoCFL paper's Rotated-MNIST setting: MLP 784-2048-10, |D| = 200, 5 full-batch epochs,
-    lr 0.1, 120 clients trained (compute-bound).
+    The same at |D| = 200, 120 clients trained.
 digits_small
     The digits model (64-32-10) on 500 clients of 10 samples, batch 10, 5 epochs
     (per-client overhead dominates).
@@ -13,7 +16,8 @@ digits_small
 for the same StoCFL run (digits, 20 clients).
 
 Each case times a naive loop in the style of common FL code (``deepcopy`` of an ``nn.Module``
-and a ``DataLoader`` per client), the sequential executor and the batched executor, and
+and a ``DataLoader`` per client), the sequential, batched and (dense first layer) low-rank
+executors, and
 reports seconds, GFLOP/s (6 * P flops per sample per epoch), the fraction of the machine's
 float32 matmul peak and the speed-up ratios. Figures, not assertions: the README carries them.
 """
@@ -33,7 +37,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from stocfl.data import resolve_data_dir
 from stocfl.errors import UserError
-from stocfl.executors import BatchedExecutor, SequentialExecutor, choose_engine, set_threads
+from stocfl import config
+from stocfl.executors import BatchedExecutor, SequentialExecutor, make_executor, set_threads
+from stocfl.lowrank import structure
 from stocfl.models import build_module, make_model
 from stocfl.scenarios import build
 from stocfl.tasks import Train, task_seed
@@ -82,12 +88,15 @@ def run_case(name, fed, model_name, hidden, n_clients, epochs, batch_size, lr, p
     tasks = [Train(i, w0, epochs, batch_size, lr, task_seed(0, 1, i)) for i in clients]
     flops = 6.0 * flat.n_params * epochs * float(sum(fed.train_sizes[i] for i in clients))
     seconds = {"naive": _time(lambda: naive_round(fed, module, w0, clients, epochs, batch_size, lr), reps)}
-    for engine in ("sequential", "batched"):
-        ex = SequentialExecutor(fed, flat) if engine == "sequential" else BatchedExecutor(fed, flat)
+    engines = {"sequential": SequentialExecutor(fed, flat), "batched": BatchedExecutor(fed, flat)}
+    if structure(flat) is not None:
+        engines["lowrank"] = BatchedExecutor(fed, flat, lowrank=True)
+    for engine, ex in engines.items():
         ex.run(tasks[: min(4, len(tasks))])  # warm-up (vmap tracing, allocator)
         seconds[engine] = _time(lambda: ex.run(tasks), reps)
-    auto = choose_engine("auto", flat.n_params, batch_size, float(fed.train_sizes.mean()))
-    best = min(("sequential", "batched"), key=seconds.get)
+    cfg = config.validate({"train": {"epochs": epochs, "batch_size": batch_size, "lr": lr}})
+    auto = make_executor("auto", fed, flat, cfg).name
+    best = min(engines, key=seconds.get)
     return {
         "case": name, "model": model_name, "n_params": flat.n_params, "clients": n_clients,
         "samples_per_client": int(fed.train_sizes[0]), "epochs": epochs, "batch_size": batch_size or "full",
@@ -99,6 +108,8 @@ def run_case(name, fed, model_name, hidden, n_clients, epochs, batch_size, lr, p
             "sequential_vs_naive": round(seconds["naive"] / seconds["sequential"], 2),
             "batched_vs_naive": round(seconds["naive"] / seconds["batched"], 2),
             "batched_vs_sequential": round(seconds["sequential"] / seconds["batched"], 2),
+            **({"lowrank_vs_sequential": round(seconds["sequential"] / seconds["lowrank"], 2),
+                "lowrank_vs_naive": round(seconds["naive"] / seconds["lowrank"], 2)} if "lowrank" in seconds else {}),
             "best_vs_naive": round(seconds["naive"] / seconds[best], 2),
             "auto_vs_sequential": round(seconds["sequential"] / seconds[auto], 2),
         },
@@ -111,7 +122,6 @@ def flower_overhead(rounds: int = 5) -> dict:
     and with 2 SuperNodes sharing the clients; Ray's start-up is reported apart."""
     import tempfile
 
-    from stocfl import config
     from stocfl.flower.engine import simulate
     from stocfl.report import read_jsonl
     from stocfl.runner import Experiment
@@ -150,6 +160,7 @@ def main(args) -> int:
     peak = matmul_peak(1024 if quick else 2048)
     if root is not None:
         mnist = build("rotated", "mnist", 24 if quick else 120, 200, seed=0, data_dir=str(root))
+        mnist50 = build("rotated", "mnist", 48 if quick else 480, 50, seed=0, data_dir=str(root))
         source = "MNIST (rotated)"
     else:
         raise UserError("stocfl bench needs MNIST: pass --data-dir DIR or set STOCFL_DATA_DIR")
@@ -158,6 +169,8 @@ def main(args) -> int:
         "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {threads} torch threads",
         "torch": torch.__version__, "matmul_peak_gflops": round(peak, 1), "data": source,
         "cases": [
+            run_case("mlp2048_rotated_mnist_d50", mnist50, "mlp", 2048, mnist50.n_clients, 1 if quick else 5, 0, 0.1,
+                     peak, 1),
             run_case("mlp2048_rotated_mnist", mnist, "mlp", 2048, mnist.n_clients, 1 if quick else 5, 0, 0.1,
                      peak, 1),
             run_case("digits_small", digits, "digits_mlp", 0, digits.n_clients, 5, 10, 0.1, peak, 1 if quick else 3),

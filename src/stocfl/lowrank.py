@@ -89,8 +89,9 @@ class LowRankTrainer:
     def train(self, w: torch.Tensor, centers: torch.Tensor | None, mu: torch.Tensor, x: torch.Tensor,
               y: torch.Tensor, n: torch.Tensor, epochs: int, batch_size: int, lr: float,
               seeds: list[int]) -> torch.Tensor:
-        """Trained weights (c x P) from ``w`` (c x P); ``x`` (c x n_max x ...) padded, ``n`` the
-        true sizes; ``centers`` (c x P) with weights ``mu`` (c), or None."""
+        """Trained weights (c x P) from ``w`` (c x P, trained in place and returned); ``x``
+        (c x n_max x ...) padded, ``n`` the true sizes; ``centers`` (c x P) with weights ``mu``
+        (c), or None."""
         c, hd, h, d = len(w), self.hd, self.s.h, self.s.d
         X = x.reshape(c, x.shape[1], -1).to(w.dtype)
         W0 = w[:, :hd].reshape(c, h, d)
@@ -116,14 +117,16 @@ class LowRankTrainer:
         for e in range(epochs):
             steps = [len(p[e]) if p[e] is not None else 1 for p in plans]
             for st in range(max(steps)):
-                if all(p[e] is None for p in plans):
+                whole = all(p[e] is None for p in plans)  # full batch: every row, in order, no gathering
+                if whole:
                     idx, mask = full, full_mask
                 else:
                     idx, mask = _gather(plans, e, st, steps, n)
                     mask = mask.to(w.dtype)
-                z = alpha[:, None, None] * P0[rows, idx] + torch.bmm(K[rows, idx], A)
+                pick = (lambda t: t) if whole else (lambda t: t[rows, idx])
+                z = torch.baddbmm(alpha[:, None, None] * pick(P0), pick(K), A)
                 if has_prox:
-                    z = z + beta[:, None, None] * PC[rows, idx]
+                    z = z + beta[:, None, None] * pick(PC)
                 if nb:
                     z = z + b[:, None, :]
                 gz, grest = self._grads(z, rest, y[rows, idx], mask)
@@ -132,9 +135,13 @@ class LowRankTrainer:
                 shrink = 1.0 - step * mu
                 alpha = alpha * shrink
                 beta = beta * shrink + step * mu
-                A.mul_(shrink[:, None, None])
-                # accumulate: padded slots point at sample 0 too, and must not overwrite its update
-                A.index_put_((rows.expand_as(idx), idx), -step[:, None, None] * gz * mask[:, :, None], accumulate=True)
+                if has_prox:
+                    A.mul_(shrink[:, None, None])
+                update = -step[:, None, None] * gz * mask[:, :, None]
+                if whole:
+                    A.add_(update)
+                else:  # accumulate: padded slots point at sample 0 too, and must not overwrite its update
+                    A.index_put_((rows.expand_as(idx), idx), update, accumulate=True)
                 gb = gz.sum(1)
                 if has_prox:
                     if nb:
@@ -143,10 +150,15 @@ class LowRankTrainer:
                 if nb:
                     b = b - step[:, None] * gb
                 rest = rest - step[:, None] * grest
-        W = alpha[:, None, None] * W0 + torch.bmm(A.transpose(1, 2), X)
+        # W_0 is a view of w: the first layer is formed in place, in as few passes over it as possible
+        if not bool((alpha == 1).all()):
+            W0.mul_(alpha[:, None, None])
+        W0.baddbmm_(A.transpose(1, 2), X)
         if has_prox:
-            W = W + beta[:, None, None] * C
-        return torch.cat([W.reshape(c, hd), b, rest], dim=1)
+            W0.add_(beta[:, None, None] * C)
+        w[:, hd:hd + nb] = b
+        w[:, hd + nb:] = rest
+        return w
 
 
 def _gather(plans, e, s, steps, n):

@@ -12,6 +12,7 @@ from stocfl.errors import UserError
 from stocfl.executors.base import Executor
 from stocfl.executors.batched import BatchedExecutor
 from stocfl.executors.sequential import SequentialExecutor
+from stocfl.lowrank import flops, structure
 
 # Per-step work per client (about 6 * P * B flops) below which per-client overhead dominates
 # and batching clients with vmap pays; measured by `stocfl bench` (see README).
@@ -83,16 +84,36 @@ def make_executor(engine: str, federation, model, cfg) -> Executor:
     return e.executor(federation, model, cfg)
 
 
+def choose_lowrank(model, epochs: int, batch_size: int, mean_client_size: float, plain_sgd: bool) -> bool:
+    """The cost model of the low-rank path: take it when plain SGD on a dense first layer costs
+    fewer multiply-adds that way (with a proximal center other than the start, the dearer case)."""
+    s = structure(model)
+    if s is None or not plain_sgd:
+        return False
+    plain, low = flops(s, max(1, round(mean_client_size)), epochs, batch_size, prox_distinct=True)
+    return low < plain
+
+
 def _auto(federation, model, cfg) -> Executor:
-    chosen = choose_engine("auto", model.n_params, cfg.train.batch_size, float(federation.train_sizes.mean()))
+    """Where per-step work is small, per-client overhead dominates and batching pays; where it
+    is large (compute-bound), the path with less arithmetic wins: low-rank when it has less."""
+    t, n = cfg.train, float(federation.train_sizes.mean())
+    chosen = choose_engine("auto", model.n_params, t.batch_size, n)
+    plain_sgd = t.optimizer == "sgd" and t.momentum == 0 and t.weight_decay == 0
+    if chosen == "sequential" and choose_lowrank(model, t.epochs, t.batch_size, n, plain_sgd):
+        chosen = "lowrank"
     return make_executor(chosen, federation, model, cfg)
 
 
-register_engine(Engine("auto", "sequential or batched, chosen by model and batch size", executor=_auto))
+register_engine(Engine("auto", "lowrank, sequential or batched, chosen by a cost model of the model, data and "
+                       "training", executor=_auto))
 register_engine(Engine("sequential", "one client after another, a tight loop over pre-stacked tensors",
                        executor=lambda fed, model, cfg: SequentialExecutor(fed, model)))
 register_engine(Engine("batched", "chunks of clients as one vmap(grad) computation",
                        executor=lambda fed, model, cfg: BatchedExecutor(fed, model, chunk_size=cfg.run.chunk_size)))
+register_engine(Engine("lowrank", "batched, with plain-SGD training of a dense first layer in the span of each "
+                       "client's inputs (exact; stocfl.lowrank)", executor=lambda fed, model, cfg: BatchedExecutor(
+                           fed, model, chunk_size=cfg.run.chunk_size, lowrank=True)))
 
 
 __all__ = ["ENGINES", "Engine", "Executor", "SequentialExecutor", "BatchedExecutor", "choose_engine", "engine_of",

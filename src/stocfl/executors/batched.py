@@ -32,6 +32,8 @@ class BatchedExecutor(Executor):
         self.chunk_size = chunk_size
         s = structure(model) if lowrank else None
         self.lowrank = LowRankTrainer(model, s) if s is not None else None  # plain SGD on a dense first layer
+        if lowrank:
+            self.name = "lowrank"
 
         def masked_loss(w, x, y, m):
             per_sample = self.model.per_sample_loss(self.model.forward(w, x), y)
