@@ -13,7 +13,7 @@ ROOT = Path(stocfl.__file__).parent
 
 # lowest first; a module may import from its own layer and those below
 LAYERS = [
-    {"errors", "bounds", "files", "state", "optim", "aggregation", "clustering", "checkpoint", "store", "report",
+    {"errors", "bounds", "files", "state", "devices", "optim", "aggregation", "clustering", "checkpoint", "store", "report",
      "plots", "tau"},
     {"data", "models", "training", "lowrank", "scenarios", "tasks"},
     {"algorithms"},

@@ -36,6 +36,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from stocfl.data import resolve_data_dir
+from stocfl.devices import federation_on, resolve_device
 from stocfl.errors import UserError
 from stocfl import config
 from stocfl.executors import BatchedExecutor, SequentialExecutor, make_executor, set_threads
@@ -45,18 +46,26 @@ from stocfl.scenarios import build
 from stocfl.tasks import Train, task_seed
 
 
-def matmul_peak(n: int = 2048, reps: int = 10) -> float:
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_peak(n: int = 2048, reps: int = 10, device: torch.device = torch.device("cpu")) -> float:
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
     a @ b
+    _sync(device)
     t = time.perf_counter()
     for _ in range(reps):
         a @ b
+    _sync(device)
     return 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
 
 
 def naive_round(fed, module: nn.Module, w0: torch.Tensor, clients, epochs, batch_size, lr) -> list[torch.Tensor]:
-    """How many FL frameworks do it: a module copy, an optimizer and a DataLoader per client."""
-    torch.nn.utils.vector_to_parameters(w0.clone(), module.parameters())
+    """How many FL frameworks do it: a module copy, an optimizer and a DataLoader per client
+    (``fed`` and ``module`` on the device to time)."""
+    torch.nn.utils.vector_to_parameters(w0.clone().to(next(module.parameters()).device), module.parameters())
     out = []
     for i in clients:
         local = copy.deepcopy(module)
@@ -72,29 +81,34 @@ def naive_round(fed, module: nn.Module, w0: torch.Tensor, clients, epochs, batch
     return out
 
 
-def _time(fn, reps: int = 1) -> float:
+def _time(fn, reps: int = 1, device: torch.device = torch.device("cpu")) -> float:
     best = float("inf")
     for _ in range(reps):
+        _sync(device)
         t = time.perf_counter()
         fn()
+        _sync(device)
         best = min(best, time.perf_counter() - t)
     return best
 
 
-def run_case(name, fed, model_name, hidden, n_clients, epochs, batch_size, lr, peak, reps) -> dict:
+def run_case(name, fed, model_name, hidden, n_clients, epochs, batch_size, lr, peak, reps,
+             device: torch.device = torch.device("cpu")) -> dict:
     flat, w0 = make_model(model_name, fed.input_shape, fed.n_classes, hidden, seed=0)
-    module = build_module(model_name, fed.input_shape, fed.n_classes, hidden)
+    module = build_module(model_name, fed.input_shape, fed.n_classes, hidden).to(device)
     clients = list(range(n_clients))
     tasks = [Train(i, w0, epochs, batch_size, lr, task_seed(0, 1, i)) for i in clients]
     flops = 6.0 * flat.n_params * epochs * float(sum(fed.train_sizes[i] for i in clients))
-    seconds = {"naive": _time(lambda: naive_round(fed, module, w0, clients, epochs, batch_size, lr), reps)}
-    engines = {"sequential": SequentialExecutor(fed, flat), "batched": BatchedExecutor(fed, flat)}
+    on_device = federation_on(fed, device)
+    seconds = {"naive": _time(lambda: naive_round(on_device, module, w0, clients, epochs, batch_size, lr), reps, device)}
+    engines = {"sequential": SequentialExecutor(fed, flat, device), "batched": BatchedExecutor(fed, flat, device=device)}
     if structure(flat) is not None:
-        engines["lowrank"] = BatchedExecutor(fed, flat, lowrank=True)
+        engines["lowrank"] = BatchedExecutor(fed, flat, lowrank=True, device=device)
     for engine, ex in engines.items():
         ex.run(tasks[: min(4, len(tasks))])  # warm-up (vmap tracing, allocator)
-        seconds[engine] = _time(lambda: ex.run(tasks), reps)
-    cfg = config.validate({"train": {"epochs": epochs, "batch_size": batch_size, "lr": lr}})
+        seconds[engine] = _time(lambda: ex.run(tasks), reps, device)
+    cfg = config.validate({"train": {"epochs": epochs, "batch_size": batch_size, "lr": lr},
+                           "run": {"device": str(device)}})
     auto = make_executor("auto", fed, flat, cfg).name
     best = min(engines, key=seconds.get)
     return {
@@ -157,7 +171,8 @@ def main(args) -> int:
     if root is None and Path("../shared/data/mnist").is_dir():
         root = Path("../shared/data")
     quick = bool(getattr(args, "quick", False))
-    peak = matmul_peak(1024 if quick else 2048)
+    device = resolve_device(getattr(args, "device", None) or "cpu")
+    peak = matmul_peak(1024 if quick else 2048, device=device)
     if root is not None:
         mnist = build("rotated", "mnist", 24 if quick else 120, 200, seed=0, data_dir=str(root))
         mnist50 = build("rotated", "mnist", 48 if quick else 480, 50, seed=0, data_dir=str(root))
@@ -167,17 +182,20 @@ def main(args) -> int:
     digits = build("rotated", "digits", 100 if quick else 500, 10, seed=0)
     result = {
         "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {threads} torch threads",
+        "device": str(device) if device.type != "cuda" else f"{device} ({torch.cuda.get_device_name(device)})",
         "torch": torch.__version__, "matmul_peak_gflops": round(peak, 1), "data": source,
         "cases": [
             run_case("mlp2048_rotated_mnist_d50", mnist50, "mlp", 2048, mnist50.n_clients, 1 if quick else 5, 0, 0.1,
-                     peak, 1),
+                     peak, 1, device),
             run_case("mlp2048_rotated_mnist", mnist, "mlp", 2048, mnist.n_clients, 1 if quick else 5, 0, 0.1,
-                     peak, 1),
-            run_case("digits_small", digits, "digits_mlp", 0, digits.n_clients, 5, 10, 0.1, peak, 1 if quick else 3),
+                     peak, 1, device),
+            run_case("digits_small", digits, "digits_mlp", 0, digits.n_clients, 5, 10, 0.1, peak, 1 if quick else 3,
+                     device),
         ],
     }
     try:
-        result["flower_sim"] = flower_overhead(3 if quick else 6)
+        if device.type == "cpu":  # a CPU measure of per-message overhead
+            result["flower_sim"] = flower_overhead(3 if quick else 6)
     except ImportError:
         result["flower_sim"] = "Flower not installed (pip install 'flwr[simulation]>=1.41,<1.43')"
     text = json.dumps(result, indent=2)

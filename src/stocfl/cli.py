@@ -81,6 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--data-dir", type=_path, help="MNIST for the paper's case (default: $STOCFL_DATA_DIR, else ../shared/data)")
     bench.add_argument("--out", type=_path, help="also write the JSON here")
     bench.add_argument("--quick", action="store_true", help="smaller cases (a smoke test of the benchmark)")
+    bench.add_argument("--device", default="cpu", help="where to time the executors: cpu (default), cuda, cuda:N, mps")
     return p
 
 

@@ -36,6 +36,10 @@ class RunConfig(Section):
         "engine); or a registered engine"
     )
     threads: int = Field(0, ge=0, le=1024, description="torch threads; 0 = the free cores of this machine")
+    device: str = Field(
+        "auto", description="where client work runs: auto (cuda when present, else cpu), cpu, cuda, cuda:N or mps; "
+        "the server's state stays on the cpu"
+    )
     client_timeout: float = Field(
         0.0, ge=0, le=7 * 86400, description="Flower engines: seconds to wait for the replies to one task list; clients that "
         "miss it are dropped from the round (0 = wait without limit)"
@@ -48,6 +52,15 @@ class RunConfig(Section):
         "(one message per node and kind of task); 0 = one SuperNode per client"
     )
 
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, v):
+        from stocfl.devices import DEVICE
+
+        if not DEVICE.match(v):
+            raise ValueError(f"unknown device {v!r}; choose auto, cpu, cuda, cuda:N or mps")
+        return v
 
     @field_validator("engine")
     @classmethod

@@ -28,7 +28,7 @@ from torch import nn
 from torch.func import grad, vmap
 
 from stocfl.models import FlatModel
-from stocfl.training import batch_plan
+from stocfl.training import batch_plan, stacked_batch
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,9 @@ class LowRankTrainer:
         """Trained weights (c x P) from ``w`` (c x P, trained in place and returned); ``x``
         (c x n_max x ...) padded, ``n`` the true sizes; ``centers`` (c x P) with weights ``mu``
         (c), or None."""
-        c, hd, h, d = len(w), self.hd, self.s.h, self.s.d
+        c, hd, h, d, dev = len(w), self.hd, self.s.h, self.s.d, w.device
+        sizes = [int(k) for k in n.tolist()]
+        n = n.to(dev)
         X = x.reshape(c, x.shape[1], -1).to(w.dtype)
         W0 = w[:, :hd].reshape(c, h, d)
         nb = h if self.s.bias else 0
@@ -106,13 +108,13 @@ class LowRankTrainer:
             cb, crest = centers[:, hd:hd + nb], centers[:, hd + nb:]
         K = torch.bmm(X, X.transpose(1, 2))
         n_max = X.shape[1]
-        A = torch.zeros(c, n_max, h, dtype=w.dtype)
-        alpha = torch.ones(c, dtype=w.dtype)
-        beta = torch.zeros(c, dtype=w.dtype)
-        mu = mu.to(w.dtype) if has_prox else torch.zeros(c, dtype=w.dtype)
-        plans = [batch_plan(int(n[i]), epochs, batch_size, seeds[i]) for i in range(c)]
-        rows = torch.arange(c)[:, None]
-        full = torch.arange(n_max)[None, :].expand(c, n_max)
+        A = torch.zeros(c, n_max, h, dtype=w.dtype, device=dev)
+        alpha = torch.ones(c, dtype=w.dtype, device=dev)
+        beta = torch.zeros(c, dtype=w.dtype, device=dev)
+        mu = mu.to(dev, w.dtype) if has_prox else torch.zeros(c, dtype=w.dtype, device=dev)
+        plans = [batch_plan(sizes[i], epochs, batch_size, seeds[i]) for i in range(c)]
+        rows = torch.arange(c, device=dev)[:, None]
+        full = torch.arange(n_max, device=dev)[None, :].expand(c, n_max)
         full_mask = (full < n[:, None]).to(w.dtype)
         for e in range(epochs):
             steps = [len(p[e]) if p[e] is not None else 1 for p in plans]
@@ -121,7 +123,7 @@ class LowRankTrainer:
                 if whole:
                     idx, mask = full, full_mask
                 else:
-                    idx, mask = _gather(plans, e, st, steps, n)
+                    idx, mask = stacked_batch(plans, e, st, steps, sizes, dev)
                     mask = mask.to(w.dtype)
                 pick = (lambda t: t) if whole else (lambda t: t[rows, idx])
                 z = torch.baddbmm(alpha[:, None, None] * pick(P0), pick(K), A)
@@ -130,7 +132,7 @@ class LowRankTrainer:
                 if nb:
                     z = z + b[:, None, :]
                 gz, grest = self._grads(z, rest, y[rows, idx], mask)
-                active = torch.tensor([float(st < k) for k in steps], dtype=w.dtype)
+                active = torch.tensor([float(st < k) for k in steps], dtype=w.dtype, device=dev)
                 step = lr * active
                 shrink = 1.0 - step * mu
                 alpha = alpha * shrink
@@ -160,18 +162,3 @@ class LowRankTrainer:
         w[:, hd + nb:] = rest
         return w
 
-
-def _gather(plans, e, s, steps, n):
-    batches = []
-    for i, p in enumerate(plans):
-        if s >= steps[i]:
-            batches.append(torch.zeros(0, dtype=torch.long))
-        else:
-            batches.append(torch.arange(int(n[i])) if p[e] is None else p[e][s])
-    width = max(len(b) for b in batches)
-    idx = torch.zeros((len(plans), width), dtype=torch.long)
-    mask = torch.zeros((len(plans), width))
-    for i, b in enumerate(batches):
-        idx[i, : len(b)] = b
-        mask[i, : len(b)] = 1.0
-    return idx, mask

@@ -32,8 +32,8 @@ class Optimizer:
     def init(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
         """A fresh state for weights ``w`` (shape (P,) or (C, P))."""
         if self.name == "adam":
-            return {"m": torch.zeros_like(w), "v": torch.zeros_like(w), "t": torch.zeros(*w.shape[:-1], 1)}
-        return {"buf": torch.zeros_like(w), "t": torch.zeros(*w.shape[:-1], 1)}
+            return {"m": torch.zeros_like(w), "v": torch.zeros_like(w), "t": torch.zeros(*w.shape[:-1], 1, device=w.device)}
+        return {"buf": torch.zeros_like(w), "t": torch.zeros(*w.shape[:-1], 1, device=w.device)}
 
     def step(self, w: torch.Tensor, g: torch.Tensor, state: dict[str, torch.Tensor],
              active: torch.Tensor | None = None) -> torch.Tensor:

@@ -21,6 +21,26 @@ def batch_plan(n: int, epochs: int, batch_size: int, seed: int) -> list[list[tor
     return [list(torch.split(torch.randperm(n, generator=g), batch_size)) for _ in range(epochs)]
 
 
+def stacked_batch(plans, epoch: int, step: int, steps: list[int], sizes: list[int], device=None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step ``step`` of ``epoch`` for a stack of clients following their ``plans``
+    (:func:`batch_plan`): sample indices (clients x widest batch, padded with 0) and a mask of
+    the real ones. A client out of batches gets an empty row."""
+    batches = []
+    for i, p in enumerate(plans):
+        if step >= steps[i]:
+            batches.append(torch.zeros(0, dtype=torch.long))
+        else:
+            batches.append(torch.arange(sizes[i]) if p[epoch] is None else p[epoch][step])
+    width = max(len(b) for b in batches)
+    idx = torch.zeros((len(plans), width), dtype=torch.long)
+    mask = torch.zeros((len(plans), width))
+    for i, b in enumerate(batches):
+        idx[i, : len(b)] = b
+        mask[i, : len(b)] = 1.0
+    return idx.to(device), mask.to(device)
+
+
 def local_sgd(model: FlatModel, x, y, w, epochs, batch_size, lr, seed, center=None, mu: float = 0.0,
               grad: Callable | None = None, opt: Optimizer | None = None):
     """E epochs of mini-batch SGD on f(w) + (mu/2)||w - center||^2, in the order of batch_plan.

@@ -52,9 +52,9 @@ def count_sketch(v: torch.Tensor, dim: int, seed: int) -> torch.Tensor:
     goes to bucket h(j) with sign s(j). Inner products are preserved in expectation
     (E <Rx, Ry> = <x, y>); the same (dim, seed, len) gives the same R on every client."""
     g = torch.Generator().manual_seed(int(seed))
-    buckets = torch.randint(0, dim, (v.numel(),), generator=g)
-    signs = torch.randint(0, 2, (v.numel(),), generator=g).to(v.dtype).mul_(2).sub_(1)
-    return torch.zeros(dim, dtype=v.dtype).index_add_(0, buckets, v * signs)
+    buckets = torch.randint(0, dim, (v.numel(),), generator=g).to(v.device)
+    signs = torch.randint(0, 2, (v.numel(),), generator=g).to(v.device, v.dtype).mul_(2).sub_(1)
+    return torch.zeros(dim, dtype=v.dtype, device=v.device).index_add_(0, buckets, v * signs)
 
 
 def linear_softmax_grad(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, n_classes: int) -> torch.Tensor:
@@ -63,7 +63,7 @@ def linear_softmax_grad(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, n_cla
     d = x.shape[1]
     weight, bias = w[: n_classes * d].view(n_classes, d), w[n_classes * d:]
     err = torch.softmax(x @ weight.T + bias, dim=1)
-    err[torch.arange(len(y)), y] -= 1.0
+    err[torch.arange(len(y), device=y.device), y] -= 1.0
     err /= len(y)
     return torch.cat([(err.T @ x).reshape(-1), err.sum(0)])
 

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import torch
 
+from stocfl.devices import resolve_device
 from stocfl.errors import UserError
 from stocfl.executors.base import Executor
 from stocfl.executors.batched import BatchedExecutor
@@ -95,12 +96,14 @@ def choose_lowrank(model, epochs: int, batch_size: int, mean_client_size: float,
 
 
 def _auto(federation, model, cfg) -> Executor:
-    """Where per-step work is small, per-client overhead dominates and batching pays; where it
-    is large (compute-bound), the path with less arithmetic wins: low-rank when it has less."""
+    """On the CPU: where per-step work is small, per-client overhead dominates and batching
+    pays; where it is large (compute-bound), the path with less arithmetic wins: low-rank when
+    it has less. On an accelerator, clients are always batched (low-rank when it has less)."""
     t, n = cfg.train, float(federation.train_sizes.mean())
-    chosen = choose_engine("auto", model.n_params, t.batch_size, n)
+    on_cpu = resolve_device(cfg.run.device).type == "cpu"
+    chosen = choose_engine("auto", model.n_params, t.batch_size, n) if on_cpu else "batched"
     plain_sgd = t.optimizer == "sgd" and t.momentum == 0 and t.weight_decay == 0
-    if chosen == "sequential" and choose_lowrank(model, t.epochs, t.batch_size, n, plain_sgd):
+    if (chosen == "sequential" or not on_cpu) and choose_lowrank(model, t.epochs, t.batch_size, n, plain_sgd):
         chosen = "lowrank"
     return make_executor(chosen, federation, model, cfg)
 
@@ -108,12 +111,14 @@ def _auto(federation, model, cfg) -> Executor:
 register_engine(Engine("auto", "lowrank, sequential or batched, chosen by a cost model of the model, data and "
                        "training", executor=_auto))
 register_engine(Engine("sequential", "one client after another, a tight loop over pre-stacked tensors",
-                       executor=lambda fed, model, cfg: SequentialExecutor(fed, model)))
+                       executor=lambda fed, model, cfg: SequentialExecutor(fed, model, resolve_device(cfg.run.device))))
 register_engine(Engine("batched", "chunks of clients as one vmap(grad) computation",
-                       executor=lambda fed, model, cfg: BatchedExecutor(fed, model, chunk_size=cfg.run.chunk_size)))
+                       executor=lambda fed, model, cfg: BatchedExecutor(fed, model, chunk_size=cfg.run.chunk_size,
+                                                                        device=resolve_device(cfg.run.device))))
 register_engine(Engine("lowrank", "batched, with plain-SGD training of a dense first layer in the span of each "
                        "client's inputs (exact; stocfl.lowrank)", executor=lambda fed, model, cfg: BatchedExecutor(
-                           fed, model, chunk_size=cfg.run.chunk_size, lowrank=True)))
+                           fed, model, chunk_size=cfg.run.chunk_size, lowrank=True,
+                           device=resolve_device(cfg.run.device))))
 
 
 __all__ = ["ENGINES", "Engine", "Executor", "SequentialExecutor", "BatchedExecutor", "choose_engine", "engine_of",

@@ -6,6 +6,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Callable
 
+import torch
+
+from stocfl.devices import federation_on, move
 from stocfl.models import FlatModel
 from stocfl.scenarios import Federation
 from stocfl.tasks import ClientData, Evaluate, Evaluated, Result, Task, evaluate_pooled, kind_of
@@ -22,16 +25,18 @@ class Executor:
 
     name = "in-process"  # the run.engine it stands for
 
-    def __init__(self, federation: Federation, model: FlatModel):
+    def __init__(self, federation: Federation, model: FlatModel, device: str | torch.device = "cpu"):
         self.fed = federation
         self.model = model
+        self.device = torch.device(device)
+        self.data = federation_on(federation, self.device)  # the clients' data, on the device once
 
     def fast_paths(self) -> dict[type, Callable[[list], list]]:
         return {Evaluate: self.evaluate}
 
     def client(self, i: int) -> ClientData:
-        x, y = self.fed.train_data(i)
-        xt, yt = self.fed.test_data(i)
+        x, y = self.data.train_data(i)
+        xt, yt = self.data.test_data(i)
         return ClientData(i, x, y, xt, yt, self.model, self.fed.n_classes)
 
     def run(self, tasks: list[Task]) -> list[Result]:
@@ -40,15 +45,18 @@ class Executor:
         for k, t in enumerate(tasks):
             by_kind[type(t)].append(k)
         fast = self.fast_paths()
+        remote, memo, cpu = self.device.type != "cpu", {}, torch.device("cpu")
         for kind, idx in by_kind.items():
             batch = [tasks[k] for k in idx]
+            if remote:
+                batch = [move(t, self.device, memo) for t in batch]
             if kind in fast:
                 results = fast[kind](batch)
             else:
                 ref = kind_of(kind).run
                 results = [ref(self.client(t.client), t) for t in batch]
             for k, r in zip(idx, results):
-                out[k] = r
+                out[k] = move(r, cpu) if remote else r
         return out  # type: ignore[return-value]
 
     def evaluate(self, tasks: list[Evaluate]) -> list[Evaluated]:
@@ -57,7 +65,7 @@ class Executor:
         for k, t in enumerate(tasks):
             groups[(id(t.weights), t.split)].append(k)
         for (_, split), idx in groups.items():
-            data = self.fed.train_data if split == "train" else self.fed.test_data
+            data = self.data.train_data if split == "train" else self.data.test_data
             for k, r in zip(idx, evaluate_pooled(self.model, tasks[idx[0]].weights, [data(tasks[k].client)
                                                                                       for k in idx])):
                 out[k] = r

@@ -14,21 +14,23 @@ from collections import defaultdict
 import torch
 from torch.func import grad, vmap
 
+from stocfl.devices import free_bytes
 from stocfl.executors.base import Executor
 from stocfl.lowrank import LowRankTrainer, structure
 from stocfl.optim import Optimizer
 from stocfl.tasks import KINDS, Train, Trained, check_train_task
-from stocfl.training import batch_plan
+from stocfl.training import batch_plan, stacked_batch
 
 MEMORY_BUDGET = 1 << 30  # bytes per chunk for weights, gradients, centers and activations
 MAX_CHUNK = 512
+MAX_CHUNK_ACCELERATOR = 4096
 
 
 class BatchedExecutor(Executor):
     name = "batched"
 
-    def __init__(self, federation, model, chunk_size: int = 0, lowrank: bool = False):
-        super().__init__(federation, model)
+    def __init__(self, federation, model, chunk_size: int = 0, lowrank: bool = False, device="cpu"):
+        super().__init__(federation, model, device)
         self.chunk_size = chunk_size
         s = structure(model) if lowrank else None
         self.lowrank = LowRankTrainer(model, s) if s is not None else None  # plain SGD on a dense first layer
@@ -54,7 +56,9 @@ class BatchedExecutor(Executor):
             return self.chunk_size
         sample = max(1, int(torch.tensor(self.fed.input_shape).prod()))
         per_client = 4 * (5 * self.model.n_params + 4 * max_batch * sample)
-        return max(1, min(MAX_CHUNK, MEMORY_BUDGET // per_client))
+        free = free_bytes(self.device)  # an accelerator: half of its free memory
+        budget, most = (MEMORY_BUDGET, MAX_CHUNK) if free is None else (free // 2, MAX_CHUNK_ACCELERATOR)
+        return max(1, min(most, budget // per_client))
 
     def train(self, tasks: list[Train]) -> list[Trained]:
         out: list[Trained | None] = [None] * len(tasks)
@@ -76,56 +80,43 @@ class BatchedExecutor(Executor):
 
     def _train_chunk(self, tasks: list[Train], epochs: int, batch_size: int, opt: Optimizer) -> list[Trained]:
         c = len(tasks)
-        data = [self.fed.train_data(t.client) for t in tasks]
-        n = torch.tensor([len(y) for _, y in data])
+        dev = self.device
+        data = [self.data.train_data(t.client) for t in tasks]
+        sizes = [len(y) for _, y in data]
+        n = torch.tensor(sizes, device=dev)
         n_max = int(n.max())
-        x_pad = torch.zeros((c, n_max, *self.fed.input_shape), dtype=data[0][0].dtype)
-        y_pad = torch.zeros((c, n_max), dtype=torch.long)
+        x_pad = torch.zeros((c, n_max, *self.fed.input_shape), dtype=data[0][0].dtype, device=dev)
+        y_pad = torch.zeros((c, n_max), dtype=torch.long, device=dev)
         for i, (x, y) in enumerate(data):
             x_pad[i, : len(y)] = x
             y_pad[i, : len(y)] = y
         w = torch.stack([t.weights for t in tasks]).clone()
-        mu = torch.tensor([t.prox_weight if t.prox_center is not None else 0.0 for t in tasks])
+        mu = torch.tensor([t.prox_weight if t.prox_center is not None else 0.0 for t in tasks], device=dev)
         has_prox = bool((mu != 0).any())
         if has_prox:
             centers = torch.stack([t.prox_center if t.prox_center is not None else t.weights for t in tasks])
         if self.lowrank is not None and opt.plain:
             trained = self.lowrank.train(w, centers if has_prox else None, mu, x_pad, y_pad, n, epochs, batch_size,
                                          opt.lr, [t.seed for t in tasks])
-            return [Trained(trained[i].clone(), int(n[i])) for i in range(c)]
-        plans = [batch_plan(int(n[i]), epochs, batch_size, t.seed) for i, t in enumerate(tasks)]
-        rows = torch.arange(c)[:, None]
+            return [Trained(trained[i].clone(), sizes[i]) for i in range(c)]
+        plans = [batch_plan(sizes[i], epochs, batch_size, t.seed) for i, t in enumerate(tasks)]
+        rows = torch.arange(c, device=dev)[:, None]
         state = None if opt.plain else opt.init(w)
-        full_mask = (torch.arange(n_max)[None, :] < n[:, None]).float()
+        full_mask = (torch.arange(n_max, device=dev)[None, :] < n[:, None]).float()
         for e in range(epochs):
             steps = [len(p[e]) if p[e] is not None else 1 for p in plans]
             for s in range(max(steps)):
                 if all(p[e] is None for p in plans):
                     xb, yb, mask = x_pad, y_pad, full_mask
                 else:
-                    xb, yb, mask = self._gather(plans, e, s, steps, n, x_pad, y_pad, rows)
+                    idx, mask = stacked_batch(plans, e, s, steps, sizes, dev)
+                    xb, yb = x_pad[rows, idx], y_pad[rows, idx]
                 g = self._grads(w, xb, yb, mask)
                 if has_prox:
                     g.add_(mu[:, None] * (w - centers))
-                active = torch.tensor([float(s < k) for k in steps])[:, None]
+                active = torch.tensor([float(s < k) for k in steps], device=dev)[:, None]
                 if state is None:
                     w.sub_(opt.lr * active * g)
                 else:
                     opt.step(w, g, state, active)
-        return [Trained(w[i].clone(), int(n[i])) for i in range(c)]
-
-    @staticmethod
-    def _gather(plans, e, s, steps, n, x_pad, y_pad, rows):
-        batches = []
-        for i, p in enumerate(plans):
-            if s >= steps[i]:
-                batches.append(torch.zeros(0, dtype=torch.long))
-            else:
-                batches.append(torch.arange(int(n[i])) if p[e] is None else p[e][s])
-        width = max(len(b) for b in batches)
-        idx = torch.zeros((len(plans), width), dtype=torch.long)
-        mask = torch.zeros((len(plans), width))
-        for i, b in enumerate(batches):
-            idx[i, : len(b)] = b
-            mask[i, : len(b)] = 1.0
-        return x_pad[rows, idx], y_pad[rows, idx], mask
+        return [Trained(w[i].clone(), sizes[i]) for i in range(c)]
