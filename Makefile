@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-slow bench clean
+.PHONY: setup run test test-slow bench bench-peers clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,6 +27,10 @@ test-slow: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/stocfl bench --out benchmarks/results.json
+
+bench-peers: $(STAMP)
+	$(BIN)/pip install --disable-pip-version-check -q -e '.[bench]'
+	$(BIN)/stocfl bench --peers --out benchmarks/peers.json
 
 clean:
 	rm -rf $(VENV) runs

@@ -171,6 +171,8 @@ def main(args) -> int:
     if root is None and Path("../shared/data/mnist").is_dir():
         root = Path("../shared/data")
     quick = bool(getattr(args, "quick", False))
+    if getattr(args, "peers", False):
+        return peers_main(args, root, quick, threads)
     device = resolve_device(getattr(args, "device", None) or "cpu")
     peak = matmul_peak(1024 if quick else 2048, device=device)
     if root is not None:
@@ -198,6 +200,27 @@ def main(args) -> int:
             result["flower_sim"] = flower_overhead(3 if quick else 6)
     except ImportError:
         result["flower_sim"] = "Flower not installed (pip install 'flwr[simulation]>=1.41,<1.43')"
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+def peers_main(args, root, quick: bool, threads: int) -> int:
+    """``stocfl bench --peers``: per case, each system's seconds per round and the ratios to
+    stocfl's, stocfl's fraction of the measured matmul peak, and every system's accuracy."""
+    import sys
+
+    from stocfl.peers import bench_peers
+
+    if root is None:
+        raise UserError("stocfl bench --peers needs MNIST and CIFAR-10: pass --data-dir DIR or set STOCFL_DATA_DIR")
+    peak = matmul_peak(1024 if quick else 2048)
+    result = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {threads} torch threads",
+              "torch": torch.__version__, "matmul_peak_gflops": round(peak, 1),
+              **bench_peers(str(root), peak, quick, log=lambda m: print(m, file=sys.stderr, flush=True))}
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

@@ -82,6 +82,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", type=_path, help="also write the JSON here")
     bench.add_argument("--quick", action="store_true", help="smaller cases (a smoke test of the benchmark)")
     bench.add_argument("--device", default="cpu", help="where to time the executors: cpu (default), cuda, cuda:N, mps")
+    bench.add_argument("--peers", action="store_true", help="the same FedAvg work on stocfl, a naive PyTorch loop, "
+                       "pfl-research and Flower's simulation (peers from the [bench] extra; a missing one is skipped)")
     return p
 
 

@@ -1,0 +1,33 @@
+"""`stocfl bench --peers` compares like with like: on a full-batch case where every client
+trains every round, stocfl, the naive loop and pfl-research do the same arithmetic, so their
+models reach the same accuracy (to a prediction or two of float rounding)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from torch import nn
+
+from stocfl.peers import Case, run_naive, run_pfl, run_stocfl
+from stocfl.scenarios import build
+
+
+def tiny_case():
+    return Case("tiny", build("iid", "digits", 12, 20, seed=0),
+                lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10)),
+                per_round=12, epochs=2, batch_size=0, lr=0.1, rounds=3)
+
+
+def test_stocfl_and_the_naive_loop_do_the_same_work():
+    case = tiny_case()
+    a, b = run_stocfl(case), run_naive(case)
+    assert abs(a["accuracy"] - b["accuracy"]) <= 2 / len(case.fed.y_test), (a, b)
+    assert a["accuracy"] > 0.3 and a["seconds_per_round"] > 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pfl") is None, reason="pfl is in the bench extra: pip install -e '.[bench]'")
+def test_pfl_does_the_same_work():
+    case = tiny_case()
+    a, c = run_stocfl(case), run_pfl(case)
+    assert abs(a["accuracy"] - c["accuracy"]) <= 2 / len(case.fed.y_test), (a, c)
