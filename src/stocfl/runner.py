@@ -1,4 +1,6 @@
-"""A run: data -> scenario -> engine -> algorithm -> results on disk, resumable at any point.
+"""The round loop of a run: sample, play the round (replayed without the clients that failed),
+evaluate, checkpoint; resumable at any point. What it needs is made by :mod:`stocfl.build`; the
+results files are written by :mod:`stocfl.results`.
 
 Layout of a results directory::
 
@@ -38,12 +40,6 @@ from stocfl.tasks import ClientsDropped, Evaluate, without_dropped
 
 CHECKPOINT = "checkpoint.safetensors"
 log = logging.getLogger("stocfl")
-
-
-
-
-
-
 
 
 @dataclass
@@ -299,17 +295,9 @@ def metrics_chain(rows: list[dict[str, Any]], start: str | None = None) -> str:
     return h
 
 
-
-
-
-
 def _pooled(results) -> float | None:
     """Correct over samples of all results; None when no client was evaluated."""
     n = sum(r.n_samples for r in results)
     return sum(r.correct for r in results) / n if n else None
-
-
-
-
 
 
