@@ -41,7 +41,7 @@ def reference_and_lowrank(dtype, d, h, k, sizes, epochs, batch, lr, mu, prox, bi
     ref = torch.stack([local_sgd(flat, x[i, :n], y[i, :n], w[i], epochs, batch, lr, seeds[i],
                                  None if centers is None else centers[i], float(mus[i]))
                        for i, n in enumerate(sizes)])
-    got = LowRankTrainer(flat, s).train(w.clone(), centers, mus, x, y, torch.tensor(sizes), epochs, batch, lr, seeds)
+    got = LowRankTrainer(s).train(w.clone(), centers, mus, x, y, sizes, epochs, batch, lr, seeds)
     return ref, got, w
 
 
@@ -52,20 +52,22 @@ cases = dict(d=st.integers(2, 40), h=st.integers(1, 12), k=st.integers(2, 5),
              bias=st.booleans(), depth=st.integers(1, 2), seed=st.integers(0, 10_000))
 
 
+def assert_agrees(dtype, rel, kw):
+    ref, got, _ = reference_and_lowrank(dtype, **kw)
+    scale = max(1.0, float(ref.abs().max()))
+    assert float((got - ref).abs().max()) <= rel * scale, float((got - ref).abs().max())
+
+
 @settings(max_examples=120, deadline=None)
 @given(**cases)
 def test_lowrank_equals_plain_sgd_in_float64(**kw):
-    ref, got, w = reference_and_lowrank(torch.float64, **kw)
-    scale = max(1.0, float(ref.abs().max()))
-    assert float((got - ref).abs().max()) <= 1e-12 * scale, float((got - ref).abs().max())
+    assert_agrees(torch.float64, 1e-12, kw)
 
 
 @settings(max_examples=60, deadline=None)
 @given(**cases)
 def test_lowrank_equals_plain_sgd_in_float32(**kw):
-    ref, got, w = reference_and_lowrank(torch.float32, **kw)
-    scale = max(1.0, float(ref.abs().max()))
-    assert float((got - ref).abs().max()) <= 1e-5 * scale, float((got - ref).abs().max())
+    assert_agrees(torch.float32, 1e-5, kw)
 
 
 def test_which_models_qualify_and_what_each_path_costs():

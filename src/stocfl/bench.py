@@ -62,23 +62,27 @@ def matmul_peak(n: int = 2048, reps: int = 10, device: torch.device = torch.devi
     return 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
 
 
+def tutorial_fit(module: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, batch_size: int, lr: float
+                 ) -> nn.Module:
+    """Local training as tutorials write it: a DataLoader (shuffled; batch 0 = full batch) and
+    torch.optim.SGD on ``module``, in train mode, in place."""
+    loader = DataLoader(TensorDataset(x, y), batch_size=batch_size or len(y), shuffle=True)
+    opt = torch.optim.SGD(module.parameters(), lr=lr)
+    module.train()
+    for _ in range(epochs):
+        for xb, yb in loader:
+            opt.zero_grad()
+            nn.functional.cross_entropy(module(xb), yb).backward()
+            opt.step()
+    return module
+
+
 def naive_round(fed, module: nn.Module, w0: torch.Tensor, clients, epochs, batch_size, lr) -> list[torch.Tensor]:
     """How many FL frameworks do it: a module copy, an optimizer and a DataLoader per client
     (``fed`` and ``module`` on the device to time)."""
     torch.nn.utils.vector_to_parameters(w0.clone().to(next(module.parameters()).device), module.parameters())
-    out = []
-    for i in clients:
-        local = copy.deepcopy(module)
-        x, y = fed.train_data(i)
-        loader = DataLoader(TensorDataset(x, y), batch_size=batch_size or len(y), shuffle=True)
-        opt = torch.optim.SGD(local.parameters(), lr=lr)
-        for _ in range(epochs):
-            for xb, yb in loader:
-                opt.zero_grad()
-                nn.functional.cross_entropy(local(xb), yb).backward()
-                opt.step()
-        out.append(torch.nn.utils.parameters_to_vector(local.parameters()).detach())
-    return out
+    return [torch.nn.utils.parameters_to_vector(tutorial_fit(copy.deepcopy(module), *fed.train_data(i), epochs,
+                                                             batch_size, lr).parameters()).detach() for i in clients]
 
 
 def _time(fn, reps: int = 1, device: torch.device = torch.device("cpu")) -> float:
@@ -200,11 +204,16 @@ def main(args) -> int:
             result["flower_sim"] = flower_overhead(3 if quick else 6)
     except ImportError:
         result["flower_sim"] = "Flower not installed (pip install 'flwr[simulation]>=1.41,<1.43')"
+    return _emit(result, args.out)
+
+
+def _emit(result: dict, out: str | None) -> int:
+    """Print the JSON, and write it to ``out`` when given."""
     text = json.dumps(result, indent=2)
     print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text + "\n")
     return 0
 
 
@@ -221,9 +230,4 @@ def peers_main(args, root, quick: bool, threads: int) -> int:
     result = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {threads} torch threads",
               "torch": torch.__version__, "matmul_peak_gflops": round(peak, 1),
               **bench_peers(str(root), peak, quick, log=lambda m: print(m, file=sys.stderr, flush=True))}
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
-    return 0
+    return _emit(result, args.out)

@@ -75,8 +75,8 @@ class LowRankTrainer:
     """Plain-SGD local training of a stack of clients through the low-rank form (vmap over
     clients; padded samples weigh 0 and a client out of mini-batches is frozen)."""
 
-    def __init__(self, model: FlatModel, s: Structure):
-        self.model, self.s = model, s
+    def __init__(self, s: Structure):
+        self.s = s
         self.hd = s.h * s.d
         tail = s.tail
 
@@ -87,14 +87,12 @@ class LowRankTrainer:
         self._grads = vmap(grad(loss, argnums=(0, 1)))
 
     def train(self, w: torch.Tensor, centers: torch.Tensor | None, mu: torch.Tensor, x: torch.Tensor,
-              y: torch.Tensor, n: torch.Tensor, epochs: int, batch_size: int, lr: float,
+              y: torch.Tensor, sizes: list[int], epochs: int, batch_size: int, lr: float,
               seeds: list[int]) -> torch.Tensor:
         """Trained weights (c x P) from ``w`` (c x P, trained in place and returned); ``x``
-        (c x n_max x ...) padded, ``n`` the true sizes; ``centers`` (c x P) with weights ``mu``
-        (c), or None."""
+        (c x n_max x ...) padded, ``sizes`` the true sizes; ``centers`` (c x P) with weights
+        ``mu`` (c), or None."""
         c, hd, h, d, dev = len(w), self.hd, self.s.h, self.s.d, w.device
-        sizes = [int(k) for k in n.tolist()]
-        n = n.to(dev)
         X = x.reshape(c, x.shape[1], -1).to(w.dtype)
         W0 = w[:, :hd].reshape(c, h, d)
         nb = h if self.s.bias else 0
@@ -114,24 +112,22 @@ class LowRankTrainer:
         mu = mu.to(dev, w.dtype) if has_prox else torch.zeros(c, dtype=w.dtype, device=dev)
         plans = [batch_plan(sizes[i], epochs, batch_size, seeds[i]) for i in range(c)]
         rows = torch.arange(c, device=dev)[:, None]
-        full = torch.arange(n_max, device=dev)[None, :].expand(c, n_max)
-        full_mask = (full < n[:, None]).to(w.dtype)
+        full_mask = (torch.arange(n_max, device=dev)[None, :] < torch.tensor(sizes, device=dev)[:, None]).to(w.dtype)
         for e in range(epochs):
             steps = [len(p[e]) if p[e] is not None else 1 for p in plans]
+            whole = all(p[e] is None for p in plans)  # full batch: every row, in order, no gathering
             for st in range(max(steps)):
-                whole = all(p[e] is None for p in plans)  # full batch: every row, in order, no gathering
                 if whole:
-                    idx, mask = full, full_mask
+                    mask, pick = full_mask, (lambda t: t)
                 else:
                     idx, mask = stacked_batch(plans, e, st, steps, sizes, dev)
-                    mask = mask.to(w.dtype)
-                pick = (lambda t: t) if whole else (lambda t: t[rows, idx])
+                    mask, pick = mask.to(w.dtype), (lambda t, idx=idx: t[rows, idx])
                 z = torch.baddbmm(alpha[:, None, None] * pick(P0), pick(K), A)
                 if has_prox:
                     z = z + beta[:, None, None] * pick(PC)
                 if nb:
                     z = z + b[:, None, :]
-                gz, grest = self._grads(z, rest, y[rows, idx], mask)
+                gz, grest = self._grads(z, rest, pick(y), mask)
                 active = torch.tensor([float(st < k) for k in steps], dtype=w.dtype, device=dev)
                 step = lr * active
                 shrink = 1.0 - step * mu

@@ -28,7 +28,6 @@ that nobody skipped work. A peer that is not installed is skipped with a note.
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -36,8 +35,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
+from stocfl.bench import naive_round, tutorial_fit
 from stocfl.scenarios import Federation, build
 
 
@@ -111,21 +110,10 @@ def run_naive(case: Case) -> dict[str, Any]:
     times = []
     for clients in _plan(case):
         t = time.perf_counter()
-        states, sizes = [], []
-        for i in clients:
-            local = copy.deepcopy(model)
-            x, y = case.fed.train_data(i)
-            loader = DataLoader(TensorDataset(x, y), batch_size=case.batch_size or len(y), shuffle=True)
-            opt = torch.optim.SGD(local.parameters(), lr=case.lr)
-            local.train()
-            for _ in range(case.epochs):
-                for xb, yb in loader:
-                    opt.zero_grad()
-                    nn.functional.cross_entropy(local(xb), yb).backward()
-                    opt.step()
-            states.append(torch.nn.utils.parameters_to_vector(local.parameters()).detach())
-            sizes.append(len(y))
-        w = torch.stack(states).T @ (torch.tensor(sizes, dtype=torch.float32) / sum(sizes))
+        states = naive_round(case.fed, model, torch.nn.utils.parameters_to_vector(model.parameters()).detach(),
+                             clients, case.epochs, case.batch_size, case.lr)
+        sizes = torch.tensor([float(case.fed.train_sizes[i]) for i in clients])
+        w = torch.stack(states).T @ (sizes / sizes.sum())
         torch.nn.utils.vector_to_parameters(w, model.parameters())
         times.append(time.perf_counter() - t)
     return {"seconds_per_round": _mean_after_first(times), "accuracy": _accuracy(model, case.fed)}
@@ -217,15 +205,7 @@ def run_flower(case: Case) -> dict[str, Any]:
             m = case.module()
             put(m, parameters)
             x, y = fed.train_data(self.i)
-            loader = DataLoader(TensorDataset(x, y), batch_size=case.batch_size or len(y), shuffle=True)
-            opt = torch.optim.SGD(m.parameters(), lr=case.lr)
-            m.train()
-            for _ in range(case.epochs):
-                for xb, yb in loader:
-                    opt.zero_grad()
-                    nn.functional.cross_entropy(m(xb), yb).backward()
-                    opt.step()
-            return get(m), len(y), {}
+            return get(tutorial_fit(m, x, y, case.epochs, case.batch_size, case.lr)), len(y), {}
 
     times, final = [], {}
 

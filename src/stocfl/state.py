@@ -99,8 +99,6 @@ def _tensor(tensors: dict[str, torch.Tensor], path: str) -> torch.Tensor:
 
 
 def _dec(m: Any, tensors: dict[str, torch.Tensor], current: Any) -> Any:
-    if isinstance(m, list):  # plain JSON data
-        return [_dec(x, tensors, None) for x in m]
     if not isinstance(m, dict):
         return m
     if "$t" in m:

@@ -33,7 +33,7 @@ class BatchedExecutor(Executor):
         super().__init__(federation, model, device)
         self.chunk_size = chunk_size
         s = structure(model) if lowrank else None
-        self.lowrank = LowRankTrainer(model, s) if s is not None else None  # plain SGD on a dense first layer
+        self.lowrank = LowRankTrainer(s) if s is not None else None  # plain SGD on a dense first layer
         if lowrank:
             self.name = "lowrank"
 
@@ -96,8 +96,8 @@ class BatchedExecutor(Executor):
         if has_prox:
             centers = torch.stack([t.prox_center if t.prox_center is not None else t.weights for t in tasks])
         if self.lowrank is not None and opt.plain:
-            trained = self.lowrank.train(w, centers if has_prox else None, mu, x_pad, y_pad, n, epochs, batch_size,
-                                         opt.lr, [t.seed for t in tasks])
+            trained = self.lowrank.train(w, centers if has_prox else None, mu, x_pad, y_pad, sizes, epochs,
+                                         batch_size, opt.lr, [t.seed for t in tasks])
             return [Trained(trained[i].clone(), sizes[i]) for i in range(c)]
         plans = [batch_plan(sizes[i], epochs, batch_size, t.seed) for i, t in enumerate(tasks)]
         rows = torch.arange(c, device=dev)[:, None]
