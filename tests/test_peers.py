@@ -31,3 +31,12 @@ def test_pfl_does_the_same_work():
     case = tiny_case()
     a, c = run_stocfl(case), run_pfl(case)
     assert abs(a["accuracy"] - c["accuracy"]) <= 2 / len(case.fed.y_test), (a, c)
+
+
+def test_a_system_runs_in_a_process_of_its_own():
+    from stocfl.peers import run_isolated
+
+    out = run_isolated("c_digits_500x10", "stocfl", "unused: the digits case needs no data directory", True, 1)
+    assert out["engine"] == "batched" and out["seconds_per_round"] > 0 and 0.0 <= out["accuracy"] <= 1.0
+    with pytest.raises(RuntimeError, match="unknown case 'nope'"):
+        run_isolated("nope", "stocfl", ".", True, 1)

@@ -229,5 +229,6 @@ def peers_main(args, root, quick: bool, threads: int) -> int:
     peak = matmul_peak(1024 if quick else 2048)
     result = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {threads} torch threads",
               "torch": torch.__version__, "matmul_peak_gflops": round(peak, 1),
-              **bench_peers(str(root), peak, quick, log=lambda m: print(m, file=sys.stderr, flush=True))}
+              **bench_peers(str(root), peak, threads, quick, repeats=1 if quick else 3,
+                            log=lambda m: print(m, file=sys.stderr, flush=True))}
     return _emit(result, args.out)

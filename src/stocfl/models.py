@@ -170,11 +170,27 @@ class FlatModel:
         grad) and ``buffers`` (one tensor per buffer, from :meth:`split_buffers`: BatchNorm
         updates them in place; separate tensors, so that autograd's version checks of one
         layer do not see another layer's update)."""
+        return self.forward_tensors(self.param_views(params), buffers, x)
+
+    def param_views(self, params: torch.Tensor) -> list[torch.Tensor]:
+        """The parameters of flat ``params`` (its first ``n_trainable`` entries) as shaped views,
+        one per parameter tensor: writing into them writes into ``params``."""
         k = self.n_tensors
-        views = {n: t.view(s) for n, t, s in zip(self.names[:k], torch.split(params, self.numels[:k]), self.shapes[:k])}
-        views.update({n: t.view(s) for n, t, s in zip(self.names[k:], buffers, self.shapes[k:])})
-        self.module.train()
-        return functional_call(self.module, views, (x,))
+        return [t.view(s) for t, s in zip(torch.split(params[: self.n_trainable], self.numels[:k]), self.shapes[:k])]
+
+    def forward_tensors(self, params: list[torch.Tensor], buffers: list[torch.Tensor] | None, x: torch.Tensor
+                        ) -> torch.Tensor:
+        """Logits from shaped parameter tensors (each may be its own autograd leaf, so gradients
+        come back per tensor, never concatenated); with ``buffers`` in train mode (as
+        :meth:`forward_train`), without them as :meth:`forward`."""
+        k = self.n_tensors
+        tensors = dict(zip(self.names[:k], params))
+        if buffers is not None:
+            tensors.update({n: t.view(s) for n, t, s in zip(self.names[k:], buffers, self.shapes[k:])})
+            self.module.train()
+        elif self.has_buffers:
+            self.module.eval()
+        return functional_call(self.module, tensors, (x,))
 
     def split_buffers(self, w: torch.Tensor) -> list[torch.Tensor]:
         """The buffers of flat weights ``w``, each a tensor of its own (copies)."""

@@ -21,7 +21,9 @@ Cases:
   1,347 train images), batch 10, 5 epochs, every client each round.
 
 Every system runs the same rounds on the same clients' data with the same number of local steps
-and lr. The seconds per round are the mean over the rounds after the first (warm-up). The
+and lr, each in a process of its own (:func:`run_isolated`), repeated in alternating order
+(:func:`bench_peers`). The seconds per round are the mean over the rounds after the first
+(warm-up), and a system's figure is the median of its repetitions. The
 global model's accuracy on every client's test data after the last round is reported, to show
 that nobody skipped work. A peer that is not installed is skipped with a note.
 """
@@ -59,16 +61,24 @@ def pfl_cnn(n_classes: int = 10) -> nn.Module:
                          nn.Flatten(), nn.Linear(64 * 14 * 14, 128), nn.ReLU(), nn.Linear(128, n_classes))
 
 
-def cases(data_dir: str, quick: bool = False) -> list[Case]:
+def case(name: str, data_dir: str, quick: bool = False) -> Case:
+    """Case ``name`` (one of :data:`CASES`), its federation built."""
     s = 4 if quick else 1
-    mnist = build("rotated", "mnist", 480 // s, 50, seed=0, data_dir=data_dir)
-    cifar = build("iid", "cifar10", 1000 // s, 50, seed=0, data_dir=data_dir)
-    digits = build("rotated", "digits", 500 // s, 10, seed=0)  # 4 rotations: 500 x 10 needs more than 1,347 images
-    mlp = lambda: nn.Sequential(nn.Flatten(), nn.Linear(784, 2048), nn.ReLU(), nn.Linear(2048, 10))  # noqa: E731
-    small = lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))  # noqa: E731
-    return [Case("a_rotated_mnist_480x50_mlp2048", mnist, mlp, mnist.n_clients, 5 if not quick else 1, 0, 0.1, 3),
-            Case("b_cifar10_1000x50_cnn", cifar, pfl_cnn, 50 // s, 1, 10, 0.05, 4),
-            Case("c_digits_500x10", digits, small, digits.n_clients, 5, 10, 0.1, 4)]
+    if name == "a_rotated_mnist_480x50_mlp2048":
+        mnist = build("rotated", "mnist", 480 // s, 50, seed=0, data_dir=data_dir)
+        mlp = lambda: nn.Sequential(nn.Flatten(), nn.Linear(784, 2048), nn.ReLU(), nn.Linear(2048, 10))  # noqa: E731
+        return Case(name, mnist, mlp, mnist.n_clients, 5 if not quick else 1, 0, 0.1, 3)
+    if name == "b_cifar10_1000x50_cnn":
+        cifar = build("iid", "cifar10", 1000 // s, 50, seed=0, data_dir=data_dir)
+        return Case(name, cifar, pfl_cnn, 50 // s, 1, 10, 0.05, 4)
+    if name == "c_digits_500x10":
+        digits = build("rotated", "digits", 500 // s, 10, seed=0)  # 4 rotations: 500 x 10 needs more than 1,347 images
+        small = lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))  # noqa: E731
+        return Case(name, digits, small, digits.n_clients, 5, 10, 0.1, 4)
+    raise ValueError(f"unknown case {name!r}; choose one of {', '.join(CASES)}")
+
+
+CASES = ("a_rotated_mnist_480x50_mlp2048", "b_cifar10_1000x50_cnn", "c_digits_500x10")
 
 
 def _accuracy(module: nn.Module, fed: Federation) -> float:
@@ -250,28 +260,73 @@ def fraction_of_peak(case: Case, seconds_per_round: float, peak_gflops: float) -
     return round(6.0 * params * samples * case.epochs / seconds_per_round / 1e9 / peak_gflops, 3)
 
 
-def bench_peers(data_dir: str, peak: float, quick: bool = False, only: list[str] | None = None,
-                log=print) -> dict[str, Any]:
+REPEATED = ("stocfl", "naive", "pfl")  # Flower's rounds take minutes: it runs once
+
+
+def run_isolated(case_name: str, system: str, data_dir: str, quick: bool, threads: int) -> dict[str, Any]:
+    """One system on one case in a process of its own, as its users run it: nothing one system
+    sets up (threads, allocator, imports) changes another's figures."""
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "stocfl.peers", case_name, system, data_dir, str(threads)] + (["quick"] if quick else [])
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        last = (p.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"bench --peers: {system} on {case_name} failed: {last}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def bench_peers(data_dir: str, peak: float, threads: int, quick: bool = False, repeats: int = 3,
+                only: list[str] | None = None, log=print) -> dict[str, Any]:
+    """Per case, each system ``repeats`` times in alternating order (stocfl first, then last,
+    ...), each time in a fresh process; a system's figure is the median of its repetitions.
+    On a shared machine one sample can be 20% off; alternating spreads slow spells over all."""
     import importlib.util
 
-    out: dict[str, Any] = {"cases": [], "skipped": {}}
+    out: dict[str, Any] = {"cases": [], "skipped": {}, "repeats": repeats}
     for name, (_, module) in SYSTEMS.items():
         if module is not None and importlib.util.find_spec(module) is None:
             out["skipped"][name] = f"{module} is not installed (pip install -e '.[bench]')"
-    for case in cases(data_dir, quick):
-        row: dict[str, Any] = {"case": case.name, "clients": case.fed.n_clients, "per_round": case.per_round,
-                               "epochs": case.epochs, "batch_size": case.batch_size or "full", "rounds": case.rounds,
+    systems = [n for n in SYSTEMS if n not in out["skipped"] and (not only or n in only)]
+    for case_name in CASES:
+        c = case(case_name, data_dir, quick)
+        row: dict[str, Any] = {"case": case_name, "clients": c.fed.n_clients, "per_round": c.per_round,
+                               "epochs": c.epochs, "batch_size": c.batch_size or "full", "rounds": c.rounds,
                                "systems": {}}
-        for name, (fn, _) in SYSTEMS.items():
-            if name in out["skipped"] or (only and name not in only):
-                continue
-            log(f"{case.name}: {name} ...")
-            row["systems"][name] = fn(case)
-            log(f"{case.name}: {name}: {row['systems'][name]}")
-        row["stocfl_fraction_of_peak"] = fraction_of_peak(case, row["systems"]["stocfl"]["seconds_per_round"], peak)
+        runs: dict[str, list[dict[str, Any]]] = {n: [] for n in systems}
+        for r in range(repeats):
+            order = systems if r % 2 == 0 else systems[::-1]
+            for name in order:
+                if r and name not in REPEATED:
+                    continue
+                log(f"{case_name}: {name} (repetition {r + 1}) ...")
+                runs[name].append(run_isolated(case_name, name, data_dir, quick, threads))
+                log(f"{case_name}: {name}: {runs[name][-1]}")
+        for name, rs in runs.items():
+            secs = [x["seconds_per_round"] for x in rs]
+            row["systems"][name] = {**rs[0], "seconds_per_round": float(np.median(secs)), "repetitions": secs}
+        row["stocfl_fraction_of_peak"] = fraction_of_peak(c, row["systems"]["stocfl"]["seconds_per_round"], peak)
         base = row["systems"]["stocfl"]["seconds_per_round"]
         row["ratios"] = {k: round(v["seconds_per_round"] / base, 2) for k, v in row["systems"].items()}
         accs = [v["accuracy"] for v in row["systems"].values()]
         row["accuracy_spread"] = round(max(accs) - min(accs), 4)
         out["cases"].append(row)
     return out
+
+
+def _main(argv: list[str]) -> None:
+    """``python -m stocfl.peers CASE SYSTEM DATA_DIR THREADS [quick]``: one measurement, as JSON."""
+    import json
+
+    case_name, system, data_dir, threads = argv[:4]
+    torch.set_num_threads(int(threads))
+    result = SYSTEMS[system][0](case(case_name, data_dir, "quick" in argv[4:]))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    import sys
+
+    _main(sys.argv[1:])
