@@ -19,7 +19,7 @@ LAYERS = [
     {"algorithms"},
     {"executors", "localbn", "flower.codec", "flower.loopback", "flower.certs"},
     {"config", "build", "results", "runner", "flower", "flower.engine"},
-    {"api", "newclients", "compare", "bench", "peers", "cli", "__main__", ""},
+    {"api", "newclients", "compare", "reproduce", "bench", "peers", "cli", "__main__", ""},
 ]
 
 

@@ -1,4 +1,4 @@
-"""The ``stocfl`` command: run, resume, assign, compare, config, certs, bench."""
+"""The ``stocfl`` command: run, resume, assign, compare, reproduce, config, certs, bench."""
 
 from __future__ import annotations
 
@@ -64,6 +64,17 @@ def _parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--out", type=_path, default="runs/compare", help="directory of the runs and the table")
     cmp_.add_argument("--data-dir", type=_path, help="directory of the data sets")
     cmp_.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    rep = sub.add_parser("reproduce", help="a paper's table: its runs, resumable, with the paper's numbers beside ours",
+                         description="Run every row of a table declared in reproductions/TABLE.toml (or reuse and "
+                         "resume its runs in reproductions/runs/TABLE/) and write reproductions/TABLE.md and .json.")
+    rep.add_argument("table", nargs="?", help="table name (stocfl reproduce --list)")
+    rep.add_argument("--list", action="store_true", help="list the tables")
+    rep.add_argument("--seeds", help="comma-separated seeds (default: the table's)")
+    rep.add_argument("--quick", action="store_true", help="the table's reduced setting (a smoke test, not the paper's)")
+    rep.add_argument("--data-dir", type=_path, help="directory of the data sets (default: $STOCFL_DATA_DIR)")
+    rep.add_argument("--runs", type=_path, help="directory of the run directories (default: reproductions/runs/TABLE)")
+    rep.add_argument("--quiet", action="store_true", help="no progress bars")
 
     certs = sub.add_parser("certs", help="certificates for a Flower deployment in secure mode (TLS)",
                            description="Write ca.crt, ca.key, server.pem, server.key into DIR: a private CA and a "
@@ -149,14 +160,35 @@ def _assign(args) -> int:
 def _compare(args) -> int:
     from stocfl.compare import compare
 
-    try:
-        seeds = [int(x) for x in args.seeds.split(",")]
-    except ValueError:
-        raise UserError(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. 0,1,2") from None
+    seeds = _seeds(args.seeds)
     out = Path(args.out)
     compare(args.config, args.algo, seeds, out, args.overrides, args.data_dir, progress=not args.quiet)
     print((out / "compare.md").read_text(), end="")
     print(f"table: {(out / 'compare.md').resolve()}")
+    return 0
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise UserError(f"--seeds {text!r}: expected comma-separated integers, e.g. 0,1,2") from None
+
+
+def _reproduce(args) -> int:
+    from stocfl.reproduce import ROOT, listing, reproduce
+
+    if args.list:
+        print(listing())
+        return 0
+    if not args.table:
+        raise UserError("reproduce: name a table (stocfl reproduce --list shows them)")
+    seeds = _seeds(args.seeds) if args.seeds else None
+    reproduce(args.table, seeds, args.quick, args.data_dir, Path(args.runs) if args.runs else None,
+              progress=not args.quiet, log=lambda m: print(m, file=sys.stderr, flush=True))
+    md = ROOT / f"{args.table}{'-quick' if args.quick else ''}.md"
+    print(md.read_text(), end="")
+    print(f"table: {md}")
     return 0
 
 
@@ -176,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
             return _resume(args)
         if args.command == "compare":
             return _compare(args)
+        if args.command == "reproduce":
+            return _reproduce(args)
         if args.command == "assign":
             return _assign(args)
         if args.command == "config":

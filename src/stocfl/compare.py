@@ -18,7 +18,8 @@ import numpy as np
 from stocfl import config, report
 from stocfl.errors import UserError
 from stocfl.files import save_figure, write_atomic
-from stocfl.runner import Experiment
+from stocfl.build import read_config
+from stocfl.runner import Experiment, config_digest
 
 COLUMNS = ("accuracy", "global_accuracy", "ari", "n_clusters", "seconds")
 
@@ -36,14 +37,29 @@ def parse_spec(spec: str) -> tuple[str, list[str]]:
     return label, [f"algorithm.name={name}", *(f"algorithm.{p}" for p in params)]
 
 
-def run_one(cfg_path, overrides, data_dir, out: Path, progress: bool) -> dict[str, Any]:
-    if (out / "summary.json").exists():
-        summary = json.loads((out / "summary.json").read_text())
-        if summary["rounds_done"] == summary["rounds"]:
-            return summary
+def run_or_reuse(cfg: config.Config, out: Path, data_dir: str | None, progress: bool) -> dict[str, Any]:
+    """The summary of the run ``cfg`` in ``out``: read when it has finished, resumed when it
+    stopped, started when ``out`` holds no run. A run of another resolved config there is
+    refused: its numbers are not the ones asked for."""
     if (out / "config.toml").exists():
+        held = config.validate(read_config(out, data_dir))
+        if config_digest(held) != config_digest(cfg):
+            changed = _differences(held.to_dict(), cfg.to_dict())
+            raise UserError(f"{out} holds a run of another config ({changed}); remove it or choose another output "
+                            f"directory")
+        summary_path = out / "summary.json"
+        if summary_path.exists():
+            summary = json.loads(summary_path.read_text())
+            if summary.get("rounds_done") == summary.get("rounds") == cfg.run.rounds:
+                return summary
         return Experiment.resume(out, data_dir).run(progress=progress)
-    return Experiment.create(config.load(cfg_path, overrides, data_dir), out).run(progress=progress)
+    return Experiment.create(cfg, out).run(progress=progress)
+
+
+def _differences(held: dict[str, Any], asked: dict[str, Any]) -> str:
+    keys = [f"{s}.{k}: {held.get(s, {}).get(k)!r} there, {v!r} asked" for s, sec in asked.items()
+            for k, v in sec.items() if k != "data_dir" and held.get(s, {}).get(k) != v]
+    return "; ".join(keys[:3]) + (f"; and {len(keys) - 3} more" if len(keys) > 3 else "")
 
 
 def compare(cfg_path, specs: list[str], seeds: list[int], out: Path, overrides: list[str] = (),
@@ -56,7 +72,8 @@ def compare(cfg_path, specs: list[str], seeds: list[int], out: Path, overrides: 
         summaries, acc = [], []
         for seed in seeds:
             run_dir = out / f"{label}-seed{seed}"
-            summaries.append(run_one(cfg_path, [*overrides, *algo, f"run.seed={seed}"], data_dir, run_dir, progress))
+            cfg = config.load(cfg_path, [*overrides, *algo, f"run.seed={seed}"], data_dir)
+            summaries.append(run_or_reuse(cfg, run_dir, data_dir, progress))
             metrics = [r for r in report.read_jsonl(run_dir / "metrics.jsonl") if r.get("accuracy") is not None]
             acc.append(([r["round"] for r in metrics], [r["accuracy"] for r in metrics]))
         curves[label] = acc

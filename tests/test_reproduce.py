@@ -1,0 +1,108 @@
+"""``stocfl reproduce`` and ``stocfl compare`` run declared sets of runs that survive a stop:
+finished runs are reused only when their config is the one asked for, stopped ones resume to
+the numbers of a run in one go, and the tables carry the paper's numbers beside ours."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stocfl import config
+from stocfl.cli import main
+from stocfl.compare import run_or_reuse
+from stocfl.errors import UserError
+from stocfl.reproduce import authors_metric, listing, load_table, reproduce
+from stocfl.runner import Experiment
+
+BASE = ["scenario.n_clients=8", "scenario.samples_per_client=20", "run.rounds=2", "run.sample_rate=0.5"]
+
+TABLE = """
+title = "A tiny table"
+source = "a test"
+config = "configs/tiny.toml"
+seeds = [0]
+notes = ["two rounds on digits"]
+
+[[run]]
+name = "FedAvg"
+set = ["algorithm.name=fedavg"]
+paper = [50.0, 1.0]
+
+[[run]]
+name = "StoCFL"
+set = ["algorithm.name=stocfl"]
+paper = [60.0, 2.0]
+"""
+
+
+def tiny_root(tmp_path: Path) -> Path:
+    (tmp_path / "configs").mkdir(parents=True)
+    (tmp_path / "configs" / "tiny.toml").write_text(
+        "[scenario]\nn_clients = 8\nsamples_per_client = 20\n[run]\nrounds = 2\nsample_rate = 0.5\n")
+    root = tmp_path / "reproductions"
+    root.mkdir()
+    (root / "tiny.toml").write_text(TABLE)
+    return root
+
+
+def test_a_run_of_another_config_is_refused_and_the_same_one_reused(tmp_path):
+    cfg = config.load(None, BASE)
+    first = run_or_reuse(cfg, tmp_path / "r", None, False)
+    again = run_or_reuse(config.load(None, BASE), tmp_path / "r", None, False)
+    assert again == first
+    with pytest.raises(UserError, match=r"holds a run of another config \(run.rounds: 2 there, 4 asked\)"):
+        run_or_reuse(config.load(None, [*BASE, "run.rounds=4"]), tmp_path / "r", None, False)
+
+
+def test_a_table_is_written_with_the_papers_numbers_and_reused_on_a_second_call(tmp_path):
+    root = tiny_root(tmp_path)
+    doc = reproduce("tiny", root=root, progress=False, log=lambda m: None)
+    fedavg, stocfl = doc["rows"]
+    assert fedavg["status"] == stocfl["status"] == "done"
+    assert fedavg["paper"] == {"mean": 50.0, "std": 1.0}
+    assert fedavg["difference"] == pytest.approx(fedavg["ours"]["mean"] - 50.0, abs=0.011)
+    assert json.loads((root / "tiny.json").read_text()) == doc
+    md = (root / "tiny.md").read_text()
+    assert "| StoCFL | 60.00 +- 2.00 |" in md and "two rounds on digits" in md
+    runs = sorted(p.name for p in (root / "runs" / "tiny").iterdir())
+    assert runs == ["fedavg-seed0", "stocfl-seed0"]
+    stamp = (root / "runs" / "tiny" / "fedavg-seed0" / "metrics.jsonl").stat().st_mtime_ns
+    assert reproduce("tiny", root=root, progress=False, log=lambda m: None)["rows"] == doc["rows"]
+    assert (root / "runs" / "tiny" / "fedavg-seed0" / "metrics.jsonl").stat().st_mtime_ns == stamp  # reused
+
+
+def test_a_stopped_reproduction_resumes_to_the_numbers_of_one_in_one_go(tmp_path):
+    whole = reproduce("tiny", root=tiny_root(tmp_path / "a"), progress=False, log=lambda m: None)
+    root = tiny_root(tmp_path / "b")
+    table = load_table("tiny", root)
+    cfg = config.load(table.config, [*table.rows[1].overrides, "run.seed=0"])
+    Experiment.create(cfg, root / "runs" / "tiny" / "stocfl-seed0").run(progress=False, stop_after=1)  # a kill
+    resumed = reproduce("tiny", root=root, progress=False, log=lambda m: None)
+    for a, b in zip(whole["rows"], resumed["rows"]):
+        assert (a["ours"], a["authors_metric"], a["clusters"]) == (b["ours"], b["authors_metric"], b["clusters"])
+
+
+def test_the_authors_metric_of_one_global_model_is_its_pooled_accuracy(tmp_path):
+    # every client uses the global model and holds as many test samples as any other: the mean
+    # over clients of its group's pooled accuracy is the accuracy pooled over all clients
+    exp = Experiment.create(config.load(None, [*BASE, "scenario.test_per_client=5"]), tmp_path / "r")
+    summary = exp.run(progress=False)
+    assert authors_metric(exp) == pytest.approx(summary["global_accuracy"], abs=1e-12)
+
+
+def test_the_command_line_lists_tables_and_refuses_an_unknown_one(capsys):
+    assert main(["reproduce", "--list"]) == 0
+    assert "stocfl-table1-4800x50: StoCFL Table 1" in capsys.readouterr().out
+    assert "stocfl-table1-4800x50" in listing()
+    assert main(["reproduce", "no-such-table"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no table 'no-such-table'" in err
+
+
+def test_a_malformed_table_gets_one_line(tmp_path):
+    root = tiny_root(tmp_path)
+    (root / "bad.toml").write_text('title = "x"\n[[run]]\nname = "a"\n')
+    with pytest.raises(UserError, match=r"bad.toml: not a reproduction table \(KeyError"):
+        load_table("bad", root)
