@@ -47,13 +47,44 @@ def tiny_root(tmp_path: Path) -> Path:
     return root
 
 
-def test_a_run_of_another_config_is_refused_and_the_same_one_reused(tmp_path):
+def _rows(d: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if k != "seconds"}
+            for line in (d / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_run_of_another_config_is_refused_the_same_reused_and_a_longer_one_extended(tmp_path):
     cfg = config.load(None, BASE)
     first = run_or_reuse(cfg, tmp_path / "r", None, False)
     again = run_or_reuse(config.load(None, BASE), tmp_path / "r", None, False)
     assert again == first
-    with pytest.raises(UserError, match=r"holds a run of another config \(run.rounds: 2 there, 4 asked\)"):
-        run_or_reuse(config.load(None, [*BASE, "run.rounds=4"]), tmp_path / "r", None, False)
+    with pytest.raises(UserError, match=r"holds a run of another config \(train.lr: 0.05 there, 0.1 asked\)"):
+        run_or_reuse(config.load(None, [*BASE, "train.lr=0.1"]), tmp_path / "r", None, False)
+    longer = config.load(None, [*BASE, "run.rounds=4"])
+    assert run_or_reuse(longer, tmp_path / "r", None, False)["rounds_done"] == 4
+    Experiment.create(longer, tmp_path / "whole").run(progress=False)
+    assert _rows(tmp_path / "r") == _rows(tmp_path / "whole")
+
+
+def test_resume_extends_a_finished_run_and_refuses_what_would_change_it(tmp_path, capsys):
+    sets = [a for s in BASE for a in ("--set", s)]
+    d = tmp_path / "r"
+    assert main(["run", "--quiet", "--out", str(d), *sets]) == 0
+    capsys.readouterr()
+    assert main(["resume", "--quiet", str(d)]) == 0
+    assert "has finished all 2 rounds; to run it further: stocfl resume" in capsys.readouterr().err
+    assert len(_rows(d)) == 2
+    for bad, says in (("train.lr=0.1", "may change only run.rounds, run.eval_every"),
+                      ("run.rounds=1", "has done 2 rounds already")):
+        assert main(["resume", "--quiet", str(d), "--set", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err, err
+    assert main(["resume", "--quiet", str(d), "--set", "run.rounds=4"]) == 0
+    whole = tmp_path / "whole"
+    assert main(["run", "--quiet", "--out", str(whole), *sets, "--set", "run.rounds=4"]) == 0
+    assert _rows(d) == _rows(whole)
+    (d / "checkpoint.safetensors").unlink()
+    assert main(["resume", "--quiet", str(d), "--set", "run.rounds=5"]) == 2
+    assert "has no checkpoint" in capsys.readouterr().err
 
 
 def test_a_table_is_written_with_the_papers_numbers_and_reused_on_a_second_call(tmp_path):

@@ -100,12 +100,15 @@ def run(config: Any = None, *, federation: Federation | None = None, model: torc
 
 
 def resume(out: str | Path, *, federation: Federation | None = None, model: torch.nn.Module | None = None,
-           loss: Callable | None = None, data_dir: str | None = None, progress: bool = False) -> Result:
+           loss: Callable | None = None, data_dir: str | None = None, progress: bool = False,
+           overrides: list[str] = ()) -> Result:
     """Continue the run in ``out`` (stopped or killed) to its end; ``federation``, ``model`` and
-    ``loss`` as given to :func:`run` when it was started with them."""
+    ``loss`` as given to :func:`run` when it was started with them. ``overrides``:
+    ``["run.rounds=N"]`` runs a finished run further (``run.eval_every`` may change too)."""
     from stocfl.runner import Experiment
 
-    exp = Experiment.resume(Path(out), data_dir, federation=federation, module=model, loss=loss)
+    exp = Experiment.resume(Path(out), data_dir, federation=federation, module=model, loss=loss,
+                            overrides=list(overrides))
     return _result(exp, exp.run(progress=progress))
 
 

@@ -39,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
 
     res = sub.add_parser("resume", help="continue a run that was stopped or killed")
     res.add_argument("dir", type=_path, help="results directory of the run")
+    res.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="run.rounds=N to run a finished run further (or run.eval_every=K); no other key")
     res.add_argument("--data-dir", type=_path, help="directory of the data sets, if it moved")
     res.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -124,17 +126,23 @@ def _resume(args) -> int:
     from stocfl import api
     from stocfl.build import read_config
     from stocfl.executors import engine_of
-    from stocfl.runner import Experiment
+    from stocfl.runner import Experiment, finished_summary
 
     out = Path(args.dir)
     raw = read_config(out, args.data_dir)
+    finished = finished_summary(out)
+    if finished is not None and not args.overrides:
+        print(f"stocfl: {out} has finished all {finished['rounds']} rounds; to run it further: stocfl resume {out} "
+              f"--set run.rounds=N", file=sys.stderr)
+        _print_summary(finished, out)
+        return 0
     engine = raw.get("run", {}).get("engine", "auto")
     launch = engine_of(engine).launch if isinstance(engine, str) else None
     if launch is not None:
-        summary = launch(raw, out, lambda ex: Experiment.resume(out, args.data_dir, ex), raw["scenario"]["n_clients"],
-                         not args.quiet)
+        summary = launch(raw, out, lambda ex: Experiment.resume(out, args.data_dir, ex, overrides=args.overrides),
+                         raw["scenario"]["n_clients"], not args.quiet)
     else:
-        summary = api.resume(out, data_dir=args.data_dir, progress=not args.quiet).summary
+        summary = api.resume(out, data_dir=args.data_dir, progress=not args.quiet, overrides=args.overrides).summary
     _print_summary(summary, out)
     return 0
 

@@ -8,7 +8,6 @@ accuracy, ARI, clusters, seconds) and ``compare.png`` (mean accuracy per round).
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from stocfl import config, report
 from stocfl.errors import UserError
 from stocfl.files import save_figure, write_atomic
 from stocfl.build import read_config
-from stocfl.runner import Experiment, config_digest
+from stocfl.runner import Experiment, config_digest, finished_summary
 
 COLUMNS = ("accuracy", "global_accuracy", "ari", "n_clusters", "seconds")
 
@@ -43,16 +42,15 @@ def run_or_reuse(cfg: config.Config, out: Path, data_dir: str | None, progress: 
     refused: its numbers are not the ones asked for."""
     if (out / "config.toml").exists():
         held = config.validate(read_config(out, data_dir))
-        if config_digest(held) != config_digest(cfg):
+        if config_digest(held, core=True) != config_digest(cfg, core=True):
             changed = _differences(held.to_dict(), cfg.to_dict())
             raise UserError(f"{out} holds a run of another config ({changed}); remove it or choose another output "
                             f"directory")
-        summary_path = out / "summary.json"
-        if summary_path.exists():
-            summary = json.loads(summary_path.read_text())
-            if summary.get("rounds_done") == summary.get("rounds") == cfg.run.rounds:
-                return summary
-        return Experiment.resume(out, data_dir).run(progress=progress)
+        finished = finished_summary(out)
+        if finished is not None and config_digest(held) == config_digest(cfg):
+            return finished
+        extend = [f"run.rounds={cfg.run.rounds}", f"run.eval_every={cfg.run.eval_every}"]  # more rounds asked
+        return Experiment.resume(out, data_dir, overrides=extend).run(progress=progress)
     return Experiment.create(cfg, out).run(progress=progress)
 
 

@@ -96,9 +96,11 @@ class Experiment:
 
     @classmethod
     def open(cls, out: Path, data_dir: str | None = None, executor: Any = None, federation: Federation | None = None,
-             module: Any = None, loss: Any = None) -> "Experiment":
+             module: Any = None, loss: Any = None, overrides: list[str] = ()) -> "Experiment":
         """A saved run, rebuilt from its config and last checkpoint (and the federation and
-        module it was given in Python, if it was); nothing on disk changes."""
+        module it was given in Python, if it was). ``overrides`` (``run.rounds=N``,
+        ``run.eval_every=K``: keys that change nothing computed so far) are written into its
+        config.toml; otherwise nothing on disk changes."""
         path = out / "config.toml"
         if not path.is_file():
             raise UserError(f"{out} holds no run (no config.toml); start one with 'stocfl run --out {out}'")
@@ -109,8 +111,9 @@ class Experiment:
         has_checkpoint = (out / CHECKPOINT).exists()
         if has_checkpoint:  # before anything is built from a config that may not be the run's
             meta = checkpoint.read_meta(out / CHECKPOINT)
-            stored = meta.get("config_sha256")
-            if stored is not None and stored != config_digest(cfg):
+            core, stored = meta.get("config_core_sha256"), meta.get("config_sha256")
+            if (core is not None and core != config_digest(cfg, core=True)) or (
+                    core is None and stored is not None and stored != config_digest(cfg)):
                 raise UserError(f"{path} does not match the run's checkpoint (edited, truncated or corrupt); "
                                 f"restore it or start a new run")
             for key, given, what in (("custom_data", federation, "federation"), ("custom_model", module, "model"),
@@ -118,6 +121,8 @@ class Experiment:
                 if meta.get(key) and given is None:
                     raise UserError(f"{out} was run on a {what} given in Python; continue it from Python with "
                                     f"stocfl.resume({str(out)!r}, {what}=...)")
+        if overrides:
+            cfg = extended(cfg, overrides, meta["round"] if has_checkpoint else 0, out)
         exp = cls(cfg, out, executor, federation, module, loss)
         if has_checkpoint:
             exp.load_checkpoint()
@@ -125,10 +130,14 @@ class Experiment:
 
     @classmethod
     def resume(cls, out: Path, data_dir: str | None = None, executor: Any = None, federation: Federation | None = None,
-               module: Any = None, loss: Any = None) -> "Experiment":
+               module: Any = None, loss: Any = None, overrides: list[str] = ()) -> "Experiment":
         """A saved run, ready to continue: its metrics must be the ones its checkpoint saw (rows
-        after the checkpoint's round, from a kill before the checkpoint, are dropped)."""
-        exp = cls.open(out, data_dir, executor, federation, module, loss)
+        after the checkpoint's round, from a kill before the checkpoint, are dropped).
+        ``overrides``: as for :meth:`open` (``run.rounds=N`` extends a finished run)."""
+        if (out / "config.toml").is_file() and not (out / CHECKPOINT).exists():
+            raise UserError(f"{out} has no checkpoint ({CHECKPOINT}), so there is nothing to continue from; start "
+                            f"the run again into a new directory")
+        exp = cls.open(out, data_dir, executor, federation, module, loss, overrides)
         rows = report.read_jsonl(out / "metrics.jsonl")
         kept = rows[: exp.round]
         if [r.get("round") for r in kept] != list(range(1, exp.round + 1)) or (
@@ -159,6 +168,7 @@ class Experiment:
             "sampler": self.sampler.bit_generator.state,
             **{p: m for p, (_, m) in parts.items()},
             "config_sha256": self.config_sha256,
+            "config_core_sha256": config_digest(self.cfg, core=True),
             "metrics_sha256": self.metrics_chain,
             **({"custom_data": True} if self.federation is not None else {}),
             **({"custom_model": True} if self.module is not None else {}),
@@ -279,11 +289,50 @@ class Experiment:
         return summary
 
 
-def config_digest(cfg: Config) -> str:
-    """SHA-256 of the resolved config, the data directory left out (data may move)."""
+def finished_summary(out: Path) -> dict[str, Any] | None:
+    """The summary of the run in ``out`` when it has done every round of its config, else None."""
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+        rounds = read_config(out)["run"]["rounds"]
+        meta = checkpoint.read_meta(out / CHECKPOINT)
+    except Exception:  # noqa: BLE001 - anything unreadable: not a finished run; resume says what is wrong
+        return None
+    if any(meta.get(k) for k in ("custom_data", "custom_model", "custom_loss")):
+        return None  # run from Python: resume names what it needs
+    return summary if summary.get("rounds_done") == summary.get("rounds") == rounds == meta.get("round") else None
+
+
+# Keys a resumed run may change: they change nothing computed in the rounds already done.
+EXTENDABLE = ("run.rounds", "run.eval_every")
+
+
+def config_digest(cfg: Config, core: bool = False) -> str:
+    """SHA-256 of the resolved config, the data directory left out (data may move); ``core``:
+    the keys in :data:`EXTENDABLE` left out as well."""
     d = cfg.to_dict()
     d["scenario"] = {k: v for k, v in d["scenario"].items() if k != "data_dir"}
+    if core:
+        d["run"] = {k: v for k, v in d["run"].items() if f"run.{k}" not in EXTENDABLE}
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+
+def extended(cfg: Config, overrides: list[str], done: int, out: Path) -> Config:
+    """``cfg`` with ``overrides`` of :data:`EXTENDABLE` keys applied, written to ``out``'s
+    config.toml. Other keys, or fewer rounds than are done, are refused in one line."""
+    raw = cfg.to_dict()
+    for item in overrides:
+        parts, value = config_mod.parse_override(item)
+        key = ".".join(parts)
+        if key not in EXTENDABLE:
+            raise UserError(f"resume --set {item!r}: a resumed run may change only {', '.join(EXTENDABLE)}; other "
+                            f"keys would change what it computed: start a new run with 'stocfl run'")
+        raw["run"][parts[1]] = value
+    new = config_mod.validate(raw)
+    if new.run.rounds < done:
+        raise UserError(f"resume --set run.rounds={new.run.rounds}: the run has done {done} rounds already; ask for "
+                        f"{done} or more")
+    write_atomic(out / "config.toml", report.to_toml(new.to_dict()))
+    return new
 
 
 def metrics_chain(rows: list[dict[str, Any]], start: str | None = None) -> str:
