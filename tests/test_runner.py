@@ -77,3 +77,13 @@ def test_resume_after_sigkill_is_identical(tmp_path):
     a, b = (json.loads((d / "summary.json").read_text()) for d in (ref, cut))
     assert _strip_times(a) == _strip_times(b)
     assert main(["resume", "--quiet", str(cut)]) == 0  # resuming a finished run only rewrites its summary
+
+
+def test_away_from_a_terminal_a_run_logs_one_line_per_round(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "stocfl", "run", "--out", str(tmp_path / "r"), "--set", "run.rounds=3",
+                          "--set", "run.eval_every=2", "--set", "scenario.n_clients=8"],
+                         capture_output=True, text=True, check=True)
+    lines = [line for line in out.stderr.splitlines() if ": round " in line]
+    assert [line.split(": round ")[1].split()[0] for line in lines] == ["1/3", "2/3", "3/3"], out.stderr
+    assert "accuracy" not in lines[0] and "accuracy" in lines[1]
+    assert "\r" not in out.stderr  # no progress bar redrawn into a log file

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,8 +246,10 @@ class Experiment:
         from tqdm import tqdm
 
         r = self.cfg.run
-        bar = tqdm(total=r.rounds, initial=self.round, disable=None if progress else True,
-                   desc=f"{self.cfg.algorithm['name']} on {self.cfg.scenario.name}", unit="round")
+        desc = f"{self.cfg.algorithm['name']} on {self.cfg.scenario.name}"
+        lines = progress and not sys.stderr.isatty()  # nohup, SLURM, CI: one line per round, not a bar
+        bar = tqdm(total=r.rounds, initial=self.round, disable=True if lines or not progress else None, desc=desc,
+                   unit="round")
         while self.round < r.rounds:
             if stop_after is not None and self.round >= stop_after:
                 bar.close()
@@ -271,6 +274,10 @@ class Experiment:
             bar.update(1)
             if row["accuracy"] is not None:
                 bar.set_postfix(acc=f"{row['accuracy']:.3f}", clusters=row["n_clusters"])
+            if lines:
+                acc = "" if row["accuracy"] is None else f" accuracy {row['accuracy']:.4f}"
+                print(f"{desc}: round {t}/{r.rounds}{acc} clusters {row['n_clusters']} ({row['seconds']:.1f} s)",
+                      file=sys.stderr, flush=True)
         bar.close()
         return self.finish()
 
