@@ -110,6 +110,9 @@ def test_a_stopped_reproduction_resumes_to_the_numbers_of_one_in_one_go(tmp_path
     table = load_table("tiny", root)
     cfg = config.load(table.config, [*table.rows[1].overrides, "run.seed=0"])
     Experiment.create(cfg, root / "runs" / "tiny" / "stocfl-seed0").run(progress=False, stop_after=1)  # a kill
+    report = reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)
+    assert [r["status"] for r in report["rows"]] == ["not run", "stopped at round 1"]
+    assert not (root / "runs" / "tiny" / "fedavg-seed0").exists()  # nothing ran
     resumed = reproduce("tiny", root=root, progress=False, log=lambda m: None)
     for a, b in zip(whole["rows"], resumed["rows"]):
         assert (a["ours"], a["authors_metric"], a["clusters"]) == (b["ours"], b["authors_metric"], b["clusters"])

@@ -28,7 +28,7 @@ from stocfl import config
 from stocfl.compare import run_or_reuse
 from stocfl.errors import UserError
 from stocfl.files import write_atomic
-from stocfl.runner import Experiment
+from stocfl.runner import Experiment, finished_summary
 
 ROOT = Path(__file__).resolve().parents[2] / "reproductions"  # the repository's tables
 MAX_DISTINCT_MODELS = 64  # the authors' metric evaluates each distinct model on a whole pool
@@ -160,11 +160,19 @@ def write_table(table: Table, results: dict[str, list[dict[str, Any]]], status: 
     return doc
 
 
+def _done_rounds(run_dir: Path) -> int:
+    try:
+        return len((run_dir / "metrics.jsonl").read_text().splitlines())
+    except OSError:
+        return 0
+
+
 def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, data_dir: str | None = None,
               runs: Path | None = None, root: Path = ROOT, progress: bool = True,
-              log: Callable[[str], None] = print) -> dict[str, Any]:
+              log: Callable[[str], None] = print, report_only: bool = False) -> dict[str, Any]:
     """Run (or reuse, or resume) every row of table ``name`` for every seed; write
-    ``root/name.md`` and ``root/name.json`` after each run and return the JSON."""
+    ``root/name.md`` and ``root/name.json`` after each run and return the JSON. With
+    ``report_only``, run nothing: the table of the runs finished so far."""
     table = load_table(name, root)
     seeds = list(table.seeds) if seeds is None else seeds
     runs = (root / "runs" / name) if runs is None else runs
@@ -181,8 +189,15 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
             status[row.name] = f"running seed {s}"
             doc = write_table(table, results, status, seeds, quick, out_md, out_json)
             run_dir = runs / f"{slug(row.name)}-seed{s}{suffix}"
-            log(f"reproduce {name}: {row.name}, seed {s} -> {run_dir}")
-            summary = run_or_reuse(configs[(row.name, s)], run_dir, data_dir, progress)
+            if report_only:
+                summary = finished_summary(run_dir)
+                if summary is None:
+                    done = _done_rounds(run_dir)
+                    status[row.name] = f"stopped at round {done}" if done else "not run"
+                    continue
+            else:
+                log(f"reproduce {name}: {row.name}, seed {s} -> {run_dir}")
+                summary = run_or_reuse(configs[(row.name, s)], run_dir, data_dir, progress)
             held = run_dir / "authors_metric.json"
             if held.exists():
                 theirs = json.loads(held.read_text())["authors_metric"]
@@ -191,7 +206,8 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
                 write_atomic(held, json.dumps({"authors_metric": theirs}) + "\n")
             results.setdefault(row.name, []).append({**{k: summary[k] for k in (
                 "accuracy", "global_accuracy", "n_clusters", "ari", "seconds", "seed")}, "authors_metric": theirs})
-        status[row.name] = "done"
+        if not status[row.name].startswith(("stopped", "not run")):
+            status[row.name] = "done"
         doc = write_table(table, results, status, seeds, quick, out_md, out_json)
     return doc
 
