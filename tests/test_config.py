@@ -123,3 +123,27 @@ def test_a_model_that_does_not_fit_the_data_is_one_line():
         with pytest.raises(UserError, match=what.replace("(", r"\(").replace(")", r"\)")) as err:
             check_model_fits(FlatModel(module), w0, fed, "mine")
         assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("bad, says", [
+    ("run.rounds=x", "run.rounds: expected an integer (got 'x')"),
+    ("run.sample_rate=true", "run.sample_rate: expected a number (got True)"),
+    ("scenario.alpha=-1", "scenario.alpha: must be >= 0.001 (got -1)"),
+    ("run.rounds=0", "run.rounds: must be >= 1 (got 0)"),
+    ("train.optimizer=foo", "train.optimizer: expected one of sgd or adam (got 'foo')"),
+    ("train.local_bn=3", "train.local_bn: expected true or false (got 3)"),
+])
+def test_config_errors_speak_one_house_style(bad, says):
+    with pytest.raises(UserError) as err:
+        config.load(None, [bad])
+    text = str(err.value)
+    assert text == f"config: {says}", text
+    assert "Input should" not in text and "Value error" not in text
+
+
+def test_a_bad_command_line_names_the_program_once(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["--bogus"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "stocfl stocfl" not in err and err.startswith("stocfl: error:") and "(see stocfl --help)" in err

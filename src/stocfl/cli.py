@@ -13,7 +13,8 @@ from stocfl.errors import UserError
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line and exit code 2, as for every other bad input
-        self.exit(2, f"stocfl: error: {message} (see stocfl {self.prog.split()[-1]} --help)\n")
+        command = " ".join(self.prog.split()[1:])  # "" for stocfl itself, "run" for stocfl run
+        self.exit(2, f"stocfl: error: {message} (see stocfl {command + ' ' if command else ''}--help)\n")
 
 
 def _path(text: str) -> str:

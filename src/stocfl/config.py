@@ -197,8 +197,37 @@ def _one_line(err: ValidationError, prefix: tuple = ()) -> str:
     if e["type"] == "extra_forbidden":
         allowed = _allowed_keys(loc[:-1])
         return f"config: unknown key '{key}'" + (f"; allowed keys here: {', '.join(allowed)}" if allowed else "")
-    msg = str(e["ctx"]["error"]) if e["type"] == "value_error" and "error" in e.get("ctx", {}) else e["msg"]
-    return f"config: {key}: {msg.rstrip('.')} (got {e.get('input')!r})"
+    got = e.get("input")
+    if e["type"] == "value_error" and "error" in e.get("ctx", {}):
+        msg = str(e["ctx"]["error"])
+        if repr(got) in msg or str(got) in msg:  # the validator's message names the value already
+            return f"config: {key}: {msg.rstrip('.')}"
+    else:
+        msg = _house_style(e)
+    return f"config: {key}: {msg.rstrip('.')} (got {got!r})"
+
+
+_BOUNDS = {"greater_than_equal": ("ge", ">="), "less_than_equal": ("le", "<="), "greater_than": ("gt", ">"),
+           "less_than": ("lt", "<")}
+_EXPECTED = {"int": "an integer", "float": "a number", "bool": "true or false", "string": "a string",
+             "list": "a list", "dict": "a table", "model": "a table", "tuple": "a list"}
+
+
+def _house_style(e: dict[str, Any]) -> str:
+    """pydantic's error as the rest of stocfl says things: 'expected an integer', 'must be >= 1'."""
+    kind, ctx = e["type"], e.get("ctx", {})
+    if kind in _BOUNDS:
+        name, op = _BOUNDS[kind]
+        return f"must be {op} {ctx.get(name)}"
+    if kind == "literal_error":
+        return f"expected one of {ctx.get('expected', '')}".replace("'", "")
+    base = kind.split("_")[0]
+    if base in _EXPECTED and kind.endswith(("_type", "_parsing")):
+        return f"expected {_EXPECTED[base]}"
+    if kind == "too_short" or kind == "too_long":
+        return f"expected {ctx.get('min_length', ctx.get('max_length'))} items" if ctx.get("min_length") == ctx.get(
+            "max_length") else e["msg"]
+    return e["msg"]
 
 
 def _allowed_keys(section: tuple) -> list[str]:
