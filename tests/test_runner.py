@@ -87,3 +87,13 @@ def test_away_from_a_terminal_a_run_logs_one_line_per_round(tmp_path):
     assert [line.split(": round ")[1].split()[0] for line in lines] == ["1/3", "2/3", "3/3"], out.stderr
     assert "accuracy" not in lines[0] and "accuracy" in lines[1]
     assert "\r" not in out.stderr  # no progress bar redrawn into a log file
+
+
+def test_placing_new_clients_on_a_run_without_clusters_says_what_it_means(tmp_path):
+    from stocfl.newclients import place_clients
+
+    cfg = config.load(overrides=["scenario.n_clients=12", "scenario.holdout=0.25", "run.rounds=2"])
+    Experiment.create(cfg, tmp_path / "r").run(progress=False)
+    rows, summary = place_clients(tmp_path / "r")
+    assert len(rows) >= 3 and all(r["cluster"] == 0 and r["cosine"] is None and not r["would_open_new"] for r in rows)
+    assert summary["placement"] == "one global model: a new client uses it (cluster 0)"

@@ -60,4 +60,4 @@ def place_clients(run_dir: str | Path, overrides: list[str] = (), clients: list[
     results = run([Evaluate(p.client, p.weights) for p in placed])
     majority = cluster_majority(exp.algorithm.cluster_labels(), exp.fed.groups)
     rows = placement_rows(placed, results, fed.groups, majority)
-    return rows, summarize_placements(rows)
+    return rows, summarize_placements(rows, exp.algorithm.placement)

@@ -72,11 +72,11 @@ def cluster_majority(labels: np.ndarray, groups: np.ndarray | None) -> dict[int,
 
 
 def placement_rows(placed, results, groups, majority: dict[int, int]) -> list[dict[str, Any]]:
-    """One row per new client: cluster, cosine, opened_new, accuracy, true group, and whether
+    """One row per new client: cluster, cosine, would_open_new, accuracy, true group, and whether
     the cluster is its true group's (``majority``: the majority true group of each cluster)."""
     rows = []
     for p, r in zip(placed, results):
-        row = {"client": p.client, "cluster": p.cluster, "similarity": p.similarity, "opened_new": p.opened_new,
+        row = {"client": p.client, "cluster": p.cluster, "cosine": p.similarity, "would_open_new": p.opened_new,
                "accuracy": r.accuracy, "correct": r.correct, "test_samples": r.n_samples}
         if groups is not None:
             row["true_group"] = int(groups[p.client])
@@ -85,10 +85,11 @@ def placement_rows(placed, results, groups, majority: dict[int, int]) -> list[di
     return rows
 
 
-def summarize_placements(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize_placements(rows: list[dict[str, Any]], placement: str) -> dict[str, Any]:
     n = sum(r["test_samples"] for r in rows)
-    out = {"clients": len(rows), "accuracy": sum(r["correct"] for r in rows) / n if n else 0.0,
-           "opened_new": sum(bool(r["opened_new"]) for r in rows)}
+    out = {"clients": len(rows), "placement": placement,
+           "accuracy": sum(r["correct"] for r in rows) / n if n else 0.0,
+           "would_open_new": sum(bool(r["would_open_new"]) for r in rows)}
     if rows and "in_true_group_cluster" in rows[0]:
         out["in_true_group_cluster"] = sum(r["in_true_group_cluster"] for r in rows) / len(rows)
     return out

@@ -289,7 +289,7 @@ class Experiment:
                             self.engine, self.threads, self.elapsed)
         heldout = place_heldout(self.algorithm, self.fed, self.run_tasks)
         if heldout:
-            summary["heldout"] = summarize_placements(heldout)
+            summary["heldout"] = summarize_placements(heldout, self.algorithm.placement)
         if self.out is not None:
             write_results(self.out, summary, self.rows, self.algorithm, self.fed, self.last_eval, heldout,
                           self.cfg.run.seed)

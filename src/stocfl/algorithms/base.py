@@ -78,8 +78,9 @@ def lowest_train_loss(clients: list[int], models: list[torch.Tensor], run: "RunT
 
 @dataclass(frozen=True, eq=False)
 class Placement:
-    """Where a new client lands: its cluster (-1: none), the cosine to it, whether it would open
-    a new cluster, and the model it is predicted with."""
+    """Where a new client lands: its cluster (-1: none), the cosine of its representation to
+    that cluster's (StoCFL; None for the others), whether it would open a new cluster, and the
+    model it is predicted with."""
 
     client: int
     cluster: int
@@ -179,12 +180,15 @@ class Algorithm:
         labels[self.ctx.training_clients] = 0
         return labels
 
+    placement = "one global model: a new client uses it (cluster 0)"  # what placing a new client means
+
     def place_new(self, clients: list[int], run: RunTasks) -> list[Placement]:
         """Clients that never took part in training: which model each would use.
 
-        The default is the global model; clustered algorithms override it."""
+        The default is the global model, cluster 0 (where :meth:`cluster_labels` puts every
+        participant); clustered algorithms override it, and say how in :attr:`placement`."""
         w = self.global_model()
-        return [Placement(i, -1, None, False, w) for i in clients]
+        return [Placement(i, 0, None, False, w) for i in clients]
 
     def representations(self) -> tuple[list[int], torch.Tensor] | None:
         """Per-client representations kept for plots, as (client ids, rows), if any (the results

@@ -52,6 +52,7 @@ class CFL(Algorithm):
     """
 
     name = "cfl"
+    placement = "the cluster model with the lowest loss on the client's train data"
     Params = CFLParams
 
     @dataclass

@@ -30,6 +30,7 @@ class Ditto(Algorithm):
     """
 
     name = "ditto"
+    placement = "a new client has no personal model yet: it uses the global model (cluster 0)"
     Params = DittoParams
 
     @dataclass

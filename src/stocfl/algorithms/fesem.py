@@ -50,6 +50,7 @@ class FeSEM(Algorithm):
     """
 
     name = "fesem"
+    placement = "the cluster model with the lowest loss on the client's train data"
     Params = FeSEMParams
 
     @dataclass

@@ -69,6 +69,7 @@ class FLHC(Algorithm):
     """
 
     name = "flhc"
+    placement = "the cluster model with the lowest loss on the client's train data"
     Params = FLHCParams
 
     @dataclass

@@ -35,6 +35,7 @@ class IFCA(Algorithm):
     """
 
     name = "ifca"
+    placement = "the cluster model with the lowest loss on the client's train data"
     Params = IFCAParams
 
     @dataclass

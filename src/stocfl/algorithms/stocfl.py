@@ -110,6 +110,8 @@ class StoCFL(Algorithm):
     """
 
     name = "stocfl"
+    placement = ("the cosine of the client's Psi to each cluster's: it joins the closest cluster when the cosine "
+                 ">= tau, else it would open a new one; either way it is predicted with the closest cluster's model")
     Params = StoCFLParams
 
     @dataclass
