@@ -5,6 +5,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 
 from stocfl import config
 from stocfl.cli import main
@@ -97,3 +98,20 @@ def test_placing_new_clients_on_a_run_without_clusters_says_what_it_means(tmp_pa
     rows, summary = place_clients(tmp_path / "r")
     assert len(rows) >= 3 and all(r["cluster"] == 0 and r["cosine"] is None and not r["would_open_new"] for r in rows)
     assert summary["placement"] == "one global model: a new client uses it (cluster 0)"
+
+
+def test_clients_csv_holds_each_clients_accuracy_and_the_summary_its_spread(tmp_path):
+    import csv
+
+    cfg = config.load(overrides=["algorithm.name=stocfl", "scenario.n_clients=12", "run.rounds=3",
+                                 "run.sample_rate=0.5"])
+    summary = Experiment.create(cfg, tmp_path / "r").run(progress=False)
+    rows = list(csv.DictReader((tmp_path / "r" / "clients.csv").open()))
+    assert [int(r["client"]) for r in rows] == list(range(12))
+    accs = [float(r["accuracy"]) for r in rows]
+    samples = [int(r["test_samples"]) for r in rows]
+    assert sum(a * n for a, n in zip(accs, samples)) / sum(samples) == pytest.approx(summary["accuracy"], abs=1e-9)
+    glob = [float(r["global_accuracy"]) for r in rows]
+    assert sum(a * n for a, n in zip(glob, samples)) / sum(samples) == pytest.approx(summary["global_accuracy"], abs=1e-9)
+    assert summary["worst_client_accuracy"] == min(accs)
+    assert min(accs) <= summary["accuracy_p10"] <= sorted(accs)[2]

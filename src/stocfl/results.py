@@ -52,9 +52,34 @@ def place_heldout(algorithm: Algorithm, fed: Federation, run) -> list[dict[str, 
     return placement_rows(placed, res, fed.groups, cluster_majority(algorithm.cluster_labels(), fed.groups))
 
 
+def client_spread(last_eval: dict) -> dict[str, float | None]:
+    """The fairness view of the last evaluation: the 10th percentile and the worst of the
+    clients' accuracies (each with the model it uses; clients without test data left out)."""
+    accs = [r.accuracy for r in last_eval.values() if r.n_samples]
+    if not accs:
+        return {"accuracy_p10": None, "worst_client_accuracy": None}
+    return {"accuracy_p10": float(np.percentile(accs, 10)), "worst_client_accuracy": float(min(accs))}
+
+
+def client_rows(labels: np.ndarray, groups: np.ndarray | None, last_eval: dict, last_global: dict
+                ) -> list[dict[str, Any]]:
+    """clients.csv: per evaluated client its found cluster, true group, test samples, and the
+    accuracy of the model it uses and of the global model."""
+    rows = []
+    for i in sorted(last_eval):
+        r, g = last_eval[i], last_global.get(i)
+        rows.append({"client": int(i), "cluster": int(labels[i]),
+                     "true_group": int(groups[i]) if groups is not None else "", "test_samples": r.n_samples,
+                     "accuracy": r.accuracy, "global_accuracy": g.accuracy if g is not None else ""})
+    return rows
+
+
 def write_results(out: Path, summary: dict[str, Any], rows: list[dict[str, Any]], algorithm: Algorithm,
-                  fed: Federation, last_eval: dict, heldout: list[dict[str, Any]], seed: int) -> None:
-    """summary.json, clusters.csv, heldout.csv (if any), accuracy.png and the algorithm's figures."""
+                  fed: Federation, last_eval: dict, heldout: list[dict[str, Any]], last_global: dict, seed: int
+                  ) -> None:
+    """summary.json, clusters.csv, clients.csv, heldout.csv (if any), accuracy.png and the
+    algorithm's figures."""
+    report.write_csv(out / "clients.csv", client_rows(algorithm.cluster_labels(), fed.groups, last_eval, last_global))
     if heldout:
         report.write_csv(out / "heldout.csv", heldout)
     report.write_csv(out / "clusters.csv", report.cluster_table(algorithm.cluster_labels(), fed.groups, last_eval))

@@ -34,7 +34,7 @@ from stocfl.errors import UserError
 from stocfl.executors import make_executor, set_threads
 from stocfl.files import write_atomic
 from stocfl.localbn import LocalBatchNorm
-from stocfl.results import place_heldout, summarize, summarize_placements, write_results
+from stocfl.results import client_spread, place_heldout, summarize, summarize_placements, write_results
 from stocfl.scenarios import Federation
 from stocfl.state import StateError
 from stocfl.tasks import ClientsDropped, Evaluate, without_dropped
@@ -238,6 +238,7 @@ class Experiment:
 
         clients, (res, gres) = without_dropped(self.fed.participants, attempt)
         self.last_eval = dict(zip(clients, res))
+        self.last_global = dict(zip(clients, gres))
         return {"accuracy": _pooled(res), "global_accuracy": _pooled(gres)}
 
     def run(self, progress: bool = True, stop_after: int | None = None) -> dict[str, Any] | None:
@@ -287,12 +288,13 @@ class Experiment:
             self.evaluate()
         summary = summarize(self.cfg, self.fed, self.federation is not None, self.algorithm, self.rows, self.round,
                             self.engine, self.threads, self.elapsed)
+        summary.update(client_spread(self.last_eval))
         heldout = place_heldout(self.algorithm, self.fed, self.run_tasks)
         if heldout:
             summary["heldout"] = summarize_placements(heldout, self.algorithm.placement)
         if self.out is not None:
             write_results(self.out, summary, self.rows, self.algorithm, self.fed, self.last_eval, heldout,
-                          self.cfg.run.seed)
+                          self.last_global, self.cfg.run.seed)
         return summary
 
 
