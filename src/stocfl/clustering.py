@@ -102,7 +102,7 @@ class ClusterSet:
             raise ValueError(f"client {client} is already in cluster {self.labels_[client]}")
         cid = self.next_id
         self.next_id += 1
-        self.sums_[cid] = psi.detach().double().clone()
+        self.sums_[cid] = psi.detach().to(torch.float64, copy=True)
         self.counts_[cid] = 1
         self.members_[cid] = [client]
         self.labels_[client] = cid

@@ -103,8 +103,9 @@ def check_represented(task: Represent, result: Represented, train_size: int, tes
         raise BadResult("representation missing")
     psi = check_vector(result.psi, "representation", task.dim or task.anchor.numel())
     _count(result.n_samples, train_size, "n_samples")
-    norm = float(psi.double().norm())
-    return Represented((psi.double() / norm).float() if norm > 0 else psi, result.n_samples)
+    wide = psi.double()  # one float64 copy, divided in place
+    norm = float(wide.norm())
+    return Represented(wide.div_(norm).float() if norm > 0 else psi, result.n_samples)
 
 
 register_task(Represent, Represented, represent, "query.represent", check_represented)
