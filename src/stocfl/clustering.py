@@ -249,7 +249,7 @@ class _Rows:
         self.arg = torch.zeros(cap, dtype=torch.long)
         first_t = torch.tensor(first)
         n = len(first)
-        self.sims[:n] = u[first_t] @ u.T
+        self.sims[:n] = (u if n == k else u[first_t]) @ u.T  # all dirty (a first round): no copy of u
         self.sims[torch.arange(n), first_t] = -np.inf
         self.row_slot[:n] = first_t
         self.slot_row[first_t] = torch.arange(n)
