@@ -140,3 +140,13 @@ def test_a_malformed_table_gets_one_line(tmp_path):
     (root / "bad.toml").write_text('title = "x"\n[[run]]\nname = "a"\n')
     with pytest.raises(UserError, match=r"bad.toml: not a reproduction table \(KeyError"):
         load_table("bad", root)
+
+
+def test_the_compare_table_lists_every_finished_run_in_its_directory(tmp_path):
+    from stocfl.compare import compare
+
+    compare(None, ["fedavg"], [0], tmp_path, BASE, progress=False)
+    rows = compare(None, ["stocfl"], [0, 1], tmp_path, BASE, progress=False)
+    assert [(r["algorithm"], r["seeds"]) for r in rows] == [("stocfl", 2), ("fedavg", 1)]
+    md = (tmp_path / "compare.md").read_text()
+    assert "| stocfl | 2 |" in md and "| fedavg | 1 |" in md

@@ -60,22 +60,36 @@ def _differences(held: dict[str, Any], asked: dict[str, Any]) -> str:
     return "; ".join(keys[:3]) + (f"; and {len(keys) - 3} more" if len(keys) > 3 else "")
 
 
+def finished_runs(out: Path) -> dict[str, list[Path]]:
+    """The finished runs of a comparison directory, by label (``LABEL-seedN`` directories)."""
+    found: dict[str, list[Path]] = {}
+    for d in sorted(out.glob("*-seed*"), key=lambda p: p.name):
+        m = re.fullmatch(r"(.+)-seed(\d+)", d.name)
+        if m and d.is_dir() and finished_summary(d) is not None:
+            found.setdefault(m.group(1), []).append(d)
+    return found
+
+
 def compare(cfg_path, specs: list[str], seeds: list[int], out: Path, overrides: list[str] = (),
             data_dir: str | None = None, progress: bool = True) -> list[dict[str, Any]]:
     parsed = [parse_spec(s) for s in specs]
     for label, algo in parsed:  # validate every config before the first long run
         config.load(cfg_path, [*overrides, *algo], data_dir)
-    rows, curves = [], {}
     for label, algo in parsed:
-        summaries, acc = [], []
         for seed in seeds:
-            run_dir = out / f"{label}-seed{seed}"
             cfg = config.load(cfg_path, [*overrides, *algo, f"run.seed={seed}"], data_dir)
-            summaries.append(run_or_reuse(cfg, run_dir, data_dir, progress))
+            run_or_reuse(cfg, out / f"{label}-seed{seed}", data_dir, progress)
+    found = finished_runs(out)  # the table lists every finished run here, of this call or an earlier one
+    order = [label for label, _ in parsed] + [label for label in found if label not in dict(parsed)]
+    rows, curves = [], {}
+    for label in order:
+        summaries, acc = [], []
+        for run_dir in found.get(label, []):
+            summaries.append(finished_summary(run_dir))
             metrics = [r for r in report.read_jsonl(run_dir / "metrics.jsonl") if r.get("accuracy") is not None]
             acc.append(([r["round"] for r in metrics], [r["accuracy"] for r in metrics]))
         curves[label] = acc
-        row: dict[str, Any] = {"algorithm": label, "seeds": len(seeds)}
+        row: dict[str, Any] = {"algorithm": label, "seeds": len(summaries)}
         for col in COLUMNS:
             vals = [s[col] for s in summaries if s.get(col) is not None]
             row[f"{col}_mean"] = float(np.mean(vals)) if vals else None
