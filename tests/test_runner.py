@@ -115,3 +115,17 @@ def test_clients_csv_holds_each_clients_accuracy_and_the_summary_its_spread(tmp_
     assert sum(a * n for a, n in zip(glob, samples)) / sum(samples) == pytest.approx(summary["global_accuracy"], abs=1e-9)
     assert summary["worst_client_accuracy"] == min(accs)
     assert min(accs) <= summary["accuracy_p10"] <= sorted(accs)[2]
+
+
+def test_ctrl_c_names_the_directory_to_resume(tmp_path):
+    out = tmp_path / "r"
+    proc = subprocess.Popen([sys.executable, "-m", "stocfl", "run", "--quiet", "--out", str(out), "--set",
+                             "run.rounds=100000"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    metrics = out / "metrics.jsonl"
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert f"continue with 'stocfl resume {out}'" in err, err

@@ -113,6 +113,7 @@ def _run(args) -> int:
     out = Path(args.out) if args.out else Path("runs") / (
         f"{cfg.scenario.name}-{cfg.scenario.dataset}-{cfg.algorithm['name']}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
+    args.run_dir = out  # for the message on Ctrl-C
     launch = engine_of(cfg.run.engine).launch
     if launch is not None:
         pin_data_dir(cfg)  # the engine's clients must find the same data
@@ -130,7 +131,7 @@ def _resume(args) -> int:
     from stocfl.executors import engine_of
     from stocfl.runner import Experiment, finished_summary
 
-    out = Path(args.dir)
+    out = args.run_dir = Path(args.dir)
     raw = read_config(out, args.data_dir)
     finished = finished_summary(out)
     if finished is not None and not args.overrides:
@@ -250,7 +251,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stocfl: error: {where}{err.strerror or err}; check the path and its permissions", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("stocfl: interrupted; the last finished round is checkpointed: continue with 'stocfl resume DIR'",
-              file=sys.stderr)
+        if args.command in ("compare", "reproduce"):
+            how = f"run the same 'stocfl {args.command}' command again: finished runs are reused, this one resumed"
+        else:
+            how = f"continue with 'stocfl resume {getattr(args, 'run_dir', None) or 'DIR'}'"
+        print(f"stocfl: interrupted; the last finished round is checkpointed: {how}", file=sys.stderr)
         return 130
     return 0
