@@ -308,21 +308,33 @@ def load(path: str | Path | None = None, overrides: list[str] = (), data_dir: st
     return validate(raw)
 
 
-def describe() -> str:
-    """Every key with its type, default and meaning (``stocfl config``)."""
-    from stocfl.algorithms import ALGORITHMS
+def _choices(f) -> str:
+    """The values a Literal field takes, as ' (one of: a, b)'; '' for other fields."""
+    from typing import get_args, get_origin
 
-    lines = []
+    ann = f.annotation
+    args = get_args(ann) if get_origin(ann) is Literal else ()  # a float or 'auto' says so in its text
+    return f" (one of: {', '.join(map(str, args))})" if args else ""
+
+
+def describe() -> str:
+    """Every key with its default and meaning, in aligned columns (``stocfl config``)."""
+    from stocfl.algorithms import ALGORITHMS
+    from stocfl.scenarios import SCENARIOS
+
+    entries: list[tuple[str, str, str] | str] = []
     for section, field in Config.model_fields.items():
         if section == "algorithm":
             continue
-        lines.append(f"[{section}]")
+        entries.append(f"[{section}]")
         for key, f in field.annotation.model_fields.items():
-            lines.append(f"  {key} = {f.default!r:<12} # {f.description}")
-    lines.append("[algorithm]")
-    lines.append(f"  name = 'fedavg'       # one of: {', '.join(ALGORITHMS)}")
+            extra = f"; now: {', '.join(SCENARIOS)}" if (section, key) == ("scenario", "name") else _choices(f)
+            entries.append((key, repr(f.default), f"{f.description}{extra}"))
+    entries.append("[algorithm]")
+    entries.append(("name", "'fedavg'", f"one of: {', '.join(ALGORITHMS)}"))
     for name, cls in ALGORITHMS.items():
         for key, f in cls.Params.model_fields.items():
-            key = f.alias or key
-            lines.append(f"  {key} = {f.default!r:<12} # ({name}) {f.description}")
-    return "\n".join(lines)
+            entries.append((f.alias or key, repr(f.default), f"({name}) {f.description}{_choices(f)}"))
+    kw = max(len(e[0]) for e in entries if isinstance(e, tuple))
+    vw = max(len(e[1]) for e in entries if isinstance(e, tuple))
+    return "\n".join(e if isinstance(e, str) else f"  {e[0]:<{kw}} = {e[1]:<{vw}}  # {e[2]}" for e in entries)
