@@ -57,8 +57,8 @@ def test_a_run_of_another_config_is_refused_the_same_reused_and_a_longer_one_ext
     first = run_or_reuse(cfg, tmp_path / "r", None, False)
     again = run_or_reuse(config.load(None, BASE), tmp_path / "r", None, False)
     assert again == first
-    with pytest.raises(UserError, match=r"holds a run of another config \(train.lr: 0.05 there, 0.1 asked\)"):
-        run_or_reuse(config.load(None, [*BASE, "train.lr=0.1"]), tmp_path / "r", None, False)
+    with pytest.raises(UserError, match=r"holds a run of another config \(train.lr: 0.1 there, 0.2 asked\)"):
+        run_or_reuse(config.load(None, [*BASE, "train.lr=0.2"]), tmp_path / "r", None, False)
     longer = config.load(None, [*BASE, "run.rounds=4"])
     assert run_or_reuse(longer, tmp_path / "r", None, False)["rounds_done"] == 4
     Experiment.create(longer, tmp_path / "whole").run(progress=False)
@@ -73,7 +73,7 @@ def test_resume_extends_a_finished_run_and_refuses_what_would_change_it(tmp_path
     assert main(["resume", "--quiet", str(d)]) == 0
     assert "has finished all 2 rounds; to run it further: stocfl resume" in capsys.readouterr().err
     assert len(_rows(d)) == 2
-    for bad, says in (("train.lr=0.1", "may change only run.rounds, run.eval_every"),
+    for bad, says in (("train.lr=0.2", "may change only run.rounds, run.eval_every"),
                       ("run.rounds=1", "has done 2 rounds already")):
         assert main(["resume", "--quiet", str(d), "--set", bad]) == 2
         err = capsys.readouterr().err

@@ -134,9 +134,9 @@ def _choice(value: str, names, what: str) -> str:
 
 
 class TrainConfig(Section):
-    epochs: int = Field(1, ge=1, le=MAX_EPOCHS, description="local epochs E")
+    epochs: int = Field(2, ge=1, le=MAX_EPOCHS, description="local epochs E")
     batch_size: int = Field(10, ge=0, le=MAX_COUNT, description="local batch size B; 0 = full batch")
-    lr: float = Field(0.05, gt=0, le=MAX_LR, description="local learning rate eta")
+    lr: float = Field(0.1, gt=0, le=MAX_LR, description="local learning rate eta")
     optimizer: Literal["sgd", "adam"] = Field(
         "sgd", description="local optimizer (torch.optim.SGD or Adam semantics), fresh state in every local training"
     )
