@@ -187,7 +187,7 @@ def _seeds(text: str) -> list[int]:
 
 
 def _reproduce(args) -> int:
-    from stocfl.reproduce import ROOT, listing, reproduce
+    from stocfl.reproduce import listing, reproduce, table_files
 
     if args.list:
         print(listing())
@@ -197,7 +197,7 @@ def _reproduce(args) -> int:
     seeds = _seeds(args.seeds) if args.seeds else None
     reproduce(args.table, seeds, args.quick, args.data_dir, Path(args.runs) if args.runs else None,
               progress=not args.quiet, log=lambda m: print(m, file=sys.stderr, flush=True), report_only=args.report)
-    md = ROOT / f"{args.table}{'-quick' if args.quick else ''}.md"
+    md, _ = table_files(args.table, args.quick)
     print(md.read_text(), end="")
     print(f"table: {md}")
     return 0

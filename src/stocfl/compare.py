@@ -46,10 +46,11 @@ def run_or_reuse(cfg: config.Config, out: Path, data_dir: str | None, progress: 
             changed = _differences(held.to_dict(), cfg.to_dict())
             raise UserError(f"{out} holds a run of another config ({changed}); remove it or choose another output "
                             f"directory")
+        same = config_digest(held) == config_digest(cfg)
         finished = finished_summary(out)
-        if finished is not None and config_digest(held) == config_digest(cfg):
+        if finished is not None and same:
             return finished
-        extend = [f"run.rounds={cfg.run.rounds}", f"run.eval_every={cfg.run.eval_every}"]  # more rounds asked
+        extend = [] if same else [f"run.rounds={cfg.run.rounds}", f"run.eval_every={cfg.run.eval_every}"]
         return Experiment.resume(out, data_dir, overrides=extend).run(progress=progress)
     return Experiment.create(cfg, out).run(progress=progress)
 
@@ -60,13 +61,15 @@ def _differences(held: dict[str, Any], asked: dict[str, Any]) -> str:
     return "; ".join(keys[:3]) + (f"; and {len(keys) - 3} more" if len(keys) > 3 else "")
 
 
-def finished_runs(out: Path) -> dict[str, list[Path]]:
-    """The finished runs of a comparison directory, by label (``LABEL-seedN`` directories)."""
-    found: dict[str, list[Path]] = {}
+def finished_runs(out: Path) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
+    """The finished runs of a comparison directory and their summaries, by label (``LABEL-seedN``
+    directories)."""
+    found: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
     for d in sorted(out.glob("*-seed*"), key=lambda p: p.name):
         m = re.fullmatch(r"(.+)-seed(\d+)", d.name)
-        if m and d.is_dir() and finished_summary(d) is not None:
-            found.setdefault(m.group(1), []).append(d)
+        summary = finished_summary(d) if m and d.is_dir() else None
+        if summary is not None:
+            found.setdefault(m.group(1), []).append((d, summary))
     return found
 
 
@@ -84,8 +87,8 @@ def compare(cfg_path, specs: list[str], seeds: list[int], out: Path, overrides: 
     rows, curves = [], {}
     for label in order:
         summaries, acc = [], []
-        for run_dir in found.get(label, []):
-            summaries.append(finished_summary(run_dir))
+        for run_dir, summary in found.get(label, []):
+            summaries.append(summary)
             metrics = [r for r in report.read_jsonl(run_dir / "metrics.jsonl") if r.get("accuracy") is not None]
             acc.append(([r["round"] for r in metrics], [r["accuracy"] for r in metrics]))
         curves[label] = acc

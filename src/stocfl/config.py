@@ -200,7 +200,7 @@ def _one_line(err: ValidationError, prefix: tuple = ()) -> str:
     got = e.get("input")
     if e["type"] == "value_error" and "error" in e.get("ctx", {}):
         msg = str(e["ctx"]["error"])
-        if repr(got) in msg or str(got) in msg:  # the validator's message names the value already
+        if isinstance(got, str) and repr(got) in msg:  # the validator's message names the value already
             return f"config: {key}: {msg.rstrip('.')}"
     else:
         msg = _house_style(e)
@@ -224,9 +224,6 @@ def _house_style(e: dict[str, Any]) -> str:
     base = kind.split("_")[0]
     if base in _EXPECTED and kind.endswith(("_type", "_parsing")):
         return f"expected {_EXPECTED[base]}"
-    if kind == "too_short" or kind == "too_long":
-        return f"expected {ctx.get('min_length', ctx.get('max_length'))} items" if ctx.get("min_length") == ctx.get(
-            "max_length") else e["msg"]
     return e["msg"]
 
 

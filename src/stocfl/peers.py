@@ -1,4 +1,4 @@
-"""``stocfl bench --peers``: the same FedAvg work on stocfl and on its peers, in one process run.
+"""``stocfl bench --peers``: the same FedAvg work on stocfl and on its peers, in one command.
 
 Systems, each as its users write it:
 

@@ -167,6 +167,12 @@ def _done_rounds(run_dir: Path) -> int:
         return 0
 
 
+def table_files(name: str, quick: bool = False, root: Path = ROOT) -> tuple[Path, Path]:
+    """Where table ``name`` is written: ``TABLE.md`` and ``TABLE.json`` (``TABLE-quick.*``)."""
+    stem = f"{name}-quick" if quick else name
+    return root / f"{stem}.md", root / f"{stem}.json"
+
+
 def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, data_dir: str | None = None,
               runs: Path | None = None, root: Path = ROOT, progress: bool = True,
               log: Callable[[str], None] = print, report_only: bool = False) -> dict[str, Any]:
@@ -180,7 +186,7 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
     configs = {(row.name, s): config.load(table.config, [*row.overrides, f"run.seed={s}", *extra], data_dir)
                for row in table.rows for s in seeds}  # every config checked before the first long run
     suffix = "-quick" if quick else ""
-    out_md, out_json = root / f"{name}{suffix}.md", root / f"{name}{suffix}.json"
+    out_md, out_json = table_files(name, quick, root)
     results: dict[str, list[dict[str, Any]]] = {}
     status: dict[str, str] = {}
     doc: dict[str, Any] = {}

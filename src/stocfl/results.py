@@ -79,10 +79,11 @@ def write_results(out: Path, summary: dict[str, Any], rows: list[dict[str, Any]]
                   ) -> None:
     """summary.json, clusters.csv, clients.csv, heldout.csv (if any), accuracy.png and the
     algorithm's figures."""
-    report.write_csv(out / "clients.csv", client_rows(algorithm.cluster_labels(), fed.groups, last_eval, last_global))
+    labels = algorithm.cluster_labels()
+    report.write_csv(out / "clients.csv", client_rows(labels, fed.groups, last_eval, last_global))
     if heldout:
         report.write_csv(out / "heldout.csv", heldout)
-    report.write_csv(out / "clusters.csv", report.cluster_table(algorithm.cluster_labels(), fed.groups, last_eval))
+    report.write_csv(out / "clusters.csv", report.cluster_table(labels, fed.groups, last_eval))
     title = f"{summary['scenario']} ({summary['dataset']})"
     algorithm.plots(out, fed.groups, title, seed)
     report.write_json(out / "summary.json", summary)

@@ -62,8 +62,10 @@ def local_sgd(model: FlatModel, x, y, w, epochs, batch_size, lr, seed, center=No
     for epoch in batch_plan(len(y), epochs, batch_size, seed):
         for idx in epoch or [None]:
             xb, yb = (x, y) if idx is None else (x[idx], y[idx])
+            flat = None
             if grad is not None:
-                gs = model.param_views(grad(params, xb, yb, n_classes))
+                flat = grad(params, xb, yb, n_classes)
+                gs = model.param_views(flat)
             else:
                 leaves = [v.detach().requires_grad_(True) for v in views]
                 buffers = model.split_buffers(w) if model.has_buffers else None
@@ -78,5 +80,5 @@ def local_sgd(model: FlatModel, x, y, w, epochs, batch_size, lr, seed, center=No
                 for v, g in zip(views, gs):
                     v.add_(g, alpha=-lr)
             else:
-                opt.step(params, torch.cat([g.reshape(-1) for g in gs]), state)
+                opt.step(params, flat if flat is not None else torch.cat([g.reshape(-1) for g in gs]), state)
     return w
