@@ -93,9 +93,10 @@ def test_replies_are_checked_before_aggregation():
         decode_result(Evaluate(3, W), Evaluated(0.5, 7.5, 10), 3)
 
 
-def test_flower_simulation_agrees_with_the_local_engine(tmp_path):
+def test_flower_simulation_agrees_with_the_local_engine(tmp_path, capfd, recwarn):
     """A 20-client StoCFL run through Flower's simulation engine (one SuperNode per client)
-    gives the same clusters and accuracies as the in-process engine."""
+    gives the same clusters and accuracies as the in-process engine, without Flower's
+    deprecation banner or Ray's warnings about a future default."""
     common = ["configs/default.toml", "--quiet", "--set", "scenario.n_clients=20", "--set", "run.rounds=4",
               "--set", "run.client_timeout=300.0",
               "--set", "run.sample_rate=0.3"]
@@ -113,6 +114,9 @@ def test_flower_simulation_agrees_with_the_local_engine(tmp_path):
             assert abs(a["accuracy"] - b["accuracy"]) <= 1e-4
             assert abs(a["global_accuracy"] - b["global_accuracy"]) <= 1e-4
     assert (tmp_path / "flower" / ".flwr").is_dir(), "FLWR_HOME must live in the run directory"
+    err = capfd.readouterr().err
+    assert "DEPRECATED FEATURE" not in err and "Manually terminating" not in err, err[-2000:]
+    assert not [w for w in recwarn if "Ray" in str(w.message)], [str(w.message) for w in recwarn]
 
 
 def test_certs_command_writes_a_ca_and_a_server_certificate_it_signed(tmp_path, capsys):

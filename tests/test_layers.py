@@ -14,12 +14,12 @@ ROOT = Path(stocfl.__file__).parent
 # lowest first; a module may import from its own layer and those below
 LAYERS = [
     {"errors", "bounds", "files", "state", "devices", "optim", "aggregation", "clustering", "checkpoint", "store", "report",
-     "plots", "tau"},
+     "plots", "tau", "scalars"},
     {"data", "models", "training", "lowrank", "scenarios", "tasks"},
     {"algorithms"},
     {"executors", "localbn", "flower.codec", "flower.loopback", "flower.certs"},
     {"config", "build", "results", "runner", "flower", "flower.engine"},
-    {"api", "newclients", "compare", "reproduce", "bench", "peers", "cli", "__main__", ""},
+    {"api", "newclients", "modelfiles", "compare", "reproduce", "bench", "peers", "cli", "__main__", ""},
 ]
 
 

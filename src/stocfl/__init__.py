@@ -17,6 +17,7 @@ from stocfl.config import Config
 from stocfl.data import Dataset, register_dataset
 from stocfl.errors import UserError
 from stocfl.executors import Engine, register_engine
+from stocfl.modelfiles import export_models, load_model
 from stocfl.models import register_model
 from stocfl.scenarios import Federation, register_scenario
 from stocfl.tasks import ClientData, register_task
@@ -25,5 +26,5 @@ import stocfl.flower  # noqa: E402,F401  (registers the flower-sim engine)
 __version__ = "0.1.0"
 
 __all__ = ["Algorithm", "ClientData", "Config", "Context", "Dataset", "Engine", "Federation", "Result", "UserError",
-           "as_config", "register_algorithm", "register_dataset", "register_engine", "register_model",
+           "as_config", "export_models", "load_model", "register_algorithm", "register_dataset", "register_engine", "register_model",
            "register_scenario", "register_task", "resume", "run", "__version__"]

@@ -38,10 +38,11 @@ class Result:
     metrics : list of dict
         One dict per round (as ``metrics.jsonl``).
     labels : np.ndarray of shape (N,)
-        The found cluster of every client (-1: never placed: held out, or never seen).
+        The found cluster of every client, numbered 0..K-1 as in clusters.csv (-1: never
+        placed: held out, or never seen).
     models : dict of str to state_dict
-        ``"global"`` and ``"cluster K"`` for every found cluster K, each a ``state_dict``
-        loadable into the run's ``nn.Module``.
+        ``"global"`` and ``"cluster K"`` for every found cluster K (numbered as ``labels``),
+        each a ``state_dict`` loadable into the run's ``nn.Module``.
     out : Path or None
         The results directory (None: the run kept everything in memory).
     """
@@ -114,6 +115,11 @@ def resume(out: str | Path, *, federation: Federation | None = None, model: torc
 
 def _result(exp, summary: dict[str, Any]) -> Result:
     alg, flat = exp.algorithm, exp.model
+    from stocfl.report import cluster_numbers
+
+    labels, found = alg.cluster_labels(), alg.cluster_models()
+    number = cluster_numbers(labels, found)  # as clusters.csv and stocfl export number them
     models = {"global": flat.state_dict(alg.global_model())}
-    models.update({f"cluster {k}": flat.state_dict(w) for k, w in sorted(alg.cluster_models().items())})
-    return Result(summary, [dict(r) for r in exp.rows], alg.cluster_labels(), models, exp.out)
+    models.update({f"cluster {number[k]}": flat.state_dict(found[k]) for k in sorted(found, key=number.get)})
+    labels = np.array([number.get(int(k), -1) for k in labels], dtype=np.int64)
+    return Result(summary, [dict(r) for r in exp.rows], labels, models, exp.out)

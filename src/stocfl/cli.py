@@ -1,4 +1,4 @@
-"""The ``stocfl`` command: run, resume, assign, compare, reproduce, config, certs, bench."""
+"""The ``stocfl`` command: run, resume, assign, export, compare, reproduce, config, certs, bench."""
 
 from __future__ import annotations
 
@@ -57,6 +57,14 @@ def _parser() -> argparse.ArgumentParser:
     new.add_argument("--clients", help="comma-separated client ids (default: all held-out / all new)")
     new.add_argument("--data-dir", type=_path, help="directory of the data sets")
     new.add_argument("--out", type=_path, help="CSV of the placements (default: DIR/new_clients.csv)")
+
+    exp = sub.add_parser("export", help="write a run's cluster and global models as state_dicts (safetensors)",
+                         description="Write each found cluster's model and the global model of a run, at its last "
+                         "checkpoint, as PyTorch state_dicts in safetensors, with models.json saying which is which. "
+                         "Load one with stocfl.load_model(DIR, cluster=N).")
+    exp.add_argument("dir", type=_path, help="results directory of the run")
+    exp.add_argument("--out", type=_path, help="directory of the model files (default: DIR/export)")
+    exp.add_argument("--data-dir", type=_path, help="directory of the data sets, if it moved")
 
     cmp_ = sub.add_parser("compare", help="several algorithms x seeds on one scenario: one table and one plot")
     cmp_.add_argument("config", nargs="?", type=_path, help="TOML config of the scenario, model and training")
@@ -168,6 +176,18 @@ def _assign(args) -> int:
     return 0
 
 
+def _export(args) -> int:
+    from stocfl.modelfiles import INDEX, export_models
+
+    out = export_models(args.dir, args.out, args.data_dir)
+    index = json.loads((out / INDEX).read_text())
+    for m in index["models"]:
+        who = "global model" if m["model"] == "global" else f"cluster {m['cluster']} ({m['members']} clients)"
+        print(f"{who}: {(out / m['file']).resolve()}")
+    print(f"index: {(out / INDEX).resolve()}")
+    return 0
+
+
 def _compare(args) -> int:
     from stocfl.compare import compare
 
@@ -223,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
             return _reproduce(args)
         if args.command == "assign":
             return _assign(args)
+        if args.command == "export":
+            return _export(args)
         if args.command == "config":
             from stocfl.config import describe
 

@@ -76,8 +76,7 @@ def finished_runs(out: Path) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
 def compare(cfg_path, specs: list[str], seeds: list[int], out: Path, overrides: list[str] = (),
             data_dir: str | None = None, progress: bool = True) -> list[dict[str, Any]]:
     parsed = [parse_spec(s) for s in specs]
-    for label, algo in parsed:  # validate every config before the first long run
-        config.load(cfg_path, [*overrides, *algo], data_dir)
+    checked = [config.load(cfg_path, [*overrides, *algo], data_dir) for _, algo in parsed]  # before any long run
     for label, algo in parsed:
         for seed in seeds:
             cfg = config.load(cfg_path, [*overrides, *algo, f"run.seed={seed}"], data_dir)
@@ -101,7 +100,7 @@ def compare(cfg_path, specs: list[str], seeds: list[int], out: Path, overrides: 
     out.mkdir(parents=True, exist_ok=True)
     report.write_csv(out / "compare.csv", rows)
     write_atomic(out / "compare.md", markdown(rows))
-    plot(curves, out / "compare.png")
+    plot(curves, out / "compare.png", setting(checked[0]) if checked else "")
     return rows
 
 
@@ -119,22 +118,37 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def plot(curves: dict[str, list], path: Path) -> None:
+def setting(cfg: config.Config) -> str:
+    """The comparison's scenario and setting, for the plot's title."""
+    s, r = cfg.scenario, cfg.run
+    return (f"{s.name} ({s.dataset}): {s.n_clients} clients, {100 * r.sample_rate:g}% per round, "
+            f"{cfg.train.epochs} local epochs, lr {cfg.train.lr:g}")
+
+
+def plot(curves: dict[str, list], path: Path, title: str = "") -> None:
+    """Mean accuracy per evaluated round of each algorithm (band: +- one std over seeds);
+    every evaluated round is marked, so that a curve of one or two points still shows."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for label, runs in curves.items():
+    fig, ax = plt.subplots(figsize=(8, 4.6))
+    for n, (label, runs) in enumerate(curves.items()):
+        if not runs:
+            continue
         rounds = runs[0][0]
         acc = np.array([r[1] for r in runs if r[0] == rounds])
-        ax.plot(rounds, acc.mean(0), label=label)
+        seeds = f" ({len(acc)} seeds)" if len(acc) > 1 else ""
+        ax.plot(rounds, acc.mean(0), marker="os^Dv<>pP*X"[n % 11], ms=4 if len(rounds) <= 40 else 0,
+                label=label + seeds)
         if len(acc) > 1:
             ax.fill_between(rounds, acc.mean(0) - acc.std(0), acc.mean(0) + acc.std(0), alpha=0.2)
-    ax.set(xlabel="round", ylabel="test accuracy (own model)", ylim=(0, 1))
+    ax.set(xlabel="round", ylabel="test accuracy (own model)", ylim=(0, 1), title=title)
+    report.integer_rounds(ax)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=min(4, max(1, len(curves))),
+              frameon=False)
     fig.tight_layout()
     save_figure(fig, path)
     plt.close(fig)

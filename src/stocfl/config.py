@@ -47,6 +47,10 @@ class RunConfig(Section):
     chunk_size: int = Field(
         0, ge=0, le=MAX_COUNT, description="clients per batched computation (batched engine); 0 = from a memory budget"
     )
+    tensorboard: bool = Field(
+        False, description="also write each round's figures as TensorBoard scalars into DIR/tensorboard (needs "
+        "pip install 'stocfl[tensorboard]')"
+    )
     sim_nodes: int = Field(
         0, ge=0, le=MAX_COUNT, description="flower-sim: simulated SuperNodes, node i serving clients i, i+k, i+2k, ... "
         "(one message per node and kind of task); 0 = one SuperNode per client"

@@ -15,7 +15,7 @@ from stocfl import config as config_mod
 from stocfl.errors import UserError
 from stocfl.executors import make_executor
 from stocfl.build import build_federation, checked, read_config
-from stocfl.results import cluster_majority, placement_rows, summarize_placements
+from stocfl.results import placement_rows, summarize_placements
 from stocfl.runner import Experiment
 from stocfl.tasks import Evaluate
 
@@ -58,6 +58,5 @@ def place_clients(run_dir: str | Path, overrides: list[str] = (), clients: list[
     run = checked(executor.run, fed)
     placed = exp.algorithm.place_new(list(chosen), run)
     results = run([Evaluate(p.client, p.weights) for p in placed])
-    majority = cluster_majority(exp.algorithm.cluster_labels(), exp.fed.groups)
-    rows = placement_rows(placed, results, fed.groups, majority)
+    rows = placement_rows(placed, results, fed.groups, exp.algorithm)
     return rows, summarize_placements(rows, exp.algorithm.placement)

@@ -49,7 +49,7 @@ def place_heldout(algorithm: Algorithm, fed: Federation, run) -> list[dict[str, 
         return placed, run([Evaluate(p.client, p.weights) for p in placed])
 
     _, (placed, res) = without_dropped(fed.heldout_clients, attempt)
-    return placement_rows(placed, res, fed.groups, cluster_majority(algorithm.cluster_labels(), fed.groups))
+    return placement_rows(placed, res, fed.groups, algorithm)
 
 
 def client_spread(last_eval: dict) -> dict[str, float | None]:
@@ -61,33 +61,65 @@ def client_spread(last_eval: dict) -> dict[str, float | None]:
     return {"accuracy_p10": float(np.percentile(accs, 10)), "worst_client_accuracy": float(min(accs))}
 
 
-def client_rows(labels: np.ndarray, groups: np.ndarray | None, last_eval: dict, last_global: dict
-                ) -> list[dict[str, Any]]:
-    """clients.csv: per evaluated client its found cluster, true group, test samples, and the
-    accuracy of the model it uses and of the global model."""
+def models_used(clients: list[int], models: list, algorithm: Algorithm) -> dict[int, str]:
+    """Which model each client was evaluated with, as clients.csv names it: ``cluster N``
+    (numbered as in clusters.csv), ``global``, ``initial`` (w_0) or ``own`` (a personal model).
+    A client not yet placed, or placed by loss at evaluation (IFCA), may use another cluster's
+    model than its found cluster."""
+    labels = algorithm.cluster_labels()
+    found = algorithm.cluster_models()
+    number = report.cluster_numbers(labels, found)
+    def key(w):  # the same memory: the same model, also where an algorithm hands out views of one tensor
+        return w.data_ptr(), w.numel()
+
+    by_memory = {}
+    for k, w in sorted(found.items(), key=lambda kw: number[kw[0]], reverse=True):
+        by_memory[key(w)] = f"cluster {number[k]}"  # the lowest number wins where clusters share a model
+    by_memory.setdefault(key(algorithm.ctx.init_weights), "initial")
+    gw = algorithm.global_model()
+    by_memory[key(gw)] = "global"
+    out = {}
+    for i, w in zip(clients, models):
+        own = found.get(int(labels[i]))
+        mine = own is not None and key(own) == key(w)
+        out[i] = f"cluster {number[int(labels[i])]}" if mine else by_memory.get(key(w), "own")
+    return out
+
+
+def client_rows(labels: np.ndarray, groups: np.ndarray | None, last_eval: dict, last_global: dict,
+                used: dict[int, str]) -> list[dict[str, Any]]:
+    """clients.csv: per evaluated client its found cluster (numbered as in clusters.csv), the
+    model it was evaluated with (:func:`models_used`), true group, test samples, and the
+    accuracy of that model and of the global model."""
+    number = report.cluster_numbers(labels)
     rows = []
     for i in sorted(last_eval):
         r, g = last_eval[i], last_global.get(i)
-        rows.append({"client": int(i), "cluster": int(labels[i]),
+        rows.append({"client": int(i), "cluster": number.get(int(labels[i]), -1), "model": used.get(i, ""),
                      "true_group": int(groups[i]) if groups is not None else "", "test_samples": r.n_samples,
                      "accuracy": r.accuracy, "global_accuracy": g.accuracy if g is not None else ""})
     return rows
 
 
 def write_results(out: Path, summary: dict[str, Any], rows: list[dict[str, Any]], algorithm: Algorithm,
-                  fed: Federation, last_eval: dict, heldout: list[dict[str, Any]], last_global: dict, seed: int
-                  ) -> None:
+                  fed: Federation, last_eval: dict, heldout: list[dict[str, Any]], last_global: dict,
+                  used: dict[int, str], seed: int) -> None:
     """summary.json, clusters.csv, clients.csv, heldout.csv (if any), accuracy.png and the
     algorithm's figures."""
     labels = algorithm.cluster_labels()
-    report.write_csv(out / "clients.csv", client_rows(labels, fed.groups, last_eval, last_global))
+    report.write_csv(out / "clients.csv", client_rows(labels, fed.groups, last_eval, last_global, used))
     if heldout:
         report.write_csv(out / "heldout.csv", heldout)
     report.write_csv(out / "clusters.csv", report.cluster_table(labels, fed.groups, last_eval))
     title = f"{summary['scenario']} ({summary['dataset']})"
     algorithm.plots(out, fed.groups, title, seed)
     report.write_json(out / "summary.json", summary)
-    report.plot_accuracy(rows, out / "accuracy.png", f"{summary['algorithm']} on {title}")
+    report.plot_accuracy(rows, out / "accuracy.png", f"{summary['algorithm']} on {title}", true_k(fed))
+
+
+def true_k(fed: Federation) -> int | None:
+    """The number of true groups among the participants, where the scenario has groups."""
+    return None if fed.groups is None else int(len(np.unique(fed.groups[fed.participants])))
 
 
 def cluster_majority(labels: np.ndarray, groups: np.ndarray | None) -> dict[int, int]:
@@ -97,12 +129,17 @@ def cluster_majority(labels: np.ndarray, groups: np.ndarray | None) -> dict[int,
     return {int(k): int(np.bincount(groups[labels == k]).argmax()) for k in np.unique(labels[labels >= 0])}
 
 
-def placement_rows(placed, results, groups, majority: dict[int, int]) -> list[dict[str, Any]]:
-    """One row per new client: cluster, cosine, would_open_new, accuracy, true group, and whether
-    the cluster is its true group's (``majority``: the majority true group of each cluster)."""
+def placement_rows(placed, results, groups, algorithm: Algorithm) -> list[dict[str, Any]]:
+    """One row per new client: cluster (numbered as in clusters.csv), cosine, would_open_new,
+    accuracy, true group, and whether the cluster is its true group's (the majority true group
+    of the cluster's members)."""
+    labels = algorithm.cluster_labels()
+    majority = cluster_majority(labels, groups)
+    number = report.cluster_numbers(labels, algorithm.cluster_models())
     rows = []
     for p, r in zip(placed, results):
-        row = {"client": p.client, "cluster": p.cluster, "cosine": p.similarity, "would_open_new": p.opened_new,
+        row = {"client": p.client, "cluster": number.get(p.cluster, p.cluster), "cosine": p.similarity,
+               "would_open_new": p.opened_new,
                "accuracy": r.accuracy, "correct": r.correct, "test_samples": r.n_samples}
         if groups is not None:
             row["true_group"] = int(groups[p.client])

@@ -34,7 +34,8 @@ from stocfl.errors import UserError
 from stocfl.executors import make_executor, set_threads
 from stocfl.files import write_atomic
 from stocfl.localbn import LocalBatchNorm
-from stocfl.results import client_spread, place_heldout, summarize, summarize_placements, write_results
+from stocfl.scalars import Scalars
+from stocfl.results import client_spread, models_used, place_heldout, summarize, summarize_placements, write_results
 from stocfl.scenarios import Federation
 from stocfl.state import StateError
 from stocfl.tasks import ClientsDropped, Evaluate, without_dropped
@@ -53,6 +54,8 @@ class Experiment:
     loss: Any = None  # given: a per-sample loss(logits, y) (the API); None: cross-entropy
 
     def __post_init__(self):
+        if self.cfg.run.tensorboard:
+            Scalars.check(self.out)
         self.threads = set_threads(self.cfg.run.threads)
         self.fed = self.federation if self.federation is not None else build_federation(self.cfg)
         self.model, w0, module = build_model(self.cfg, self.fed, self.module, self.loss)
@@ -234,9 +237,10 @@ class Experiment:
             models = self.algorithm.client_models(clients, self.run_tasks)
             res = self.run_tasks([Evaluate(i, w) for i, w in zip(clients, models)])
             gw = self.algorithm.global_model()
-            return res, res if all(w is gw for w in models) else self.run_tasks([Evaluate(i, gw) for i in clients])
+            gres = res if all(w is gw for w in models) else self.run_tasks([Evaluate(i, gw) for i in clients])
+            return res, gres, models_used(clients, models, self.algorithm)
 
-        clients, (res, gres) = without_dropped(self.fed.participants, attempt)
+        clients, (res, gres, self.last_used) = without_dropped(self.fed.participants, attempt)
         self.last_eval = dict(zip(clients, res))
         self.last_global = dict(zip(clients, gres))
         return {"accuracy": _pooled(res), "global_accuracy": _pooled(gres)}
@@ -249,11 +253,20 @@ class Experiment:
         r = self.cfg.run
         desc = f"{self.cfg.algorithm['name']} on {self.cfg.scenario.name}"
         lines = progress and not sys.stderr.isatty()  # nohup, SLURM, CI: one line per round, not a bar
+        scalars = Scalars(self.out, self.round + 1) if r.tensorboard else None
         bar = tqdm(total=r.rounds, initial=self.round, disable=True if lines or not progress else None, desc=desc,
                    unit="round")
+        try:
+            return self._loop(bar, scalars, lines, desc, stop_after)
+        finally:
+            bar.close()
+            if scalars is not None:
+                scalars.close()
+
+    def _loop(self, bar, scalars, lines: bool, desc: str, stop_after: int | None) -> dict[str, Any] | None:
+        r = self.cfg.run
         while self.round < r.rounds:
             if stop_after is not None and self.round >= stop_after:
-                bar.close()
                 return None
             t0 = time.perf_counter()
             t = self.round + 1
@@ -272,14 +285,13 @@ class Experiment:
             self.metrics_chain = metrics_chain([row], self.metrics_chain)
             self.round = t
             self.save_checkpoint()
+            if scalars is not None:
+                scalars.add(row)
             bar.update(1)
-            if row["accuracy"] is not None:
-                bar.set_postfix(acc=f"{row['accuracy']:.3f}", clusters=row["n_clusters"])
+            bar.set_postfix_str(round_line(row), refresh=False)
             if lines:
-                acc = "" if row["accuracy"] is None else f" accuracy {row['accuracy']:.4f}"
-                print(f"{desc}: round {t}/{r.rounds}{acc} clusters {row['n_clusters']} ({row['seconds']:.1f} s)",
-                      file=sys.stderr, flush=True)
-        bar.close()
+                print(f"{desc}: round {t}/{r.rounds} {round_line(row)} ({row['seconds']:.1f} s)", file=sys.stderr,
+                      flush=True)
         return self.finish()
 
     def finish(self) -> dict[str, Any]:
@@ -294,8 +306,20 @@ class Experiment:
             summary["heldout"] = summarize_placements(heldout, self.algorithm.placement)
         if self.out is not None:
             write_results(self.out, summary, self.rows, self.algorithm, self.fed, self.last_eval, heldout,
-                          self.last_global, self.cfg.run.seed)
+                          self.last_global, self.last_used, self.cfg.run.seed)
         return summary
+
+
+def round_line(row: dict[str, Any]) -> str:
+    """A round's figures as the log shows them: accuracy when evaluated, clusters, and ARI with
+    the share of participants it is computed over (4 clients placed of 400 can score ARI 1.0)."""
+    parts = [] if row.get("accuracy") is None else [f"accuracy {row['accuracy']:.4f}"]
+    parts.append(f"clusters {row['n_clusters']}")
+    if row.get("ari") is not None:
+        parts.append(f"ARI {row['ari']:.4f}")
+    if row.get("coverage") is not None:
+        parts.append(f"placed {row['placed']} ({100 * row['coverage']:.1f}%)")
+    return " ".join(parts)
 
 
 def finished_summary(out: Path) -> dict[str, Any] | None:
@@ -311,8 +335,9 @@ def finished_summary(out: Path) -> dict[str, Any] | None:
     return summary if summary.get("rounds_done") == summary.get("rounds") == rounds == meta.get("round") else None
 
 
-# Keys a resumed run may change: they change nothing computed in the rounds already done.
-EXTENDABLE = ("run.rounds", "run.eval_every")
+# Keys a resumed run may change: they change nothing computed in the rounds already done (and
+# leave the checkpoint's core digest as it was before they existed).
+EXTENDABLE = ("run.rounds", "run.eval_every", "run.tensorboard")
 
 
 def config_digest(cfg: Config, core: bool = False) -> str:

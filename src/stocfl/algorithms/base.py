@@ -206,9 +206,12 @@ class Algorithm:
         reps = self.representations()
         if reps is None:
             return
-        from stocfl import plots
+        from stocfl import plots, report
 
         ids, rows = reps
         g = groups[ids] if groups is not None else None
+        labels = self.cluster_labels()
+        number = report.cluster_numbers(labels)
         plots.similarity_matrix(rows, g, out / "similarity.png", f"cosine of client representations, {title}")
-        plots.embedding(rows, self.cluster_labels()[ids], g, out / "embedding.png", title, seed)
+        plots.embedding(rows, np.array([number.get(int(k), -1) for k in labels[ids]]), g, out / "embedding.png",
+                        title, seed)

@@ -32,6 +32,35 @@ POLL_SECONDS = 0.5  # longest pause between pulls (Grid.send_and_receive waits 3
 log = logging.getLogger(__name__)
 
 
+class KnownNoise(logging.Filter):
+    """Drops the lines Flower prints on every simulated run that say nothing about this run.
+
+    ``run_simulation`` is deprecated in favour of ``flwr run``, which starts the ServerApp in a
+    process of its own: that cannot host our in-process driver (the runner, with a federation
+    or model given in Python), so flower-sim keeps ``run_simulation`` and drops its banner;
+    Ray's actors log "Manually terminating ClientAppActor" each at shutdown, which is the
+    normal end. Every other Flower line passes."""
+
+    DROPPED = ("The `run_simulation` function is deprecated", "Manually terminating")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not any(d in text for d in self.DROPPED)
+
+
+def quiet_known_noise() -> None:
+    """Install :class:`KnownNoise` on Flower's logger (once per process: the driver and each
+    Ray actor) and drop Ray's FutureWarning about accelerator variables, which concerns a
+    future default and is printed on every ``ray.init``."""
+    import warnings
+
+    flwr_log = logging.getLogger("flwr")
+    if not any(isinstance(f, KnownNoise) for f in flwr_log.filters):
+        flwr_log.addFilter(KnownNoise())
+    warnings.filterwarnings("ignore", message="Tip: In future versions of Ray, Ray will no longer override",
+                            category=FutureWarning)
+
+
 class FlowerExecutor:
     """Runs client tasks as Flower messages to the nodes that serve the clients: one message per
     node and kind of task (StoCFL's two train tasks of a client travel together, as do the
@@ -199,6 +228,7 @@ def client_app(raw_config: dict[str, Any] | Callable[[Context], dict[str, Any]])
 
     def local(context: Context):
         if "executor" not in state:
+            quiet_known_noise()
             from stocfl import config as config_mod
             from stocfl.executors import SequentialExecutor, set_threads
             from stocfl.build import build_federation, build_model
@@ -308,6 +338,7 @@ def simulate(raw_config: dict[str, Any], out: Path, make_experiment: Callable[[F
     goes inside the run directory, never the user's home."""
     from flwr.simulation import run_simulation
 
+    quiet_known_noise()
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("FLWR_HOME", str((out / ".flwr").resolve()))
     result: dict[str, Any] = {"progress": progress}
