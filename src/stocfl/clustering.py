@@ -1,7 +1,11 @@
 """Stochastic client clustering (StoCFL, Zeng et al. 2023, section 3.2 and Algorithm 1).
 
-The server keeps, per cluster, the SUM of its members' representations Psi (float64) and their
-count: never one full vector per client. Cosine is scale-free, so the sum stands for the mean.
+The server keeps, per cluster, the SUM of its members' representations Psi and their count:
+never one full vector per client. Cosine is scale-free, so the sum stands for the mean. A
+singleton's sum is its Psi as received (float32, not copied: with the paper's Psi of a
+1.6M-parameter model, 480 newcomers of a round are 3 GB so and 6 GB as float64 copies); every
+sum of two or more is float64, and every computation on sums is done in float64, so the numbers
+are those of float64 sums throughout.
 
 The rule (``merge_greedy``): newly sampled clients join as singletons; then, while the most
 similar pair of clusters has a cosine above tau, that pair is merged and its centroid
@@ -53,7 +57,8 @@ class ClusterSet:
     labels_ : np.ndarray of shape (N,)
         Cluster id of every client, -1 for clients not seen yet.
     sums_, counts_ : dict[int, Tensor], dict[int, int]
-        Per cluster: sum of members' Psi (float64) and number of members.
+        Per cluster: sum of members' Psi (float64; a singleton's Psi as given) and number of
+        members.
     merged_at : float or None
         The tau of the last ``merge_greedy`` call (every pair is at or below it + EPS).
     """
@@ -77,7 +82,7 @@ class ClusterSet:
         return len(self.sums_)
 
     def unit(self, cid: int) -> torch.Tensor:
-        s = self.sums_[cid]
+        s = self.sums_[cid].double()
         n = s.norm()
         return s / n if n > 0 else s
 
@@ -89,20 +94,21 @@ class ClusterSet:
             return torch.zeros(0, 0, dtype=torch.float64)
         out = torch.empty((len(ids), self.sums_[ids[0]].numel()), dtype=torch.float64)
         for k, c in enumerate(ids):
-            s = self.sums_[c]
+            s = self.sums_[c].double()
             n = s.norm()
             torch.div(s, n, out=out[k]) if n > 0 else out[k].copy_(s)
         return out
 
     def add(self, client: int, psi: torch.Tensor) -> int:
-        """Client ``client`` joins as a new singleton cluster; returns its id."""
+        """Client ``client`` joins as a new singleton cluster; returns its id. ``psi`` is kept
+        as given (no copy) and never modified: the caller must not modify it either."""
         if not valid_representation(psi):
             raise ValueError("a representation must be a finite, non-zero vector")
         if self.labels_[client] >= 0:
             raise ValueError(f"client {client} is already in cluster {self.labels_[client]}")
         cid = self.next_id
         self.next_id += 1
-        self.sums_[cid] = psi.detach().to(torch.float64, copy=True)
+        self.sums_[cid] = psi.detach()
         self.counts_[cid] = 1
         self.members_[cid] = [client]
         self.labels_[client] = cid
@@ -127,7 +133,7 @@ class ClusterSet:
         return float((u.sum(0).pow(2).sum() - (u * u).sum()) / 2)
 
     def _fold(self, keep: int, gone: int) -> None:
-        self.sums_[keep] += self.sums_.pop(gone)
+        self.sums_[keep] = self.sums_[keep].double() + self.sums_.pop(gone).double()  # a new tensor: Psi stays as given
         self.counts_[keep] += self.counts_.pop(gone)
         moved = self.members_.pop(gone)
         self.labels_[moved] = keep
@@ -136,7 +142,7 @@ class ClusterSet:
     def leave_out_cosine(self, a: int, b: int, fraction: float) -> float:
         """The cosine of clusters ``a`` and ``b`` with their most influential members left out
         (see the module docstring); needs ``keep_vectors``."""
-        sums = (self.sums_[a], self.sums_[b])
+        sums = (self.sums_[a].double(), self.sums_[b].double())
         members = (self.members_[a], self.members_[b])
         r = max(1, int(fraction * (len(members[0]) + len(members[1]))))
         ranked = []  # (cosine without the member, client, side)
@@ -213,7 +219,7 @@ class ClusterSet:
     # ---- state ---------------------------------------------------------------------------
     def state(self) -> tuple[dict[str, torch.Tensor], dict]:
         ids = self.ids
-        tensors = {"cluster_sums": torch.stack([self.sums_[c] for c in ids])} if ids else {}
+        tensors = {"cluster_sums": torch.stack([self.sums_[c].double() for c in ids])} if ids else {}
         clients = sorted(self.vectors_)
         if clients:
             dtype = torch.float64 if any(v.dtype == torch.float64 for v in self.vectors_.values()) else torch.float32
@@ -309,12 +315,13 @@ class _Rows:
         kr = int(self.slot_row[ks]) if self.slot_row[ks] >= 0 else self._add_row(ks)
         live = torch.nonzero(self.row_slot[: self.n_rows] >= 0).squeeze(1)
         # the merged cluster's row, and its column in every dirty row
-        row = u @ u[ks]
+        dots = u @ u[ks]
+        row = dots.clone()
         row[self.dead] = -np.inf
         row[ks] = -np.inf
         self.sims[kr] = row
         slots = self.row_slot[live]
-        col = u[slots] @ u[ks]
+        col = dots[slots]  # not u[slots] @ u[ks]: that copies every dirty row of u (1 GB for 80 of the paper's Psi)
         col[slots == ks] = -np.inf
         self.sims[live, ks] = col
         self.sims[live, gs] = -np.inf

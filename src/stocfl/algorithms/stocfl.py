@@ -186,7 +186,7 @@ class StoCFL(Algorithm):
 
         ids = self.clusters.ids
         if len(ids) >= AUTO_TAU_MIN:
-            self.tau = suggest_tau(torch.stack([self.clusters.sums_[c] for c in ids]))
+            self.tau = suggest_tau(torch.stack([self.clusters.sums_[c].double() for c in ids]))
             self.tau_note = f"suggested from {len(ids)} representations"
         else:
             self.tau_note = f"waiting: {len(ids)} of {AUTO_TAU_MIN} representations, no merges yet"
