@@ -97,6 +97,7 @@ def test_a_table_is_written_with_the_papers_numbers_and_reused_on_a_second_call(
     assert json.loads((root / "tiny.json").read_text()) == doc
     md = (root / "tiny.md").read_text()
     assert "| StoCFL | 60.00 +- 2.00 |" in md and "two rounds on digits" in md
+    assert (root / "tiny.png").stat().st_size > 10_000  # the accuracy curves beside the table
     runs = sorted(p.name for p in (root / "runs" / "tiny").iterdir())
     assert runs == ["fedavg-seed0", "stocfl-seed0"]
     stamp = (root / "runs" / "tiny" / "fedavg-seed0" / "metrics.jsonl").stat().st_mtime_ns

@@ -217,7 +217,7 @@ def _reproduce(args) -> int:
     seeds = _seeds(args.seeds) if args.seeds else None
     reproduce(args.table, seeds, args.quick, args.data_dir, Path(args.runs) if args.runs else None,
               progress=not args.quiet, log=lambda m: print(m, file=sys.stderr, flush=True), report_only=args.report)
-    md, _ = table_files(args.table, args.quick)
+    md, _, _ = table_files(args.table, args.quick)
     print(md.read_text(), end="")
     print(f"table: {md}")
     return 0

@@ -167,10 +167,48 @@ def _done_rounds(run_dir: Path) -> int:
         return 0
 
 
-def table_files(name: str, quick: bool = False, root: Path = ROOT) -> tuple[Path, Path]:
-    """Where table ``name`` is written: ``TABLE.md`` and ``TABLE.json`` (``TABLE-quick.*``)."""
+def table_files(name: str, quick: bool = False, root: Path = ROOT) -> tuple[Path, Path, Path]:
+    """Where table ``name`` is written: ``TABLE.md``, ``TABLE.json`` and the accuracy curves
+    ``TABLE.png`` (``TABLE-quick.*``)."""
     stem = f"{name}-quick" if quick else name
-    return root / f"{stem}.md", root / f"{stem}.json"
+    return root / f"{stem}.md", root / f"{stem}.json", root / f"{stem}.png"
+
+
+def plot_curves(table: Table, finished: dict[str, list[Path]], path: Path) -> None:
+    """Accuracy per evaluated round of every row's finished runs (mean over seeds), each with
+    the paper's number marked at its last round in the same colour (StoCFL paper, Fig. 5)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from stocfl import report
+    from stocfl.files import save_figure
+
+    fig, ax = plt.subplots(figsize=(8.5, 4.8))
+    for n, row in enumerate(table.rows):
+        curves = []
+        for run_dir in finished.get(row.name, []):
+            ev = [r for r in report.read_jsonl(run_dir / "metrics.jsonl") if r.get("accuracy") is not None]
+            curves.append(([r["round"] for r in ev], [100 * r["accuracy"] for r in ev]))
+        curves = [c for c in curves if c[0] == curves[0][0]] if curves else []
+        if not curves:
+            continue
+        rounds, acc = curves[0][0], np.mean([c[1] for c in curves], axis=0)
+        colour = f"C{n % 10}"
+        ax.plot(rounds, acc, color=colour, marker="os^Dv<>pPX"[n % 10], ms=4, mfc="none", label=f"{row.name} ({len(curves)} seed"
+                f"{'s' if len(curves) > 1 else ''})")
+        if row.paper:
+            ax.plot([rounds[-1]], [row.paper[0]], color=colour, marker="*", ms=11, ls="", mec="k", mew=0.5)
+    ax.plot([], [], "k*", ms=9, ls="", label="the paper's number")
+    ax.set(xlabel="round", ylabel="test accuracy (%), own model", title=table.title, ylim=(0, 100))
+    ax.title.set_fontsize(9)
+    report.integer_rounds(ax)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
 
 
 def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, data_dir: str | None = None,
@@ -186,7 +224,8 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
     configs = {(row.name, s): config.load(table.config, [*row.overrides, f"run.seed={s}", *extra], data_dir)
                for row in table.rows for s in seeds}  # every config checked before the first long run
     suffix = "-quick" if quick else ""
-    out_md, out_json = table_files(name, quick, root)
+    out_md, out_json, out_png = table_files(name, quick, root)
+    finished: dict[str, list[Path]] = {}
     results: dict[str, list[dict[str, Any]]] = {}
     status: dict[str, str] = {}
     doc: dict[str, Any] = {}
@@ -212,6 +251,8 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
                 write_atomic(held, json.dumps({"authors_metric": theirs}) + "\n")
             results.setdefault(row.name, []).append({**{k: summary[k] for k in (
                 "accuracy", "global_accuracy", "n_clusters", "ari", "seconds", "seed")}, "authors_metric": theirs})
+            finished.setdefault(row.name, []).append(run_dir)
+            plot_curves(table, finished, out_png)
         if not status[row.name].startswith(("stopped", "not run")):
             status[row.name] = "done"
         doc = write_table(table, results, status, seeds, quick, out_md, out_json)
