@@ -96,7 +96,7 @@ def test_config_listing_documents_every_key(capsys):
             for key in model.annotation.model_fields:
                 assert re.search(rf"^  {key} +=", out, re.M), key
     assert re.search(r"^  mu += 0.01 ", out, re.M)
-
+    assert re.search(r"^  tensorboard += false ", out, re.M) and re.search(r'^  engine += "auto" ', out, re.M)  # TOML
 
 def test_run_dependent_errors_are_one_line_exit_2(tmp_path, capsys):
     """Errors that only show once the run's data and sampling are known: one line, exit

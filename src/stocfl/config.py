@@ -318,6 +318,15 @@ def _choices(f) -> str:
     return f" (one of: {', '.join(map(str, args))})" if args else ""
 
 
+def _toml(value) -> str:
+    """A default as it is written in a TOML config (true, "auto", 0.01)."""
+    import json
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
 def describe() -> str:
     """Every key with its default and meaning, in aligned columns (``stocfl config``)."""
     from stocfl.algorithms import ALGORITHMS
@@ -330,12 +339,12 @@ def describe() -> str:
         entries.append(f"[{section}]")
         for key, f in field.annotation.model_fields.items():
             extra = f"; now: {', '.join(SCENARIOS)}" if (section, key) == ("scenario", "name") else _choices(f)
-            entries.append((key, repr(f.default), f"{f.description}{extra}"))
+            entries.append((key, _toml(f.default), f"{f.description}{extra}"))
     entries.append("[algorithm]")
-    entries.append(("name", "'fedavg'", f"one of: {', '.join(ALGORITHMS)}"))
+    entries.append(("name", '"fedavg"', f"one of: {', '.join(ALGORITHMS)}"))
     for name, cls in ALGORITHMS.items():
         for key, f in cls.Params.model_fields.items():
-            entries.append((f.alias or key, repr(f.default), f"({name}) {f.description}{_choices(f)}"))
+            entries.append((f.alias or key, _toml(f.default), f"({name}) {f.description}{_choices(f)}"))
     kw = max(len(e[0]) for e in entries if isinstance(e, tuple))
     vw = max(len(e[1]) for e in entries if isinstance(e, tuple))
     return "\n".join(e if isinstance(e, str) else f"  {e[0]:<{kw}} = {e[1]:<{vw}}  # {e[2]}" for e in entries)
