@@ -177,3 +177,18 @@ def test_tensorboard_without_a_results_directory_is_refused_in_one_line():
 
     with pytest.raises(UserError, match="run.tensorboard = true writes into the results directory"):
         Experiment.create(config.load(overrides=["run.tensorboard=true"]), None)
+
+
+def test_a_config_key_added_later_leaves_an_older_runs_digest_as_it_was():
+    """Checkpoints from before the core digest store a digest of the whole config; a key added
+    since (run.tensorboard) must not make them unreadable while it is at its default."""
+    import hashlib
+
+    from stocfl.runner import config_digest
+
+    cfg = config.load()
+    d = cfg.to_dict()
+    d["scenario"].pop("data_dir")
+    d["run"].pop("tensorboard")
+    assert config_digest(cfg) == hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+    assert config_digest(config.load(overrides=["run.tensorboard=true"])) != config_digest(cfg)

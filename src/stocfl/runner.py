@@ -340,11 +340,20 @@ def finished_summary(out: Path) -> dict[str, Any] | None:
 EXTENDABLE = ("run.rounds", "run.eval_every", "run.tensorboard")
 
 
+# Keys added after checkpoints began to store a digest of the whole config, with the default
+# that reproduces the behaviour before them.
+ADDED_KEYS = {"run.tensorboard": False}
+
+
 def config_digest(cfg: Config, core: bool = False) -> str:
     """SHA-256 of the resolved config, the data directory left out (data may move); ``core``:
     the keys in :data:`EXTENDABLE` left out as well."""
     d = cfg.to_dict()
     d["scenario"] = {k: v for k, v in d["scenario"].items() if k != "data_dir"}
+    for key, default in ADDED_KEYS.items():  # at its default, a newer key leaves an older run's digest as it was
+        section, name = key.split(".")
+        if d[section].get(name) == default:
+            d[section].pop(name)
     if core:
         d["run"] = {k: v for k, v in d["run"].items() if f"run.{k}" not in EXTENDABLE}
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
