@@ -5,6 +5,7 @@ the numbers of a run in one go, and the tables carry the paper's numbers beside 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -96,7 +97,7 @@ def test_a_table_is_written_with_the_papers_numbers_and_reused_on_a_second_call(
     assert fedavg["difference"] == pytest.approx(fedavg["ours"]["mean"] - 50.0, abs=0.011)
     assert json.loads((root / "tiny.json").read_text()) == doc
     md = (root / "tiny.md").read_text()
-    assert "| StoCFL | 60.00 +- 2.00 |" in md and "two rounds on digits" in md
+    assert "| StoCFL | accuracy | 60.00 +- 2.00 |" in md and "two rounds on digits" in md
     assert (root / "tiny.png").stat().st_size > 10_000  # the accuracy curves beside the table
     runs = sorted(p.name for p in (root / "runs" / "tiny").iterdir())
     assert runs == ["fedavg-seed0", "stocfl-seed0"]
@@ -151,3 +152,54 @@ def test_the_compare_table_lists_every_finished_run_in_its_directory(tmp_path):
     assert [(r["algorithm"], r["seeds"]) for r in rows] == [("stocfl", 2), ("fedavg", 1)]
     md = (tmp_path / "compare.md").read_text()
     assert "| stocfl | 2 |" in md and "| fedavg | 1 |" in md
+
+
+SWEEP = """
+title = "clusters against tau"
+source = "a test"
+config = "configs/tiny.toml"
+metric = "n_clusters"
+sweep = "algorithm.tau"
+
+[[run]]
+name = "low"
+set = ["algorithm.name=stocfl", "algorithm.tau=-0.9"]
+paper = [1, 0]
+
+[[run]]
+name = "high"
+set = ["algorithm.name=stocfl", "algorithm.tau=0.99"]
+
+[[run]]
+name = "global"
+set = ["algorithm.name=stocfl", "algorithm.tau=0.5"]
+metric = "global_accuracy"
+"""
+
+
+def test_a_sweep_table_compares_the_measure_it_names(tmp_path):
+    root = tiny_root(tmp_path)
+    (root / "sweep.toml").write_text(SWEEP)
+    doc = reproduce("sweep", root=root, progress=False, log=lambda m: None)
+    low, high, glob = doc["rows"]
+    assert (low["metric"], high["metric"], glob["metric"]) == ("n_clusters", "n_clusters", "global_accuracy")
+    # clusters are counted, not scaled to percent; tau = -0.9 merges every pair it meets
+    assert low["ours"]["mean"] == low["clusters"][0] == 1 and low["difference"] == 0.0
+    assert high["ours"]["mean"] == high["clusters"][0] > 1 and high["paper"] is None
+    summary = json.loads((root / "runs" / "sweep" / "global-seed0" / "summary.json").read_text())
+    assert glob["ours"]["mean"] == round(100 * summary["global_accuracy"], 2)
+    assert glob["authors_metric"] == {} and low["authors_metric"] == {}  # the authors' metric is of accuracy
+    assert "| low | n_clusters | 1.00 +- 0.00 | 1.00 +- 0.00 (n=1) | +0.00 |" in (root / "sweep.md").read_text()
+    assert (root / "sweep.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("bad, says", [
+    ('metric = "loss"', "row 'low' has metric 'loss'; use one of accuracy, global_accuracy, n_clusters, ari"),
+    ('sweep = "algorithm.lambda"', "row 'low' does not set algorithm.lambda, the key the table sweeps"),
+])
+def test_a_table_with_an_unknown_measure_or_an_unswept_row_gets_one_line(tmp_path, bad, says):
+    root = tiny_root(tmp_path)
+    text = SWEEP.replace('metric = "n_clusters"\nsweep = "algorithm.tau"', bad)
+    (root / "sweep.toml").write_text(text)
+    with pytest.raises(UserError, match=re.escape(says)):
+        load_table("sweep", root)

@@ -3,7 +3,10 @@ numbers beside ours.
 
 A table is a TOML file in ``reproductions/`` (``TABLE.toml``): a title, the paper it comes
 from, a config in ``configs/``, notes on where our setting differs, and one ``[[run]]`` per
-row (``name``, ``set`` overrides, the paper's ``[mean, std]``). Every (row, seed) is an
+row (``name``, ``set`` overrides, the paper's ``[mean, std]``). A row compares one measure of
+its runs with the paper's number (``metric``: the table's, else accuracy); a table that sweeps
+one parameter (``sweep = "algorithm.tau"``) is drawn against it (StoCFL Fig. 8), one whose
+rows count clusters is drawn per round with the clustering objective (Fig. 3). Every (row, seed) is an
 ordinary run directory under ``reproductions/runs/TABLE/``, so a stopped reproduction goes on
 where it stopped: finished runs are read, stopped ones resumed, and a directory that holds a
 run of another config is refused. ``TABLE.md`` and ``TABLE.json`` are rewritten after every
@@ -15,6 +18,7 @@ from __future__ import annotations
 import json
 import platform
 import re
+import textwrap
 import time
 import tomllib
 from dataclasses import dataclass
@@ -32,13 +36,18 @@ from stocfl.runner import Experiment, finished_summary
 
 ROOT = Path(__file__).resolve().parents[2] / "reproductions"  # the repository's tables
 MAX_DISTINCT_MODELS = 64  # the authors' metric evaluates each distinct model on a whole pool
+# measure -> (what it is, factor to the table's unit); the summary key is the measure's name
+METRICS = {"accuracy": ("test accuracy (%), own model", 100.0), "global_accuracy": ("global model's accuracy (%)", 100.0),
+           "n_clusters": ("clusters found", 1.0), "ari": ("ARI against the true groups", 1.0)}
 
 
 @dataclass(frozen=True)
 class Row:
     name: str
     overrides: tuple[str, ...]
-    paper: tuple[float, float] | None  # the paper's mean and std, percent
+    paper: tuple[float, float] | None  # the paper's mean and std, in the metric's unit
+    metric: str = "accuracy"
+    series: str = ""  # a sweep table's line this row belongs to
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,7 @@ class Table:
     quick: tuple[str, ...]
     notes: tuple[str, ...]
     rows: tuple[Row, ...]
+    sweep: str | None = None  # the config key the rows vary, drawn on the x axis
 
 
 def tables(root: Path = ROOT) -> dict[str, Path]:
@@ -65,17 +75,36 @@ def load_table(name: str, root: Path = ROOT) -> Table:
     path = found[name]
     try:
         raw = tomllib.loads(path.read_text())
+        metric = str(raw.get("metric", "accuracy"))
         rows = tuple(Row(str(r["name"]), tuple(str(s) for s in r.get("set", [])),
-                         tuple(float(v) for v in r["paper"]) if r.get("paper") else None) for r in raw["run"])
+                         tuple(float(v) for v in r["paper"]) if r.get("paper") else None,
+                         str(r.get("metric", metric)), str(r.get("series", ""))) for r in raw["run"])
         table = Table(name, str(raw["title"]), str(raw["source"]), root.parent / raw["config"],
                       tuple(int(s) for s in raw.get("seeds", [0])), tuple(raw.get("quick", [])),
-                      tuple(raw.get("notes", [])), rows)
+                      tuple(raw.get("notes", [])), rows, str(raw["sweep"]) if raw.get("sweep") else None)
     except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as err:
         raise UserError(f"{path}: not a reproduction table ({type(err).__name__}: {err}); it needs title, source, "
                         f"config and [[run]] entries with name, set and paper") from None
     if len({r.name for r in rows}) != len(rows):
         raise UserError(f"{path}: two [[run]] entries share a name; give each row its own")
+    for r in rows:
+        if r.metric not in METRICS:
+            raise UserError(f"{path}: row {r.name!r} has metric {r.metric!r}; use one of {', '.join(METRICS)}")
+        if table.sweep and sweep_value(r, table.sweep) is None:
+            raise UserError(f"{path}: row {r.name!r} does not set {table.sweep}, the key the table sweeps; add "
+                            f"\"{table.sweep}=VALUE\" to its set")
     return table
+
+
+def sweep_value(row: Row, key: str) -> float | None:
+    for s in row.overrides:
+        k, _, v = s.partition("=")
+        if k.strip() == key:
+            try:
+                return float(v)
+            except ValueError:
+                return None
+    return None
 
 
 def slug(name: str) -> str:
@@ -112,8 +141,8 @@ def authors_metric(exp: Experiment) -> float | None:
     return total / len(clients)
 
 
-def _stats(values: list[float]) -> dict[str, Any]:
-    return {"mean": round(100 * float(np.mean(values)), 2), "std": round(100 * float(np.std(values)), 2),
+def _stats(values: list[float], scale: float = 100.0) -> dict[str, Any]:
+    return {"mean": round(scale * float(np.mean(values)), 2), "std": round(scale * float(np.std(values)), 2),
             "n": len(values)} if values else {}
 
 
@@ -127,9 +156,10 @@ def write_table(table: Table, results: dict[str, list[dict[str, Any]]], status: 
     rows = []
     for row in table.rows:
         runs = results.get(row.name, [])
-        ours = _stats([r["accuracy"] for r in runs])
-        theirs = _stats([r["authors_metric"] for r in runs if r.get("authors_metric") is not None])
-        entry = {"name": row.name, "paper": {"mean": row.paper[0], "std": row.paper[1]} if row.paper else None,
+        ours = _stats([r[row.metric] for r in runs if r.get(row.metric) is not None], METRICS[row.metric][1])
+        theirs = _stats([r["authors_metric"] for r in runs if r.get("authors_metric") is not None]) \
+            if row.metric == "accuracy" else {}
+        entry = {"name": row.name, "metric": row.metric, "paper": {"mean": row.paper[0], "std": row.paper[1]} if row.paper else None,
                  "ours": ours, "authors_metric": theirs, "status": status.get(row.name, "not run"),
                  "difference": round(ours["mean"] - row.paper[0], 2) if ours and row.paper else None,
                  "clusters": [r["n_clusters"] for r in runs], "ari": [r["ari"] for r in runs],
@@ -145,16 +175,18 @@ def write_table(table: Table, results: dict[str, list[dict[str, Any]]], status: 
     write_atomic(out_json, json.dumps(doc, indent=2) + "\n")
     lines = [f"# {table.title}", "", f"Source: {table.source}.", "",
              f"Command: `{command}` (config `{doc['config']}`), {doc['machine']}, {doc['date']}.", "",
-             "| method | paper | ours: accuracy | difference | ours: authors' metric | clusters | ARI | "
-             "wall time (s) | status |", "|---|---|---|---|---|---|---|---|---|"]
+             "| method | measure | paper | ours | difference | ours: authors' metric | clusters | ARI | "
+             "wall time (s) | status |", "|---|---|---|---|---|---|---|---|---|---|"]
     for e in rows:
         paper = f"{e['paper']['mean']:.2f} +- {e['paper']['std']:.2f}" if e["paper"] else "-"
         diff = f"{e['difference']:+.2f}" if e["difference"] is not None else "-"
-        lines.append(f"| {e['name']} | {paper} | {_cell(e['ours'])} | {diff} | {_cell(e['authors_metric'])} | "
+        lines.append(f"| {e['name']} | {e['metric']} | {paper} | {_cell(e['ours'])} | {diff} | "
+                     f"{_cell(e['authors_metric'])} | "
                      f"{', '.join(map(str, e['clusters'])) or '-'} | "
                      f"{', '.join(f'{a:.3f}' for a in e['ari'] if a is not None) or '-'} | "
                      f"{', '.join(f'{s:.0f}' for s in e['seconds']) or '-'} | {e['status']} |")
-    lines += ["", "Accuracies in percent, mean +- std over seeds (n = seeds finished).", "", "Notes:", ""]
+    lines += ["", "Accuracies in percent; every figure is the mean +- std over seeds (n = seeds finished).", "",
+              "Notes:", ""]
     lines += [f"- {n}" for n in doc["notes"]]
     write_atomic(out_md, "\n".join(lines) + "\n")
     return doc
@@ -174,9 +206,31 @@ def table_files(name: str, quick: bool = False, root: Path = ROOT) -> tuple[Path
     return root / f"{stem}.md", root / f"{stem}.json", root / f"{stem}.png"
 
 
+def _panels(table: Table) -> list[str]:
+    """The measures drawn, one panel each: accuracies share one; a table that counts clusters
+    adds the clustering objective (StoCFL Fig. 3 b)."""
+    panels: list[str] = []
+    for row in table.rows:
+        kind = "accuracy" if METRICS[row.metric][1] == 100.0 else row.metric
+        if kind not in panels:
+            panels.append(kind)
+    if "n_clusters" in panels and not table.sweep:
+        panels.append("objective")
+    return panels
+
+
+def _series(run_dir: Path, key: str) -> tuple[list[int], list[float]]:
+    from stocfl import report
+
+    rows = [r for r in report.read_jsonl(run_dir / "metrics.jsonl") if r.get(key) is not None]
+    return [r["round"] for r in rows], [float(r[key]) for r in rows]
+
+
 def plot_curves(table: Table, finished: dict[str, list[Path]], path: Path) -> None:
-    """Accuracy per evaluated round of every row's finished runs (mean over seeds), each with
-    the paper's number marked at its last round in the same colour (StoCFL paper, Fig. 5)."""
+    """Each row's measure per round, mean over its finished seeds, with the paper's number
+    starred in the same colour at the last round (StoCFL Fig. 5; clusters and the clustering
+    objective per round, Fig. 3 b); a sweep table draws the final measure against the swept
+    value instead (Fig. 8: tau against the clusters found)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -185,27 +239,57 @@ def plot_curves(table: Table, finished: dict[str, list[Path]], path: Path) -> No
     from stocfl import report
     from stocfl.files import save_figure
 
-    fig, ax = plt.subplots(figsize=(8.5, 4.8))
-    for n, row in enumerate(table.rows):
-        curves = []
-        for run_dir in finished.get(row.name, []):
-            ev = [r for r in report.read_jsonl(run_dir / "metrics.jsonl") if r.get("accuracy") is not None]
-            curves.append(([r["round"] for r in ev], [100 * r["accuracy"] for r in ev]))
-        curves = [c for c in curves if c[0] == curves[0][0]] if curves else []
-        if not curves:
-            continue
-        rounds, acc = curves[0][0], np.mean([c[1] for c in curves], axis=0)
-        colour = f"C{n % 10}"
-        ax.plot(rounds, acc, color=colour, marker="os^Dv<>pPX"[n % 10], ms=4, mfc="none", label=f"{row.name} ({len(curves)} seed"
-                f"{'s' if len(curves) > 1 else ''})")
-        if row.paper:
-            ax.plot([rounds[-1]], [row.paper[0]], color=colour, marker="*", ms=11, ls="", mec="k", mew=0.5)
-    ax.plot([], [], "k*", ms=9, ls="", label="the paper's number")
-    ax.set(xlabel="round", ylabel="test accuracy (%), own model", title=table.title, ylim=(0, 100))
-    ax.title.set_fontsize(9)
-    report.integer_rounds(ax)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    panels = _panels(table)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8.5, 1.0 + 3.8 * len(panels)), squeeze=False)
+    ylabels = {**{k: v[0] for k, v in METRICS.items()}, "accuracy": "test accuracy (%)",
+               "objective": "clustering objective (Eq. 2)"}
+    for ax, panel in zip(axes[:, 0], panels):
+        points: dict[str, list[tuple[float, float, float | None]]] = {}
+        for n, row in enumerate(table.rows):
+            kind = "accuracy" if METRICS[row.metric][1] == 100.0 else row.metric
+            if panel not in (kind, "objective") or (panel == "objective" and kind != "n_clusters"):
+                continue
+            key = row.metric if panel != "objective" else "objective"
+            scale = METRICS[row.metric][1] if panel != "objective" else 1.0
+            curves = [_series(d, key) for d in finished.get(row.name, [])]
+            curves = [c for c in curves if c[0] and c[0] == curves[0][0]]
+            if not curves:
+                continue
+            rounds, values = curves[0][0], scale * np.mean([c[1] for c in curves], axis=0)
+            paper = row.paper[0] if row.paper and panel != "objective" else None
+            if table.sweep:
+                series = row.series or ", ".join(o for o in row.overrides if o.partition("=")[0].strip() != table.sweep)
+                points.setdefault(series or "ours", []).append((sweep_value(row, table.sweep), float(values[-1]), paper))
+                continue
+            colour = f"C{n % 10}"
+            ax.plot(rounds, values, color=colour, marker="os^Dv<>pPX"[n % 10], ms=4, mfc="none",
+                    markevery=max(1, len(rounds) // 25),
+                    label=f"{row.name} ({len(curves)} seed{'s' if len(curves) > 1 else ''})")
+            if paper is not None:
+                ax.plot([rounds[-1]], [paper], color=colour, marker="*", ms=11, ls="", mec="k", mew=0.5)
+        for n, (series, pts) in enumerate(points.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "os^Dv"[n % 5] + "-", color=f"C{n % 10}", mfc="none",
+                    label=f"ours, final round: {series}")
+        paper_pts = sorted({(p[0], p[2]) for pts in points.values() for p in pts if p[2] is not None})
+        if paper_pts:
+            ax.plot([p[0] for p in paper_pts], [p[1] for p in paper_pts], "k*", ms=11, ls="",
+                    label="the paper's number")
+        if not table.sweep and panel != "objective":
+            ax.plot([], [], "k*", ms=9, ls="", label="the paper's number")
+        ax.set(xlabel=table.sweep if table.sweep else "round", ylabel=ylabels[panel])
+        if panel == "accuracy":
+            ax.set_ylim(0, 100)
+        if panel == "n_clusters":
+            ax.yaxis.get_major_locator().set_params(integer=True)
+        if not table.sweep:
+            report.integer_rounds(ax)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0] and table.sweep:
+            ax.legend(fontsize=8, loc="best")
+        elif ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    axes[0, 0].set_title(textwrap.fill(table.title, 90), fontsize=9)
     fig.tight_layout()
     save_figure(fig, path)
     plt.close(fig)
