@@ -17,6 +17,14 @@ def test_defaults_validate_and_resolve():
     assert config.load(overrides=["algorithm.name=fedprox"]).to_dict()["algorithm"] == {"name": "fedprox", "mu": 0.01}
 
 
+def test_an_algorithm_parameter_set_before_the_name_is_kept_and_the_files_are_dropped(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('[algorithm]\nname = "ifca"\nn_models = 4\n')
+    for order in (["algorithm.tau=-0.9", "algorithm.name=stocfl"], ["algorithm.name=stocfl", "algorithm.tau=-0.9"]):
+        algo = config.load(f, order).to_dict()["algorithm"]
+        assert algo["name"] == "stocfl" and algo["tau"] == -0.9 and "n_models" not in algo
+
+
 def test_overrides_are_typed():
     cfg = config.load(overrides=["run.rounds=5", "train.lr=0.5", "scenario.name=shifted"])
     assert (cfg.run.rounds, cfg.train.lr, cfg.scenario.name) == (5, 0.5, "shifted")

@@ -172,7 +172,7 @@ set = ["algorithm.name=stocfl", "algorithm.tau=0.99"]
 
 [[run]]
 name = "global"
-set = ["algorithm.name=stocfl", "algorithm.tau=0.5"]
+set = ["algorithm.tau=-0.9", "algorithm.name=stocfl"]
 metric = "global_accuracy"
 """
 
@@ -186,7 +186,9 @@ def test_a_sweep_table_compares_the_measure_it_names(tmp_path):
     # clusters are counted, not scaled to percent; tau = -0.9 merges every pair it meets
     assert low["ours"]["mean"] == low["clusters"][0] == 1 and low["difference"] == 0.0
     assert high["ours"]["mean"] == high["clusters"][0] > 1 and high["paper"] is None
-    summary = json.loads((root / "runs" / "sweep" / "global-seed0" / "summary.json").read_text())
+    # a row of another row's config reads that row's run: no second run of the same config
+    assert sorted(p.name for p in (root / "runs" / "sweep").iterdir()) == ["high-seed0", "low-seed0"]
+    summary = json.loads((root / "runs" / "sweep" / "low-seed0" / "summary.json").read_text())
     assert glob["ours"]["mean"] == round(100 * summary["global_accuracy"], 2)
     assert glob["authors_metric"] == {} and low["authors_metric"] == {}  # the authors' metric is of accuracy
     assert "| low | n_clusters | 1.00 +- 0.00 | 1.00 +- 0.00 (n=1) | +0.00 |" in (root / "sweep.md").read_text()

@@ -294,10 +294,13 @@ def load(path: str | Path | None = None, overrides: list[str] = (), data_dir: st
             raise UserError(f"config file {p}: not valid TOML ({err}); fix the syntax") from None
         except UnicodeDecodeError:
             raise UserError(f"config file {p}: not UTF-8 text; pass a TOML file") from None
+    given: dict[str, Any] = {}  # algorithm parameters the overrides set, in any order with the name
     for item in overrides:
         parts, value = parse_override(item)
         if parts == ["algorithm", "name"] and raw.get("algorithm", {}).get("name", "fedavg") != value:
-            raw["algorithm"] = {}  # another algorithm: the file's parameters were for the old one
+            raw["algorithm"] = dict(given)  # another algorithm: the file's parameters were for the old one
+        elif parts[0] == "algorithm" and len(parts) == 2:
+            given[parts[1]] = value
         node = raw
         for part in parts[:-1]:
             node = node.setdefault(part, {})

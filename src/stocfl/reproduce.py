@@ -313,11 +313,13 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
     results: dict[str, list[dict[str, Any]]] = {}
     status: dict[str, str] = {}
     doc: dict[str, Any] = {}
+    shared: dict[tuple[str, ...], str] = {}  # rows of one config share its runs (a table's Global column)
     for row in table.rows:
+        stem = shared.setdefault(tuple(sorted(row.overrides)), slug(row.name))
         for s in seeds:
             status[row.name] = f"running seed {s}"
             doc = write_table(table, results, status, seeds, quick, out_md, out_json)
-            run_dir = runs / f"{slug(row.name)}-seed{s}{suffix}"
+            run_dir = runs / f"{stem}-seed{s}{suffix}"
             if report_only:
                 summary = finished_summary(run_dir)
                 if summary is None:
