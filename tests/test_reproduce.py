@@ -196,7 +196,7 @@ def test_a_sweep_table_compares_the_measure_it_names(tmp_path):
 
 
 @pytest.mark.parametrize("bad, says", [
-    ('metric = "loss"', "row 'low' has metric 'loss'; use one of accuracy, global_accuracy, n_clusters, ari"),
+    ('metric = "loss"', "row 'low' has metric 'loss'; use one of accuracy, global_accuracy, heldout_accuracy, n_clusters, ari"),
     ('sweep = "algorithm.lambda"', "row 'low' does not set algorithm.lambda, the key the table sweeps"),
 ])
 def test_a_table_with_an_unknown_measure_or_an_unswept_row_gets_one_line(tmp_path, bad, says):
@@ -205,3 +205,14 @@ def test_a_table_with_an_unknown_measure_or_an_unswept_row_gets_one_line(tmp_pat
     (root / "sweep.toml").write_text(text)
     with pytest.raises(UserError, match=re.escape(says)):
         load_table("sweep", root)
+
+
+def test_a_row_can_read_the_held_out_clients_of_its_run(tmp_path):
+    root = tiny_root(tmp_path)
+    (root / "unseen.toml").write_text(TABLE.replace('set = ["algorithm.name=stocfl"]\npaper = [60.0, 2.0]',
+                                                    'set = ["scenario.holdout=0.5", "algorithm.name=fedavg"]\n'
+                                                    'metric = "heldout_accuracy"\npaper = [60.0, 2.0]'))
+    doc = reproduce("unseen", root=root, progress=False, log=lambda m: None)
+    summary = json.loads((root / "runs" / "unseen" / "stocfl-seed0" / "summary.json").read_text())
+    assert summary["heldout"]["clients"] == 4  # one of each group's two
+    assert doc["rows"][1]["ours"]["mean"] == round(100 * summary["heldout"]["accuracy"], 2)

@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[2] / "reproductions"  # the repository's
 MAX_DISTINCT_MODELS = 64  # the authors' metric evaluates each distinct model on a whole pool
 # measure -> (what it is, factor to the table's unit); the summary key is the measure's name
 METRICS = {"accuracy": ("test accuracy (%), own model", 100.0), "global_accuracy": ("global model's accuracy (%)", 100.0),
+           "heldout_accuracy": ("held-out clients' accuracy (%), placed after training", 100.0),
            "n_clusters": ("clusters found", 1.0), "ari": ("ARI against the true groups", 1.0)}
 
 
@@ -336,7 +337,8 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
                 theirs = authors_metric(Experiment.open(run_dir, data_dir))
                 write_atomic(held, json.dumps({"authors_metric": theirs}) + "\n")
             results.setdefault(row.name, []).append({**{k: summary[k] for k in (
-                "accuracy", "global_accuracy", "n_clusters", "ari", "seconds", "seed")}, "authors_metric": theirs})
+                "accuracy", "global_accuracy", "n_clusters", "ari", "seconds", "seed")}, "authors_metric": theirs,
+                "heldout_accuracy": summary.get("heldout", {}).get("accuracy")})
             finished.setdefault(row.name, []).append(run_dir)
             plot_curves(table, finished, out_png)
         if not status[row.name].startswith(("stopped", "not run")):
