@@ -54,10 +54,10 @@ class ClientStore:
 
     def write(self, rows: dict[int, torch.Tensor]) -> None:
         ids = sorted(rows)
-        if self.undo_path is not None:
-            old = torch.from_numpy(np.array(self.rows[ids])) if ids else torch.zeros(0, self.p)
-            checkpoint.save(self.undo_path, {"rows": old}, {
-                "version": self.version + 1, "ids": ids, "had": [bool(self.has[i]) for i in ids]})
+        if self.undo_path is not None:  # only rows that held a model need undoing: the others are unset at the checkpoint
+            had = [i for i in ids if self.has[i]]
+            old = torch.from_numpy(np.array(self.rows[had])) if had else torch.zeros(0, self.p)
+            checkpoint.save(self.undo_path, {"rows": old}, {"version": self.version + 1, "ids": had})
         for i in ids:
             row = rows[i].numpy()
             self.rows[i] = row
@@ -111,4 +111,4 @@ class ClientStore:
 
 def _crc(row: np.ndarray) -> int:
     """CRC-32 of one row's float32 bytes."""
-    return zlib.crc32(np.ascontiguousarray(row, dtype=np.float32).tobytes())
+    return zlib.crc32(memoryview(np.ascontiguousarray(row, dtype=np.float32)).cast("B"))
