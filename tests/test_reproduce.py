@@ -216,3 +216,26 @@ def test_a_row_can_read_the_held_out_clients_of_its_run(tmp_path):
     summary = json.loads((root / "runs" / "unseen" / "stocfl-seed0" / "summary.json").read_text())
     assert summary["heldout"]["clients"] == 4  # one of each group's two
     assert doc["rows"][1]["ours"]["mean"] == round(100 * summary["heldout"]["accuracy"], 2)
+
+
+def test_a_row_can_read_its_measure_at_a_round_and_says_when_that_round_was_not_evaluated(tmp_path):
+    root = tiny_root(tmp_path)
+    (root / "rounds.toml").write_text(TABLE.replace('set = ["algorithm.name=fedavg"]\npaper = [50.0, 1.0]',
+                                                    'set = ["algorithm.name=fedavg", "run.eval_every=1"]\n'
+                                                    'round = 1\npaper = [50.0, 1.0]')
+                                      + '\n[[run]]\nname = "FedAvg, last"\nset = ["run.eval_every=1", '
+                                        '"algorithm.name=fedavg"]\npaper = [55.0, 1.0]\n')
+    doc = reproduce("rounds", root=root, progress=False, log=lambda m: None)
+    assert sorted(p.name for p in (root / "runs" / "rounds").iterdir()) == ["fedavg-seed0", "stocfl-seed0"]
+    rows = [json.loads(line) for line in (root / "runs" / "rounds" / "fedavg-seed0" / "metrics.jsonl").read_text().splitlines()]
+    first, last = doc["rows"][0], doc["rows"][2]
+    assert first["metric"] == "accuracy at round 1" and first["authors_metric"] == {}
+    assert first["ours"]["mean"] == round(100 * rows[0]["accuracy"], 2)
+    assert last["ours"]["mean"] == round(100 * rows[1]["accuracy"], 2) and last["metric"] == "accuracy"
+    assert "| FedAvg | accuracy at round 1 | 50.00 +- 1.00 |" in (root / "rounds.md").read_text()
+    (root / "late.toml").write_text(TABLE.replace('set = ["algorithm.name=fedavg"]\npaper = [50.0, 1.0]',
+                                                  'set = ["algorithm.name=fedavg", "run.eval_every=2"]\n'
+                                                  'round = 1\npaper = [50.0, 1.0]'))
+    with pytest.raises(UserError, match=r"row 'FedAvg' reads accuracy at round 1, where .* did not evaluate; "
+                                        r"add \"run.eval_every=1\" to the row's set"):
+        reproduce("late", root=root, progress=False, log=lambda m: None)

@@ -4,7 +4,8 @@ numbers beside ours.
 A table is a TOML file in ``reproductions/`` (``TABLE.toml``): a title, the paper it comes
 from, a config in ``configs/``, notes on where our setting differs, and one ``[[run]]`` per
 row (``name``, ``set`` overrides, the paper's ``[mean, std]``). A row compares one measure of
-its runs with the paper's number (``metric``: the table's, else accuracy); a table that sweeps
+its runs with the paper's number (``metric``: the table's, else accuracy; at the last round,
+or at ``round``: FL+HC's "post cluster" columns); a table that sweeps
 one parameter (``sweep = "algorithm.tau"``) is drawn against it (StoCFL Fig. 8), one whose
 rows count clusters is drawn per round with the clustering objective (Fig. 3). Every (row, seed) is an
 ordinary run directory under ``reproductions/runs/TABLE/``, so a stopped reproduction goes on
@@ -49,6 +50,11 @@ class Row:
     paper: tuple[float, float] | None  # the paper's mean and std, in the metric's unit
     metric: str = "accuracy"
     series: str = ""  # a sweep table's line this row belongs to
+    at_round: int | None = None  # read the measure at this round, not the last (FL+HC: "post cluster")
+
+    @property
+    def measure(self) -> str:
+        return self.metric if self.at_round is None else f"{self.metric} at round {self.at_round}"
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,8 @@ def load_table(name: str, root: Path = ROOT) -> Table:
         metric = str(raw.get("metric", "accuracy"))
         rows = tuple(Row(str(r["name"]), tuple(str(s) for s in r.get("set", [])),
                          tuple(float(v) for v in r["paper"]) if r.get("paper") else None,
-                         str(r.get("metric", metric)), str(r.get("series", ""))) for r in raw["run"])
+                         str(r.get("metric", metric)), str(r.get("series", "")),
+                         int(r["round"]) if r.get("round") is not None else None) for r in raw["run"])
         table = Table(name, str(raw["title"]), str(raw["source"]), root.parent / raw["config"],
                       tuple(int(s) for s in raw.get("seeds", [0])), tuple(raw.get("quick", [])),
                       tuple(raw.get("notes", [])), rows, str(raw["sweep"]) if raw.get("sweep") else None)
@@ -91,6 +98,8 @@ def load_table(name: str, root: Path = ROOT) -> Table:
     for r in rows:
         if r.metric not in METRICS:
             raise UserError(f"{path}: row {r.name!r} has metric {r.metric!r}; use one of {', '.join(METRICS)}")
+        if r.at_round is not None and r.at_round < 1:
+            raise UserError(f"{path}: row {r.name!r} reads round {r.at_round}; rounds count from 1")
         if table.sweep and sweep_value(r, table.sweep) is None:
             raise UserError(f"{path}: row {r.name!r} does not set {table.sweep}, the key the table sweeps; add "
                             f"\"{table.sweep}=VALUE\" to its set")
@@ -160,7 +169,7 @@ def write_table(table: Table, results: dict[str, list[dict[str, Any]]], status: 
         ours = _stats([r[row.metric] for r in runs if r.get(row.metric) is not None], METRICS[row.metric][1])
         theirs = _stats([r["authors_metric"] for r in runs if r.get("authors_metric") is not None]) \
             if row.metric == "accuracy" else {}
-        entry = {"name": row.name, "metric": row.metric, "paper": {"mean": row.paper[0], "std": row.paper[1]} if row.paper else None,
+        entry = {"name": row.name, "metric": row.measure, "paper": {"mean": row.paper[0], "std": row.paper[1]} if row.paper else None,
                  "ours": ours, "authors_metric": theirs, "status": status.get(row.name, "not run"),
                  "difference": round(ours["mean"] - row.paper[0], 2) if ours and row.paper else None,
                  "clusters": [r["n_clusters"] for r in runs], "ari": [r["ari"] for r in runs],
@@ -246,6 +255,7 @@ def plot_curves(table: Table, finished: dict[str, list[Path]], path: Path) -> No
                "objective": "clustering objective (Eq. 2)"}
     for ax, panel in zip(axes[:, 0], panels):
         points: dict[str, list[tuple[float, float, float | None]]] = {}
+        drawn: dict[tuple[str, ...], str] = {}  # a run's curve is drawn once; rows reading it at a round add a star
         for n, row in enumerate(table.rows):
             kind = "accuracy" if METRICS[row.metric][1] == 100.0 else row.metric
             if panel not in (kind, "objective") or (panel == "objective" and kind != "n_clusters"):
@@ -262,12 +272,17 @@ def plot_curves(table: Table, finished: dict[str, list[Path]], path: Path) -> No
                 series = row.series or ", ".join(o for o in row.overrides if o.partition("=")[0].strip() != table.sweep)
                 points.setdefault(series or "ours", []).append((sweep_value(row, table.sweep), float(values[-1]), paper))
                 continue
-            colour = f"C{n % 10}"
+            run_key = tuple(sorted(row.overrides))
+            if run_key in drawn and row.at_round is not None:
+                if paper is not None:
+                    ax.plot([row.at_round], [paper], color=drawn[run_key], marker="*", ms=11, ls="", mec="k", mew=0.5)
+                continue
+            colour = drawn.setdefault(run_key, f"C{n % 10}")
             ax.plot(rounds, values, color=colour, marker="os^Dv<>pPX"[n % 10], ms=4, mfc="none",
                     markevery=max(1, len(rounds) // 25),
                     label=f"{row.name} ({len(curves)} seed{'s' if len(curves) > 1 else ''})")
             if paper is not None:
-                ax.plot([rounds[-1]], [paper], color=colour, marker="*", ms=11, ls="", mec="k", mew=0.5)
+                ax.plot([row.at_round or rounds[-1]], [paper], color=colour, marker="*", ms=11, ls="", mec="k", mew=0.5)
         for n, (series, pts) in enumerate(points.items()):
             pts.sort()
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "os^Dv"[n % 5] + "-", color=f"C{n % 10}", mfc="none",
@@ -336,15 +351,29 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
             else:
                 theirs = authors_metric(Experiment.open(run_dir, data_dir))
                 write_atomic(held, json.dumps({"authors_metric": theirs}) + "\n")
-            results.setdefault(row.name, []).append({**{k: summary[k] for k in (
-                "accuracy", "global_accuracy", "n_clusters", "ari", "seconds", "seed")}, "authors_metric": theirs,
-                "heldout_accuracy": summary.get("heldout", {}).get("accuracy")})
+            result = {**{k: summary[k] for k in ("accuracy", "global_accuracy", "n_clusters", "ari", "seconds", "seed")},
+                      "authors_metric": theirs, "heldout_accuracy": summary.get("heldout", {}).get("accuracy")}
+            if row.at_round is not None:
+                result.update(authors_metric=None, **{row.metric: _at_round(run_dir, row)})
+            results.setdefault(row.name, []).append(result)
             finished.setdefault(row.name, []).append(run_dir)
             plot_curves(table, finished, out_png)
         if not status[row.name].startswith(("stopped", "not run")):
             status[row.name] = "done"
         doc = write_table(table, results, status, seeds, quick, out_md, out_json)
     return doc
+
+
+def _at_round(run_dir: Path, row: Row) -> float | None:
+    from stocfl import report
+
+    for r in report.read_jsonl(run_dir / "metrics.jsonl"):
+        if r["round"] == row.at_round:
+            if r.get(row.metric) is None:
+                raise UserError(f"reproduce: row {row.name!r} reads {row.metric} at round {row.at_round}, where "
+                                f"{run_dir} did not evaluate; add \"run.eval_every=1\" to the row's set")
+            return r[row.metric]
+    raise UserError(f"reproduce: row {row.name!r} reads round {row.at_round}; {run_dir} has no such round")
 
 
 def listing(root: Path = ROOT) -> str:
