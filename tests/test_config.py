@@ -163,4 +163,4 @@ def test_stocfl_config_aligns_its_columns_and_lists_the_choices(capsys):
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
     assert len({line.index(" = ") for line in lines}) == 1 and len({line.index("  # ") for line in lines}) == 1
     text = "\n".join(lines)
-    assert "one of: gradient, update" in text and "one of: init, linear" in text and "label_swap, hybrid" in text
+    assert "one of: gradient, update" in text and "one of: init, linear" in text and "label_swap, permuted_labels, hybrid" in text

@@ -4,10 +4,10 @@ import torch
 
 from stocfl.data import load_dataset
 from stocfl.errors import UserError
-from stocfl.scenarios import LABEL_GROUPS, SHIFTS, SWAPS, build
+from stocfl.scenarios import LABEL_GROUPS, PERMUTATIONS, SHIFTS, SWAPS, build
 
 DIGITS = load_dataset("digits")
-GROUPED = {"iid": 1, "pathological": 4, "rotated": 4, "shifted": 4, "label_swap": 4, "hybrid": 2,
+GROUPED = {"iid": 1, "pathological": 4, "rotated": 4, "shifted": 4, "label_swap": 4, "permuted_labels": 4, "hybrid": 2,
            "rotated_pathological": 8}
 
 
@@ -37,6 +37,15 @@ def test_group_transformations_are_the_papers():
             key = tuple(x.flatten().tolist())
             if key in first:
                 assert int(y) == (first[key] + SHIFTS[sh.groups[i]]) % 10
+    perm = build("permuted_labels", DIGITS, 4, 300, seed=0)
+    for i in range(4):
+        p = PERMUTATIONS[perm.groups[i]]
+        assert sorted(p) == list(range(10))
+        for x, y in zip(*perm.train_data(i)):
+            key = tuple(x.flatten().tolist())
+            if key in first:
+                assert int(y) == p[first[key]]
+    assert len(set(PERMUTATIONS)) == 4
     sw = build("label_swap", DIGITS, 4, 100)
     a, b = SWAPS[sw.groups[2]]
     assert set(sw.train_data(2)[1].tolist()) == set(range(10))

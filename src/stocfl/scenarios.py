@@ -14,6 +14,7 @@ pathological           labels {0,1,2}, {3,4}, {5,6}, {7,8,9}                    
 rotated                rotate 0/90/180/270 degrees (CIFAR-10: 0/180)           4 (2)
 shifted                y -> (y + s) mod 10, s in {0, 3, 6, 9}                   4
 label_swap             group g swaps labels (2g, 2g+1) (FL+HC)                 4
+permuted_labels        y -> P_g(y), four fixed random permutations (CFL)       4
 hybrid                 MNIST clients and Fashion-MNIST clients (digits: digits  2
                        and their negatives, a second feature domain)
 rotated_pathological   rotations {0, 180} x the 4 label groups                  8
@@ -36,6 +37,10 @@ from stocfl.errors import UserError
 LABEL_GROUPS = ((0, 1, 2), (3, 4), (5, 6), (7, 8, 9))
 SHIFTS = (0, 3, 6, 9)
 SWAPS = ((0, 1), (2, 3), (4, 5), (6, 7))
+# CFL (Sattler et al. 2019, section 4): each of 4 groups applies its own random permutation
+# to the labels; fixed here (numpy's default_rng(2019)) so that groups mean the same in every run
+_perm_rng = np.random.default_rng(2019)
+PERMUTATIONS = tuple(tuple(int(v) for v in _perm_rng.permutation(10)) for _ in range(4))
 
 
 @dataclass
@@ -190,8 +195,8 @@ def _swap(a: int, b: int):
     return f
 
 
-BUILTIN_SCENARIOS = ("iid", "pathological", "rotated", "shifted", "label_swap", "hybrid", "rotated_pathological",
-                     "dirichlet", "writers")
+BUILTIN_SCENARIOS = ("iid", "pathological", "rotated", "shifted", "label_swap", "permuted_labels", "hybrid",
+                     "rotated_pathological", "dirichlet", "writers")
 ScenarioBuilder = Callable[..., "Federation"]
 # name -> builder for scenarios registered from user code (the built-ins are in ``build``)
 SCENARIOS: dict[str, ScenarioBuilder | None] = {name: None for name in BUILTIN_SCENARIOS}
@@ -287,6 +292,9 @@ def _groups(name: str, src: Dataset, data_dir: str | None) -> list[_Group]:
         return [_Group(src, label=lambda y, s=s: (y + s) % 10, name=f"shift {s}") for s in SHIFTS]
     if name == "label_swap":
         return [_Group(src, label=_swap(a, b), name=f"swap {a}<->{b}") for a, b in SWAPS]
+    if name == "permuted_labels":
+        return [_Group(src, label=lambda y, p=torch.tensor(p): p[y], name=f"labels permuted {''.join(map(str, p))}")
+                for p in PERMUTATIONS]
     if name == "rotated_pathological":
         return [
             _Group(src, labels=ls, image=_rotate(t), name=f"rot {90 * t}, labels {ls}")
