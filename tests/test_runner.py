@@ -192,3 +192,22 @@ def test_a_config_key_added_later_leaves_an_older_runs_digest_as_it_was():
     d["run"].pop("tensorboard")
     assert config_digest(cfg) == hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
     assert config_digest(config.load(overrides=["run.tensorboard=true"])) != config_digest(cfg)
+
+
+@pytest.mark.parametrize("algorithm", ["ditto", "stocfl", "ifca"])
+def test_evaluation_in_parts_gives_the_numbers_of_one_part(tmp_path, monkeypatch, algorithm):
+    """Client models are evaluated a part at a time (a memory bound); a part of 3 clients
+    must give every number and file that evaluating all clients at once gives."""
+    from stocfl import runner
+    from stocfl.reproduce import authors_metric
+
+    cfg = [*SMALL, f"algorithm.name={algorithm}"]
+    whole = Experiment.create(config.load(None, cfg), tmp_path / "whole")
+    whole.run(progress=False)
+    monkeypatch.setattr(runner, "EVAL_MODEL_BYTES", 3 * 4 * len(whole.algorithm.ctx.init_weights))
+    parts = Experiment.create(config.load(None, cfg), tmp_path / "parts")
+    parts.run(progress=False)
+    assert _metrics(tmp_path / "parts") == _metrics(tmp_path / "whole")
+    for name in ("clients.csv", "clusters.csv"):
+        assert (tmp_path / "parts" / name).read_text() == (tmp_path / "whole" / name).read_text()
+    assert authors_metric(parts) == authors_metric(whole)

@@ -33,7 +33,7 @@ from stocfl import config
 from stocfl.compare import run_or_reuse
 from stocfl.errors import UserError
 from stocfl.files import write_atomic
-from stocfl.runner import Experiment, finished_summary
+from stocfl.runner import Experiment, client_models_in_parts, finished_summary
 
 ROOT = Path(__file__).resolve().parents[2] / "reproductions"  # the repository's tables
 MAX_DISTINCT_MODELS = 64  # the authors' metric evaluates each distinct model on a whole pool
@@ -130,9 +130,14 @@ def authors_metric(exp: Experiment) -> float | None:
     if fed.groups is None:
         return None
     clients = [int(i) for i in fed.participants]
-    models = exp.algorithm.client_models(clients, exp.run_tasks)
-    if len({id(w) for w in models}) > MAX_DISTINCT_MODELS:
-        return None
+    models: list[torch.Tensor] = []
+    distinct: dict[int, torch.Tensor] = {}  # held, so that an id is never reused by another model
+    for _, part in client_models_in_parts(exp.algorithm, clients, exp.run_tasks):
+        for w in part:
+            distinct.setdefault(id(w), w)
+            models.append(distinct[id(w)])
+        if len(distinct) > MAX_DISTINCT_MODELS:
+            return None
     pools: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for g in sorted({int(fed.groups[i]) for i in clients}):
         parts = [fed.test_data(i) for i in range(fed.n_clients) if int(fed.groups[i]) == g]
