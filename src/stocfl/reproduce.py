@@ -221,14 +221,18 @@ def table_files(name: str, quick: bool = False, root: Path = ROOT) -> tuple[Path
     return root / f"{stem}.md", root / f"{stem}.json", root / f"{stem}.png"
 
 
+def _panel(metric: str) -> str:
+    """The panel a measure is drawn in: every percentage shares the accuracy panel."""
+    return "accuracy" if METRICS[metric][1] == 100.0 else metric
+
+
 def _panels(table: Table) -> list[str]:
     """The measures drawn, one panel each: accuracies share one; a table that counts clusters
     adds the clustering objective (StoCFL Fig. 3 b)."""
     panels: list[str] = []
     for row in table.rows:
-        kind = "accuracy" if METRICS[row.metric][1] == 100.0 else row.metric
-        if kind not in panels:
-            panels.append(kind)
+        if _panel(row.metric) not in panels:
+            panels.append(_panel(row.metric))
     if "n_clusters" in panels and not table.sweep:
         panels.append("objective")
     return panels
@@ -262,7 +266,7 @@ def plot_curves(table: Table, finished: dict[str, list[Path]], path: Path) -> No
         points: dict[str, list[tuple[float, float, float | None]]] = {}
         drawn: dict[tuple[str, ...], str] = {}  # a run's curve is drawn once; rows reading it at a round add a star
         for n, row in enumerate(table.rows):
-            kind = "accuracy" if METRICS[row.metric][1] == 100.0 else row.metric
+            kind = _panel(row.metric)
             if panel not in (kind, "objective") or (panel == "objective" and kind != "n_clusters"):
                 continue
             key = row.metric if panel != "objective" else "objective"

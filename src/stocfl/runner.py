@@ -248,9 +248,9 @@ class Experiment:
         are left out of this evaluation."""
         def attempt(clients):
             res, gres, used = [], [], {}
+            gw = self.algorithm.global_model()  # once: IFCA's is the mean of its models, formed anew per call
             for part, models in client_models_in_parts(self.algorithm, clients, self.run_tasks):
                 r = self.run_tasks([Evaluate(i, w) for i, w in zip(part, models)])
-                gw = self.algorithm.global_model()
                 res += r
                 gres += r if all(w is gw for w in models) else self.run_tasks([Evaluate(i, gw) for i in part])
                 used.update(models_used(part, models, self.algorithm))
