@@ -120,6 +120,21 @@ def test_a_stopped_reproduction_resumes_to_the_numbers_of_one_in_one_go(tmp_path
         assert (a["ours"], a["authors_metric"], a["clusters"]) == (b["ours"], b["authors_metric"], b["clusters"])
 
 
+def test_rows_runs_the_rows_named_and_the_table_keeps_the_others_finished_runs(tmp_path):
+    root = tiny_root(tmp_path)
+    first = reproduce("tiny", root=root, progress=False, log=lambda m: None, rows="2")
+    assert [r["status"] for r in first["rows"]] == ["not run", "done"]
+    assert not (root / "runs" / "tiny" / "fedavg-seed0").exists()
+    assert re.search(r", (1 torch thread|\d+ torch threads) per run, torch ", first["machine"])  # the runs', not ours
+    then = reproduce("tiny", root=root, progress=False, log=lambda m: None, rows="1-1")
+    assert [r["status"] for r in then["rows"]] == ["done", "done"]  # row 2's run is reported, not rerun
+    assert then["rows"][1]["ours"] == first["rows"][1]["ours"]
+    for bad in ("3", "0", "2-1", "x", "1,"):
+        with pytest.raises(UserError, match=r"--rows .* not a row number or range of tiny's rows 1 to 2 "
+                                            r"\(1: FedAvg; 2: StoCFL\)"):
+            reproduce("tiny", root=root, progress=False, log=lambda m: None, rows=bad)
+
+
 def test_the_authors_metric_of_one_global_model_is_its_pooled_accuracy(tmp_path):
     # every client uses the global model and holds as many test samples as any other: the mean
     # over clients of its group's pooled accuracy is the accuracy pooled over all clients

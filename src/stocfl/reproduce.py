@@ -183,8 +183,8 @@ def write_table(table: Table, results: dict[str, list[dict[str, Any]]], status: 
     command = f"stocfl reproduce {table.name} --seeds {','.join(map(str, seeds))}" + (" --quick" if quick else "")
     doc = {"table": table.name, "title": table.title, "source": table.source,
            "config": str(table.config.relative_to(table.config.parents[1])), "command": command, "seeds": seeds,
-           "quick": quick, "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch "
-           f"{torch.__version__}", "date": time.strftime("%Y-%m-%d"), "notes": list(table.notes), "rows": rows}
+           "quick": quick, "machine": f"{platform.machine()}, {_threads(results)}, torch {torch.__version__}",
+           "date": time.strftime("%Y-%m-%d"), "notes": list(table.notes), "rows": rows}
     if quick:
         doc["notes"] = [f"--quick: {' '.join(table.quick)}; not the paper's setting", *doc["notes"]]
     write_atomic(out_json, json.dumps(doc, indent=2) + "\n")
@@ -205,6 +205,14 @@ def write_table(table: Table, results: dict[str, list[dict[str, Any]]], status: 
     lines += [f"- {n}" for n in doc["notes"]]
     write_atomic(out_md, "\n".join(lines) + "\n")
     return doc
+
+
+def _threads(results: dict[str, list[dict[str, Any]]]) -> str:
+    """The torch threads the finished runs used (each run's summary records its own)."""
+    used = sorted({r["threads"] for runs in results.values() for r in runs if r.get("threads")})
+    if not used:
+        return "no run finished"
+    return f"{'/'.join(map(str, used))} torch thread{'s' if used != [1] else ''} per run"
 
 
 def _done_rounds(run_dir: Path) -> int:
@@ -322,11 +330,14 @@ def plot_curves(table: Table, finished: dict[str, list[Path]], path: Path) -> No
 
 def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, data_dir: str | None = None,
               runs: Path | None = None, root: Path = ROOT, progress: bool = True,
-              log: Callable[[str], None] = print, report_only: bool = False) -> dict[str, Any]:
+              log: Callable[[str], None] = print, report_only: bool = False,
+              rows: str | None = None) -> dict[str, Any]:
     """Run (or reuse, or resume) every row of table ``name`` for every seed; write
     ``root/name.md`` and ``root/name.json`` after each run and return the JSON. With
-    ``report_only``, run nothing: the table of the runs finished so far."""
+    ``report_only``, run nothing: the table of the runs finished so far. ``rows`` ("2,4-6": 1-based
+    row numbers) runs those rows only; the table still shows every row's finished runs."""
     table = load_table(name, root)
+    chosen = select_rows(table, rows)
     seeds = list(table.seeds) if seeds is None else seeds
     runs = (root / "runs" / name) if runs is None else runs
     extra = list(table.quick) if quick else []
@@ -345,7 +356,7 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
             status[row.name] = f"running seed {s}"
             doc = write_table(table, results, status, seeds, quick, out_md, out_json)
             run_dir = runs / f"{stem}-seed{s}{suffix}"
-            if report_only:
+            if report_only or row.name not in chosen:
                 summary = finished_summary(run_dir)
                 if summary is None:
                     done = _done_rounds(run_dir)
@@ -361,7 +372,8 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
                 theirs = authors_metric(Experiment.open(run_dir, data_dir))
                 write_atomic(held, json.dumps({"authors_metric": theirs}) + "\n")
             result = {**{k: summary[k] for k in ("accuracy", "global_accuracy", "n_clusters", "ari", "seconds", "seed")},
-                      "authors_metric": theirs, "heldout_accuracy": summary.get("heldout", {}).get("accuracy")}
+                      "threads": summary.get("threads"), "authors_metric": theirs,
+                      "heldout_accuracy": summary.get("heldout", {}).get("accuracy")}
             if row.at_round is not None:
                 result.update(authors_metric=None, **{row.metric: _at_round(run_dir, row)})
             results.setdefault(row.name, []).append(result)
@@ -371,6 +383,22 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
             status[row.name] = "done"
         doc = write_table(table, results, status, seeds, quick, out_md, out_json)
     return doc
+
+
+def select_rows(table: Table, rows: str | None) -> set[str]:
+    """The names of the rows ``rows`` picks: 1-based numbers and ranges, e.g. "2,4-6"."""
+    names = [row.name for row in table.rows]
+    if rows is None:
+        return set(names)
+    listed = "; ".join(f"{i}: {n}" for i, n in enumerate(names, 1))
+    chosen = set()
+    for item in rows.split(","):
+        lo, _, hi = item.strip().partition("-")
+        if not (lo.isdigit() and (hi.isdigit() or not hi) and 1 <= int(lo) <= int(hi or lo) <= len(names)):
+            raise UserError(f"reproduce --rows {rows!r}: {item.strip()!r} is not a row number or range of "
+                            f"{table.name}'s rows 1 to {len(names)} ({listed})")
+        chosen.update(names[int(lo) - 1:int(hi or lo)])
+    return chosen
 
 
 def _at_round(run_dir: Path, row: Row) -> float | None:
