@@ -211,7 +211,7 @@ def test_a_sweep_table_compares_the_measure_it_names(tmp_path):
 
 
 @pytest.mark.parametrize("bad, says", [
-    ('metric = "loss"', "row 'low' has metric 'loss'; use one of accuracy, global_accuracy, heldout_accuracy, n_clusters, ari"),
+    ('metric = "loss"', "row 'low' has metric 'loss'; use one of accuracy, global_accuracy, macro_accuracy, heldout_accuracy, n_clusters, ari"),
     ('sweep = "algorithm.lambda"', "row 'low' does not set algorithm.lambda, the key the table sweeps"),
 ])
 def test_a_table_with_an_unknown_measure_or_an_unswept_row_gets_one_line(tmp_path, bad, says):
@@ -231,6 +231,29 @@ def test_a_row_can_read_the_held_out_clients_of_its_run(tmp_path):
     summary = json.loads((root / "runs" / "unseen" / "stocfl-seed0" / "summary.json").read_text())
     assert summary["heldout"]["clients"] == 4  # one of each group's two
     assert doc["rows"][1]["ours"]["mean"] == round(100 * summary["heldout"]["accuracy"], 2)
+
+
+def test_a_macro_row_reads_the_plain_mean_over_clients_from_the_run_its_micro_row_made(tmp_path):
+    root = tiny_root(tmp_path)
+    (root / "macro.toml").write_text(TABLE + '\n[[run]]\nname = "FedAvg, macro"\nset = ["algorithm.name=fedavg"]\n'
+                                     'metric = "macro_accuracy"\n')
+    doc = reproduce("macro", root=root, progress=False, log=lambda m: None)
+    run = root / "runs" / "macro" / "fedavg-seed0"
+    assert sorted(p.name for p in run.parent.iterdir()) == ["fedavg-seed0", "stocfl-seed0"]
+    summary = json.loads((run / "summary.json").read_text())
+    clients = [line.split(",") for line in (run / "clients.csv").read_text().splitlines()[1:]]
+    accs = [float(c[5]) for c in clients if int(c[4]) > 0]
+    sizes = [int(c[4]) for c in clients if int(c[4]) > 0]
+    assert summary["macro_accuracy"] == pytest.approx(sum(accs) / len(accs), abs=1e-6)
+    assert summary["accuracy"] == pytest.approx(sum(a * n for a, n in zip(accs, sizes)) / sum(sizes), abs=1e-6)
+    micro, macro = doc["rows"][0], doc["rows"][2]
+    assert macro["metric"] == "macro_accuracy" and macro["ours"]["mean"] == round(100 * summary["macro_accuracy"], 2)
+    assert micro["ours"]["mean"] == round(100 * summary["accuracy"], 2)
+    # a run finished before summary.json carried the figure: read from clients.csv
+    summary.pop("macro_accuracy")
+    (run / "summary.json").write_text(json.dumps(summary))
+    again = reproduce("macro", root=root, progress=False, log=lambda m: None, report_only=True)
+    assert again["rows"][2]["ours"]["mean"] == round(100 * sum(accs) / len(accs), 2)
 
 
 def test_a_row_can_read_its_measure_at_a_round_and_says_when_that_round_was_not_evaluated(tmp_path):

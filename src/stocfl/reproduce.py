@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[2] / "reproductions"  # the repository's
 MAX_DISTINCT_MODELS = 64  # the authors' metric evaluates each distinct model on a whole pool
 # measure -> (what it is, factor to the table's unit); the summary key is the measure's name
 METRICS = {"accuracy": ("test accuracy (%), own model", 100.0), "global_accuracy": ("global model's accuracy (%)", 100.0),
+           "macro_accuracy": ("test accuracy (%), own model, the plain mean over clients", 100.0),
            "heldout_accuracy": ("held-out clients' accuracy (%), placed after training", 100.0),
            "n_clusters": ("clusters found", 1.0), "ari": ("ARI against the true groups", 1.0)}
 
@@ -373,7 +374,8 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
                 write_atomic(held, json.dumps({"authors_metric": theirs}) + "\n")
             result = {**{k: summary[k] for k in ("accuracy", "global_accuracy", "n_clusters", "ari", "seconds", "seed")},
                       "threads": summary.get("threads"), "authors_metric": theirs,
-                      "heldout_accuracy": summary.get("heldout", {}).get("accuracy")}
+                      "heldout_accuracy": summary.get("heldout", {}).get("accuracy"),
+                      "macro_accuracy": summary.get("macro_accuracy", _macro_from_clients(run_dir))}
             if row.at_round is not None:
                 result.update(authors_metric=None, **{row.metric: _at_round(run_dir, row)})
             results.setdefault(row.name, []).append(result)
@@ -401,6 +403,19 @@ def select_rows(table: Table, rows: str | None) -> set[str]:
     return chosen
 
 
+def _macro_from_clients(run_dir: Path) -> float | None:
+    """The plain mean of clients.csv's accuracies, for runs finished before summary.json
+    carried ``macro_accuracy``."""
+    import csv
+
+    try:
+        with open(run_dir / "clients.csv", newline="") as f:
+            accs = [float(r["accuracy"]) for r in csv.DictReader(f) if int(r["test_samples"]) > 0]
+    except (OSError, KeyError, ValueError):
+        return None
+    return float(np.mean(accs)) if accs else None
+
+
 def _at_round(run_dir: Path, row: Row) -> float | None:
     from stocfl import report
 
@@ -417,7 +432,9 @@ def listing(root: Path = ROOT) -> str:
     lines = []
     for name in tables(root):
         t = load_table(name, root)
-        lines.append(f"{name}: {t.title} ({len(t.rows)} runs per seed; seeds {','.join(map(str, t.seeds))})")
+        runs = len({tuple(sorted(r.overrides)) for r in t.rows})  # rows of one config share its runs
+        rows = f"{len(t.rows)} rows, {runs} runs" if runs != len(t.rows) else f"{runs} runs"
+        lines.append(f"{name}: {t.title} ({rows} per seed; seeds {','.join(map(str, t.seeds))})")
     return "\n".join(lines) or f"no tables in {root}"
 
 
