@@ -116,3 +116,34 @@ def test_write_atomic_leaves_the_old_file_when_the_write_fails(tmp_path, monkeyp
     with pytest.raises(OSError):
         files.write_atomic(path, "new")
     assert path.read_text() == "old"
+
+
+def test_a_client_store_the_disk_cannot_hold_is_one_line_before_the_first_round(tmp_path):
+    """Ditto's personal models get their disk blocks when the run starts: a write through the
+    memory map into a sparse file on a full disk would kill the process (SIGBUS) mid-round
+    without a word. The file-size limit (RLIMIT_FSIZE) makes the disk too small for real."""
+    import resource
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    limit = 200_000  # the store of 40 clients x the digits MLP is 385,600 bytes; every other run file is smaller
+
+    def small_disk():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    cmd = [sys.executable, "-m", "stocfl", "run", "configs/default.toml", "--set", "algorithm.name=ditto",
+           "--set", "run.rounds=2", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=small_disk, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert line.startswith(f"stocfl: error: {out / 'ditto_personal.f32'}: cannot reserve 0.37 MiB for 40 clients x 2410 parameters x 4 bytes (File too large)")
+    assert line.endswith("; free disk space, give the run a directory on a larger disk, or run fewer clients or a "
+                         "smaller model")
+    assert not (out / "ditto_personal.f32").exists() and not (out / "checkpoint.safetensors").exists()
+    # with room, the same command runs, and its store is allocated, not sparse
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    store = out / "ditto_personal.f32"
+    assert store.stat().st_blocks * 512 >= store.stat().st_size > limit

@@ -14,6 +14,9 @@ is an error, never a silently zeroed or altered model.
 
 from __future__ import annotations
 
+import errno
+import os
+import shutil
 import zlib
 from pathlib import Path
 
@@ -43,8 +46,34 @@ class ClientStore:
             if self.existed and self.path.stat().st_size != size:
                 raise UserError(f"{self.path} holds {self.path.stat().st_size} bytes, expected {size} ({n_clients} "
                                 f"clients x {n_params} parameters x 4); the store is damaged, the run cannot resume")
-            self.rows = np.memmap(self.path, dtype=np.float32, mode="r+" if self.existed else "w+",
-                                  shape=(n_clients, n_params))
+            self._reserve(size)
+            self.rows = np.memmap(self.path, dtype=np.float32, mode="r+", shape=(n_clients, n_params))
+
+    def _reserve(self, size: int) -> None:
+        """Give the file all its disk blocks now. A write through the memory map into a sparse
+        file on a full disk kills the process (SIGBUS) with no message and mid-round; a
+        reservation that fails is one line before the first round."""
+        with open(self.path, "r+b" if self.existed else "wb") as f:
+            try:
+                if hasattr(os, "posix_fallocate"):
+                    os.posix_fallocate(f.fileno(), 0, size)
+                    return
+                raise OSError(errno.EOPNOTSUPP, "no posix_fallocate")
+            except OSError as err:
+                if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                    problem = err.strerror or str(err)
+                else:  # a file system (or OS) that cannot reserve: check the free space instead
+                    needed = size - getattr(os.fstat(f.fileno()), "st_blocks", 0) * 512
+                    free = shutil.disk_usage(self.path.parent).free
+                    if free >= needed:
+                        f.truncate(size)
+                        return
+                    problem = f"{_size(free)} free, {_size(needed)} more needed"
+        if not self.existed:
+            self.path.unlink(missing_ok=True)
+        raise UserError(f"{self.path}: cannot reserve {_size(size)} for {self.n} clients x {self.p} "
+                        f"parameters x 4 bytes ({problem}); free disk space, give the run a directory on a larger "
+                        f"disk, or run fewer clients or a smaller model")
 
     def __contains__(self, client: int) -> bool:
         return bool(self.has[client])
@@ -107,6 +136,10 @@ class ClientStore:
                 where = self.path or "the in-memory store"
                 raise UserError(f"{where}: the model of client {i} does not match the checkpoint (corrupt store); "
                                 f"the run cannot resume")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
 
 
 def _crc(row: np.ndarray) -> int:
