@@ -247,9 +247,6 @@ def train_one(c: ClientData, t: Train) -> Trained:
     return Trained(w, len(c.y))
 
 
-EVAL_CHUNK = 8192  # samples per forward pass when evaluating
-
-
 @torch.no_grad()
 def evaluate_pooled(model: FlatModel, w: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor]]
                     ) -> list[Evaluated]:
@@ -258,10 +255,11 @@ def evaluate_pooled(model: FlatModel, w: torch.Tensor, parts: list[tuple[torch.T
     x = torch.cat([p[0] for p in parts])
     y = torch.cat([p[1] for p in parts])
     losses, correct = [], []
-    for a in range(0, len(y), EVAL_CHUNK):
-        logits = model.forward(w, x[a: a + EVAL_CHUNK])
-        losses.append(model.per_sample_loss(logits, y[a: a + EVAL_CHUNK]).double())
-        correct.append(logits.argmax(1) == y[a: a + EVAL_CHUNK])
+    chunk = model.eval_chunk(x)
+    for a in range(0, len(y), chunk):
+        logits = model.forward(w, x[a: a + chunk])
+        losses.append(model.per_sample_loss(logits, y[a: a + chunk]).double())
+        correct.append(logits.argmax(1) == y[a: a + chunk])
     loss_all = torch.cat(losses) if losses else torch.zeros(0, dtype=torch.float64)
     correct_all = torch.cat(correct) if correct else torch.zeros(0, dtype=torch.bool)
     out, start = [], 0
