@@ -150,8 +150,9 @@ def authors_metric(exp: Experiment) -> float | None:
             key = (id(w), int(fed.groups[i]))
             if key not in cache:
                 x, y = pools[key[1]]
-                correct = sum(int((exp.model.forward(w, x[a:a + 4096]).argmax(1) == y[a:a + 4096]).sum())
-                              for a in range(0, len(y), 4096))
+                n = exp.model.eval_chunk(x)
+                correct = sum(int((exp.model.forward(w, x[a:a + n]).argmax(1) == y[a:a + n]).sum())
+                              for a in range(0, len(y), n))
                 cache[key] = correct / max(1, len(y))
             total += cache[key]
     return total / len(clients)
