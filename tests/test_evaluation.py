@@ -3,6 +3,7 @@ the cache's size): the chunked numbers must be the numbers of the plain per-clie
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 from torch import nn
@@ -49,3 +50,35 @@ def test_chunked_pooled_evaluation_equals_each_client_in_one_forward(sizes, seed
             loss = CNN.per_sample_loss(logits, y).double()
             assert e.correct == int((logits.argmax(1) == y).sum())
             assert abs(e.loss - float(loss.mean())) <= 1e-6 * max(1.0, float(loss.mean()))
+
+
+def _dropout_module():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Dropout(0.5), nn.Linear(64, 10))
+
+
+def test_a_dropout_model_gives_the_same_numbers_for_the_same_seed_and_is_evaluated_without_dropout():
+    import stocfl
+    from stocfl.errors import UserError
+
+    cfg = {"run": {"rounds": 2}, "scenario": {"n_clients": 8, "samples_per_client": 20},
+           "algorithm": {"name": "fedavg"}}
+    first = stocfl.run(cfg, model=_dropout_module())
+    torch.rand(1000)  # the global generator moves on between the runs
+    again = stocfl.run(cfg, model=_dropout_module())
+    assert first.summary["engine"] == "sequential"  # auto: only the sequential loop draws as each client alone
+    assert first.summary["accuracy"] == again.summary["accuracy"]
+    assert all(torch.equal(a, b) for a, b in zip(first.models["global"].values(), again.models["global"].values()))
+    # evaluation is the module's eval mode: dropout off, the same logits every time
+    module = _dropout_module()
+    flat = FlatModel(module)
+    w = FlatModel.flatten(module)
+    x = torch.rand(50, 1, 8, 8)
+    flat.forward_train(w[: flat.n_trainable], [], x)  # a training step leaves the template in train mode
+    with torch.no_grad():
+        assert torch.equal(flat.forward(w, x), module.eval()(x)) and torch.equal(flat.forward(w, x), flat.forward(w, x))
+    # training draws dropout masks: two steps from the same weights differ unless seeded alike
+    assert not torch.equal(flat.forward_train(w[: flat.n_trainable], [], x), flat.forward_train(w[: flat.n_trainable], [], x))
+    for engine in ("batched", "lowrank"):
+        with pytest.raises(UserError, match=f"run.engine = {engine}: the model has layers that draw random numbers"):
+            stocfl.run({**cfg, "run": {"rounds": 1, "engine": engine}}, model=_dropout_module())

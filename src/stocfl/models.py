@@ -93,6 +93,7 @@ def build_module(name: str, input_shape: tuple[int, ...], n_classes: int, hidden
     return module
 
 
+RANDOM_LAYERS = (nn.modules.dropout._DropoutNd, nn.RReLU)
 EVAL_CPU_BYTES = 32 * 2**20  # a CPU evaluation chunk's largest layer output (about a last-level cache)
 EVAL_CHUNK_MIN, EVAL_CHUNK_MAX = 64, 8192  # samples per evaluation chunk
 
@@ -117,6 +118,8 @@ class FlatModel:
         self.loss = loss  # per-sample loss(logits, y) -> (n,); None: cross-entropy
         self.module = copy.deepcopy(module).to("meta")  # a template only: no real storage (the caller's stays)
         self._peak_bytes: dict[tuple, int] = {}  # (sample shape, dtype) -> largest layer output, for eval_chunk
+        # layers that draw random numbers in training: local training seeds them per task
+        self.random = any(isinstance(m, RANDOM_LAYERS) for m in module.modules())
         params = list(module.named_parameters())
         buffers = list(module.named_buffers())
         self.names = [n for n, _ in params] + [n for n, _ in buffers]
@@ -188,7 +191,7 @@ class FlatModel:
         handles = [m.register_forward_hook(hook) for m in self.module.modules()]
         try:
             with torch.no_grad():
-                self.module.eval()
+                self._mode(train=False)
                 self.module(torch.zeros((1, *shape), dtype=dtype, device="meta"))
         except Exception:  # noqa: BLE001 - any op without a meta kernel: fall back to a fixed guess
             return 128 * 1024
@@ -198,10 +201,14 @@ class FlatModel:
         return max(sizes)
 
     def forward(self, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """Logits of the model at ``w`` (eval mode: BatchNorm uses the running statistics)."""
-        if self.has_buffers:
-            self.module.eval()
+        """Logits of the model at ``w`` (eval mode: BatchNorm uses the running statistics,
+        dropout is off)."""
+        self._mode(train=False)
         return functional_call(self.module, self.unflatten(w), (x,))
+
+    def _mode(self, train: bool) -> None:
+        if self.module.training != train:
+            self.module.train(train)
 
     def forward_train(self, params: torch.Tensor, buffers: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """Logits in train mode from ``params`` (the first ``n_trainable`` entries, may require
@@ -225,9 +232,7 @@ class FlatModel:
         tensors = dict(zip(self.names[:k], params))
         if buffers is not None:
             tensors.update({n: t.view(s) for n, t, s in zip(self.names[k:], buffers, self.shapes[k:])})
-            self.module.train()
-        elif self.has_buffers:
-            self.module.eval()
+        self._mode(train=buffers is not None)
         return functional_call(self.module, tensors, (x,))
 
     def split_buffers(self, w: torch.Tensor) -> list[torch.Tensor]:

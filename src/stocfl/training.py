@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import torch
@@ -59,6 +60,22 @@ def local_sgd(model: FlatModel, x, y, w, epochs, batch_size, lr, seed, center=No
     # flat gradient is concatenated (for a 1.6M-parameter CNN that copy was an eighth of a step).
     views = model.param_views(params)
     centers = model.param_views(center) if center is not None and mu else None
+    with _seeded(seed, x.device) if model.random else contextlib.nullcontext():
+        return _steps(model, x, y, w, p, params, views, centers, epochs, batch_size, lr, seed, mu, grad, opt, state,
+                      n_classes if grad is not None else 0)
+
+
+@contextlib.contextmanager
+def _seeded(seed: int, device: torch.device):
+    """Dropout's draws from a stream of the task's own seed, whatever ran before (the caller's
+    generator state is put back after): the same seed gives the same numbers, and a client's
+    training does not depend on the others'."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(int(seed))
+        yield
+
+
+def _steps(model, x, y, w, p, params, views, centers, epochs, batch_size, lr, seed, mu, grad, opt, state, n_classes):
     for epoch in batch_plan(len(y), epochs, batch_size, seed):
         for idx in epoch or [None]:
             xb, yb = (x, y) if idx is None else (x[idx], y[idx])
@@ -68,10 +85,10 @@ def local_sgd(model: FlatModel, x, y, w, epochs, batch_size, lr, seed, center=No
                 gs = model.param_views(flat)
             else:
                 leaves = [v.detach().requires_grad_(True) for v in views]
-                buffers = model.split_buffers(w) if model.has_buffers else None
+                buffers = model.split_buffers(w) if model.has_buffers else []  # [] : train mode, no buffers
                 logits = model.forward_tensors(leaves, buffers, xb)
                 gs = torch.autograd.grad(model.mean_loss(logits, yb), leaves)
-                if buffers is not None:  # after the gradient: w shares its storage with the leaves
+                if buffers:  # after the gradient: w shares its storage with the leaves
                     w[p:] = torch.cat([t.reshape(-1) for t in buffers])
             if centers is not None:
                 for g, v, c in zip(gs, views, centers):

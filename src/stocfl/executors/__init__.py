@@ -98,13 +98,16 @@ def choose_lowrank(model, epochs: int, batch_size: int, mean_client_size: float,
 def _auto(federation, model, cfg) -> Executor:
     """On the CPU: where per-step work is small, per-client overhead dominates and batching
     pays; where it is large (compute-bound), the path with less arithmetic wins: low-rank when
-    it has less. On an accelerator, clients are always batched (low-rank when it has less)."""
+    it has less. On an accelerator, clients are always batched (low-rank when it has less).
+    A model with dropout always runs sequentially."""
     t, n = cfg.train, float(federation.train_sizes.mean())
     on_cpu = resolve_device(cfg.run.device).type == "cpu"
     chosen = choose_engine("auto", model.n_params, t.batch_size, n) if on_cpu else "batched"
     plain_sgd = t.optimizer == "sgd" and t.momentum == 0 and t.weight_decay == 0
     if (chosen == "sequential" or not on_cpu) and choose_lowrank(model, t.epochs, t.batch_size, n, plain_sgd):
         chosen = "lowrank"
+    if model.random:  # dropout: each client's draws as it trains alone, only the sequential loop has them
+        chosen = "sequential"
     return make_executor(chosen, federation, model, cfg)
 
 

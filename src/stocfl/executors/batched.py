@@ -16,6 +16,7 @@ from torch.func import grad, vmap
 
 from stocfl.devices import free_bytes
 from stocfl.executors.base import Executor
+from stocfl.errors import UserError
 from stocfl.lowrank import LowRankTrainer, structure
 from stocfl.optim import Optimizer
 from stocfl.tasks import KINDS, Train, Trained, check_train_task
@@ -31,6 +32,10 @@ class BatchedExecutor(Executor):
 
     def __init__(self, federation, model, chunk_size: int = 0, lowrank: bool = False, device="cpu"):
         super().__init__(federation, model, device)
+        if model.random:
+            raise UserError(f"run.engine = {'lowrank' if lowrank else 'batched'}: the model has layers that draw "
+                            f"random numbers in training (Dropout, RReLU), which clients batched in one vmap cannot "
+                            f"draw as each would alone; use run.engine = sequential (auto picks it for such a model)")
         self.chunk_size = chunk_size
         s = structure(model) if lowrank else None
         self.lowrank = LowRankTrainer(s) if s is not None else None  # plain SGD on a dense first layer
