@@ -106,6 +106,31 @@ def test_a_table_is_written_with_the_papers_numbers_and_reused_on_a_second_call(
     assert (root / "runs" / "tiny" / "fedavg-seed0" / "metrics.jsonl").stat().st_mtime_ns == stamp  # reused
 
 
+def test_a_fresh_clone_reuses_the_runs_its_table_records_and_reruns_a_changed_config(tmp_path):
+    import shutil
+
+    root = tiny_root(tmp_path)
+    doc = reproduce("tiny", root=root, progress=False, log=lambda m: None)
+    assert [len(r["runs"][0]["curves"]["accuracy"][0]) for r in doc["rows"]] == [2, 2]
+    shutil.rmtree(root / "runs")  # the run directories are never committed; the table is
+    png = (root / "tiny.png").read_bytes()
+    again = reproduce("tiny", root=root, progress=False, log=lambda m: None)
+    assert again["rows"] == doc["rows"] and not (root / "runs").exists()  # nothing ran
+    # a table written before runs were recorded: each row's one-seed mean is read back
+    legacy = {**doc, "rows": [{k: v for k, v in r.items() if k != "runs"} for r in doc["rows"]]}
+    (root / "tiny.json").write_text(json.dumps(legacy))
+    old = reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)
+    assert [(r["ours"], r["authors_metric"], r["clusters"], r["seconds"], r["status"]) for r in old["rows"]] == \
+        [(r["ours"], r["authors_metric"], r["clusters"], r["seconds"], "done") for r in doc["rows"]]
+    assert (root / "tiny.png").read_bytes() == png  # no curves to draw: the PNG drawn with them stays
+    assert reproduce("tiny", root=root, progress=False, log=lambda m: None)["rows"] == old["rows"]
+    (tmp_path / "configs" / "tiny.toml").write_text(
+        "[scenario]\nn_clients = 8\nsamples_per_client = 20\n[run]\nrounds = 3\nsample_rate = 0.5\n")
+    longer = reproduce("tiny", root=root, progress=False, log=lambda m: None)  # recorded with a digest: rerun
+    assert sorted(p.name for p in (root / "runs" / "tiny").iterdir()) == ["fedavg-seed0", "stocfl-seed0"]
+    assert [len(r["runs"][0]["curves"]["accuracy"][0]) for r in longer["rows"]] == [3, 3]
+
+
 def test_a_stopped_reproduction_resumes_to_the_numbers_of_one_in_one_go(tmp_path):
     whole = reproduce("tiny", root=tiny_root(tmp_path / "a"), progress=False, log=lambda m: None)
     root = tiny_root(tmp_path / "b")

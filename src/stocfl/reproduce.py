@@ -11,7 +11,10 @@ rows count clusters is drawn per round with the clustering objective (Fig. 3). E
 ordinary run directory under ``reproductions/runs/TABLE/``, so a stopped reproduction goes on
 where it stopped: finished runs are read, stopped ones resumed, and a directory that holds a
 run of another config is refused. ``TABLE.md`` and ``TABLE.json`` are rewritten after every
-run, so what has finished is on disk while the rest runs.
+run, so what has finished is on disk while the rest runs. ``TABLE.json`` records each finished
+run (its figures, its curves and its config's digest), and a run recorded there for the config
+asked is reused when its directory is gone (a fresh clone): the run directories are never
+committed, the tables are.
 """
 
 from __future__ import annotations
@@ -30,10 +33,11 @@ import numpy as np
 import torch
 
 from stocfl import config
+from stocfl.build import read_config
 from stocfl.compare import run_or_reuse
 from stocfl.errors import UserError
 from stocfl.files import write_atomic
-from stocfl.runner import Experiment, client_models_in_parts, finished_summary
+from stocfl.runner import Experiment, client_models_in_parts, config_digest, finished_summary
 
 ROOT = Path(__file__).resolve().parents[2] / "reproductions"  # the repository's tables
 MAX_DISTINCT_MODELS = 64  # the authors' metric evaluates each distinct model on a whole pool
@@ -180,7 +184,8 @@ def write_table(table: Table, results: dict[str, list[dict[str, Any]]], status: 
                  "ours": ours, "authors_metric": theirs, "status": status.get(row.name, "not run"),
                  "difference": round(ours["mean"] - row.paper[0], 2) if ours and row.paper else None,
                  "clusters": [r["n_clusters"] for r in runs], "ari": [r["ari"] for r in runs],
-                 "seconds": [r["seconds"] for r in runs], "seeds": [r["seed"] for r in runs], "set": list(row.overrides)}
+                 "seconds": [r["seconds"] for r in runs], "seeds": [r["seed"] for r in runs], "set": list(row.overrides),
+                 "runs": runs}
         rows.append(entry)
     command = f"stocfl reproduce {table.name} --seeds {','.join(map(str, seeds))}" + (" --quick" if quick else "")
     doc = {"table": table.name, "title": table.title, "source": table.source,
@@ -248,18 +253,35 @@ def _panels(table: Table) -> list[str]:
     return panels
 
 
-def _series(run_dir: Path, key: str) -> tuple[list[int], list[float]]:
+def _curve_keys(table: Table) -> list[str]:
+    keys = sorted({r.metric for r in table.rows})
+    return [*keys, "objective"] if "objective" in _panels(table) else keys
+
+
+def run_curves(table: Table, run_dir: Path) -> dict[str, list[list[float]]]:
+    """The measures the table draws, per round of one run: ``{key: [rounds, values]}``."""
     from stocfl import report
 
-    rows = [r for r in report.read_jsonl(run_dir / "metrics.jsonl") if r.get(key) is not None]
-    return [r["round"] for r in rows], [float(r[key]) for r in rows]
+    rows = report.read_jsonl(run_dir / "metrics.jsonl")
+    curves = {}
+    for key in _curve_keys(table):
+        kept = [r for r in rows if r.get(key) is not None]
+        if kept:
+            curves[key] = [[r["round"] for r in kept], [float(r[key]) for r in kept]]
+    return curves
 
 
-def plot_curves(table: Table, finished: dict[str, list[Path]], path: Path) -> None:
+def _series(record: dict[str, Any], key: str) -> tuple[list[int], list[float]]:
+    rounds, values = (record.get("curves") or {}).get(key, ([], []))
+    return list(rounds), list(values)
+
+
+def plot_curves(table: Table, finished: dict[str, list[dict[str, Any]]], path: Path) -> None:
     """Each row's measure per round, mean over its finished seeds, with the paper's number
     starred in the same colour at the last round (StoCFL Fig. 5; clusters and the clustering
     objective per round, Fig. 3 b); a sweep table draws the final measure against the swept
-    value instead (Fig. 8: tau against the clusters found)."""
+    value instead (Fig. 8: tau against the clusters found). A run recorded before tables kept
+    curves is drawn as its final value alone."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -281,16 +303,29 @@ def plot_curves(table: Table, finished: dict[str, list[Path]], path: Path) -> No
                 continue
             key = row.metric if panel != "objective" else "objective"
             scale = METRICS[row.metric][1] if panel != "objective" else 1.0
-            curves = [_series(d, key) for d in finished.get(row.name, [])]
+            records = finished.get(row.name, [])
+            paper = row.paper[0] if row.paper and panel != "objective" else None
+            finals = [r[row.metric] for r in records if r.get(row.metric) is not None]
+            if table.sweep:
+                if finals:
+                    series = row.series or ", ".join(o for o in row.overrides
+                                                     if o.partition("=")[0].strip() != table.sweep)
+                    points.setdefault(series or "ours", []).append(
+                        (sweep_value(row, table.sweep), scale * float(np.mean(finals)), paper))
+                continue
+            curves = [_series(r, key) for r in records]
             curves = [c for c in curves if c[0] and c[0] == curves[0][0]]
             if not curves:
+                if finals and panel != "objective" and row.at_round is None:
+                    colour = f"C{n % 10}"
+                    ax.plot([records[0]["rounds"]], [scale * float(np.mean(finals))], color=colour,
+                            marker="os^Dv<>pPX"[n % 10], ms=6, mfc="none", ls="",
+                            label=f"{row.name}: final value (curve not recorded)")
+                    if paper is not None:
+                        ax.plot([records[0]["rounds"]], [paper], color=colour, marker="*", ms=11, ls="", mec="k",
+                                mew=0.5)
                 continue
             rounds, values = curves[0][0], scale * np.mean([c[1] for c in curves], axis=0)
-            paper = row.paper[0] if row.paper and panel != "objective" else None
-            if table.sweep:
-                series = row.series or ", ".join(o for o in row.overrides if o.partition("=")[0].strip() != table.sweep)
-                points.setdefault(series or "ours", []).append((sweep_value(row, table.sweep), float(values[-1]), paper))
-                continue
             run_key = tuple(sorted(row.overrides))
             if run_key in drawn and row.at_round is not None:
                 if paper is not None:
@@ -347,24 +382,26 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
                for row in table.rows for s in seeds}  # every config checked before the first long run
     suffix = "-quick" if quick else ""
     out_md, out_json, out_png = table_files(name, quick, root)
-    finished: dict[str, list[Path]] = {}
     results: dict[str, list[dict[str, Any]]] = {}
     status: dict[str, str] = {}
     doc: dict[str, Any] = {}
     shared: dict[tuple[str, ...], str] = {}  # rows of one config share its runs (a table's Global column)
+    recorded = recorded_runs(table, out_json, configs, quick)
     for row in table.rows:
         stem = shared.setdefault(tuple(sorted(row.overrides)), slug(row.name))
         for s in seeds:
             status[row.name] = f"running seed {s}"
             doc = write_table(table, results, status, seeds, quick, out_md, out_json)
             run_dir = runs / f"{stem}-seed{s}{suffix}"
-            if report_only or row.name not in chosen:
-                summary = finished_summary(run_dir)
-                if summary is None:
-                    done = _done_rounds(run_dir)
-                    status[row.name] = f"stopped at round {done}" if done else "not run"
-                    continue
-            else:
+            summary = finished_summary(run_dir)
+            if summary is None and (row.name, s) in recorded:  # finished in another checkout; its directory is gone
+                results.setdefault(row.name, []).append(recorded[(row.name, s)])
+                continue
+            if summary is None and (report_only or row.name not in chosen):
+                done = _done_rounds(run_dir)
+                status[row.name] = f"stopped at round {done}" if done else "not run"
+                continue
+            if summary is None or row.name in chosen and not report_only:
                 log(f"reproduce {name}: {row.name}, seed {s} -> {run_dir}")
                 summary = run_or_reuse(configs[(row.name, s)], run_dir, data_dir, progress)
             held = run_dir / "authors_metric.json"
@@ -379,13 +416,59 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
                       "macro_accuracy": summary.get("macro_accuracy", _macro_from_clients(run_dir))}
             if row.at_round is not None:
                 result.update(authors_metric=None, **{row.metric: _at_round(run_dir, row)})
+            result.update(rounds=summary["rounds"],
+                          digest=config_digest(config.validate(read_config(run_dir, data_dir))),
+                          curves=run_curves(table, run_dir))
             results.setdefault(row.name, []).append(result)
-            finished.setdefault(row.name, []).append(run_dir)
-            plot_curves(table, finished, out_png)
+        if any(r.get("curves") for runs_ in results.values() for r in runs_):  # else the PNG drawn with them stays
+            plot_curves(table, results, out_png)
         if not status[row.name].startswith(("stopped", "not run")):
             status[row.name] = "done"
         doc = write_table(table, results, status, seeds, quick, out_md, out_json)
     return doc
+
+
+def recorded_runs(table: Table, path: Path, configs: dict[tuple[str, int], config.Config],
+                  quick: bool) -> dict[tuple[str, int], dict[str, Any]]:
+    """The runs ``path`` (the table's JSON) records as finished for the configs asked, by
+    (row, seed). A run is reused only when its config's digest is the one asked for. Tables
+    written before runs were recorded hold each row's mean over seeds; a row finished with one
+    seed and the same overrides is read from it, its config file trusted unchanged, and kept
+    with that config's digest from then on."""
+    try:
+        doc = json.loads(path.read_text())
+        entries = {e["name"]: e for e in doc["rows"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    if doc.get("table") != table.name or bool(doc.get("quick")) != quick:
+        return {}
+    found: dict[tuple[str, int], dict[str, Any]] = {}
+    threads = re.search(r"(\d+) torch thread", str(doc.get("machine", "")))
+    for row in table.rows:
+        entry = entries.get(row.name)
+        if not isinstance(entry, dict) or entry.get("set") != list(row.overrides):
+            continue
+        if "runs" in entry:
+            for rec in entry["runs"]:
+                key = (row.name, rec.get("seed"))
+                if key in configs and rec.get("digest") == config_digest(configs[key]):
+                    found[key] = rec
+            continue
+        ours, seeds = entry.get("ours") or {}, entry.get("seeds") or []
+        if ours.get("n") != 1 or len(seeds) != 1 or (row.name, seeds[0]) not in configs:
+            continue
+        theirs = entry.get("authors_metric") or {}
+        rec = {k: None for k in ("accuracy", "global_accuracy", "heldout_accuracy", "macro_accuracy", "ari")}
+        rec.update({row.metric: ours["mean"] / METRICS[row.metric][1],
+                    "authors_metric": theirs["mean"] / 100.0 if theirs else None,
+                    "n_clusters": (entry.get("clusters") or [None])[0], "seconds": (entry.get("seconds") or [0.0])[0],
+                    "seed": seeds[0], "threads": int(threads.group(1)) if threads else None,
+                    "rounds": configs[(row.name, seeds[0])].run.rounds,
+                    "digest": config_digest(configs[(row.name, seeds[0])]), "curves": None})
+        if row.metric != "ari" and entry.get("ari"):
+            rec["ari"] = entry["ari"][0]
+        found[(row.name, seeds[0])] = rec
+    return found
 
 
 def select_rows(table: Table, rows: str | None) -> set[str]:
