@@ -131,6 +131,17 @@ def test_a_fresh_clone_reuses_the_runs_its_table_records_and_reruns_a_changed_co
     assert [len(r["runs"][0]["curves"]["accuracy"][0]) for r in longer["rows"]] == [3, 3]
 
 
+def test_a_row_that_cannot_run_here_is_marked_and_the_others_still_run(tmp_path):
+    root = tiny_root(tmp_path)
+    (root / "tiny.toml").write_text(TABLE.replace('set = ["algorithm.name=fedavg"]',
+                                                  'set = ["algorithm.name=fedavg", "scenario.samples_per_client=5000"]'))
+    with pytest.raises(UserError, match=r"reproduce tiny: 1 run\(s\) failed, the table holds the rest .*first: FedAvg, "
+                                        r"seed 0: config: .*samples_per_client"):
+        reproduce("tiny", root=root, progress=False, log=lambda m: None)
+    doc = json.loads((root / "tiny.json").read_text())
+    assert doc["rows"][0]["status"].startswith("failed: config: ") and doc["rows"][1]["status"] == "done"
+
+
 def test_a_stopped_reproduction_resumes_to_the_numbers_of_one_in_one_go(tmp_path):
     whole = reproduce("tiny", root=tiny_root(tmp_path / "a"), progress=False, log=lambda m: None)
     root = tiny_root(tmp_path / "b")
@@ -166,6 +177,19 @@ def test_the_authors_metric_of_one_global_model_is_its_pooled_accuracy(tmp_path)
     exp = Experiment.create(config.load(None, [*BASE, "scenario.test_per_client=5"]), tmp_path / "r")
     summary = exp.run(progress=False)
     assert authors_metric(exp) == pytest.approx(summary["global_accuracy"], abs=1e-12)
+    assert authors_metric(exp, "pooled") == pytest.approx(summary["global_accuracy"], abs=1e-12)
+
+
+def test_the_pooled_authors_metric_is_the_mean_over_cluster_models_of_each_on_all_test_data(tmp_path):
+    import torch
+
+    exp = Experiment.create(config.load(None, [*BASE, "algorithm.name=ifca", "algorithm.n_models=3"]), tmp_path / "r")
+    exp.run(progress=False)
+    parts = [exp.fed.test_data(i) for i in range(exp.fed.n_clients)]
+    x, y = torch.cat([a for a, _ in parts]), torch.cat([b for _, b in parts])
+    models = exp.algorithm.cluster_models()
+    plain = sum(float((exp.model.forward(w, x).argmax(1) == y).float().mean()) for w in models.values()) / len(models)
+    assert len(models) == 3 and authors_metric(exp, "pooled") == pytest.approx(plain, abs=1e-6)
 
 
 def test_the_command_line_lists_tables_and_refuses_an_unknown_one(capsys):

@@ -47,6 +47,11 @@ METRICS = {"accuracy": ("test accuracy (%), own model", 100.0), "global_accuracy
            "heldout_accuracy": ("held-out clients' accuracy (%), placed after training", 100.0),
            "n_clusters": ("clusters found", 1.0), "ari": ("ARI against the true groups", 1.0)}
 
+# the authors' metric, by row: "group" (Table 1: each client's model on its true group's pooled
+# test data, mean over clients) or "pooled" (StoCFL Table 3's "average performance of cluster
+# models": each cluster model on every client's test data, mean over models)
+AUTHORS = ("group", "pooled")
+
 
 @dataclass(frozen=True)
 class Row:
@@ -56,6 +61,7 @@ class Row:
     metric: str = "accuracy"
     series: str = ""  # a sweep table's line this row belongs to
     at_round: int | None = None  # read the measure at this round, not the last (FL+HC: "post cluster")
+    authors: str = "group"  # the authors' metric: each client's model on its group's pool, or "pooled"
 
     @property
     def measure(self) -> str:
@@ -91,7 +97,8 @@ def load_table(name: str, root: Path = ROOT) -> Table:
         rows = tuple(Row(str(r["name"]), tuple(str(s) for s in r.get("set", [])),
                          tuple(float(v) for v in r["paper"]) if r.get("paper") else None,
                          str(r.get("metric", metric)), str(r.get("series", "")),
-                         int(r["round"]) if r.get("round") is not None else None) for r in raw["run"])
+                         int(r["round"]) if r.get("round") is not None else None,
+                         str(r.get("authors", "group"))) for r in raw["run"])
         table = Table(name, str(raw["title"]), str(raw["source"]), root.parent / raw["config"],
                       tuple(int(s) for s in raw.get("seeds", [0])), tuple(raw.get("quick", [])),
                       tuple(raw.get("notes", [])), rows, str(raw["sweep"]) if raw.get("sweep") else None)
@@ -103,6 +110,8 @@ def load_table(name: str, root: Path = ROOT) -> Table:
     for r in rows:
         if r.metric not in METRICS:
             raise UserError(f"{path}: row {r.name!r} has metric {r.metric!r}; use one of {', '.join(METRICS)}")
+        if r.authors not in AUTHORS:
+            raise UserError(f"{path}: row {r.name!r} has authors = {r.authors!r}; use one of {', '.join(AUTHORS)}")
         if r.at_round is not None and r.at_round < 1:
             raise UserError(f"{path}: row {r.name!r} reads round {r.at_round}; rounds count from 1")
         if table.sweep and sweep_value(r, table.sweep) is None:
@@ -126,12 +135,18 @@ def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
-def authors_metric(exp: Experiment) -> float | None:
+def authors_metric(exp: Experiment, kind: str = "group") -> float | None:
     """Each participating client's model on the pooled test data of its true group (for
     rotated MNIST, the test images of its rotation that the group's clients hold), averaged
     over clients. None where there are no groups or too many distinct models (Ditto's
-    personal models)."""
+    personal models). ``kind = "pooled"``: each cluster model (the global model where the
+    algorithm has no clusters) on every client's test data, averaged over models."""
     fed = exp.fed
+    if kind == "pooled":
+        found = exp.algorithm.cluster_models() or {0: exp.algorithm.global_model()}
+        parts = [fed.test_data(i) for i in range(fed.n_clients)]
+        x, y = torch.cat([a for a, _ in parts]), torch.cat([b for _, b in parts])
+        return float(np.mean([_accuracy(exp, w, x, y) for w in found.values()]))
     if fed.groups is None:
         return None
     clients = [int(i) for i in fed.participants]
@@ -153,13 +168,16 @@ def authors_metric(exp: Experiment) -> float | None:
         for i, w in zip(clients, models):
             key = (id(w), int(fed.groups[i]))
             if key not in cache:
-                x, y = pools[key[1]]
-                n = exp.model.eval_chunk(x)
-                correct = sum(int((exp.model.forward(w, x[a:a + n]).argmax(1) == y[a:a + n]).sum())
-                              for a in range(0, len(y), n))
-                cache[key] = correct / max(1, len(y))
+                cache[key] = _accuracy(exp, w, *pools[key[1]])
             total += cache[key]
     return total / len(clients)
+
+
+def _accuracy(exp: Experiment, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
+    n = exp.model.eval_chunk(x)
+    with torch.no_grad():
+        correct = sum(int((exp.model.forward(w, x[a:a + n]).argmax(1) == y[a:a + n]).sum()) for a in range(0, len(y), n))
+    return correct / max(1, len(y))
 
 
 def _stats(values: list[float], scale: float = 100.0) -> dict[str, Any]:
@@ -206,7 +224,7 @@ def write_table(table: Table, results: dict[str, list[dict[str, Any]]], status: 
                      f"{_cell(e['authors_metric'])} | "
                      f"{', '.join(map(str, e['clusters'])) or '-'} | "
                      f"{', '.join(f'{a:.3f}' for a in e['ari'] if a is not None) or '-'} | "
-                     f"{', '.join(f'{s:.0f}' for s in e['seconds']) or '-'} | {e['status']} |")
+                     f"{', '.join(f'{s:.0f}' for s in e['seconds']) or '-'} | {e['status'].replace('|', '/')} |")
     lines += ["", "Accuracies in percent; every figure is the mean +- std over seeds (n = seeds finished).", "",
               "Notes:", ""]
     lines += [f"- {n}" for n in doc["notes"]]
@@ -387,8 +405,10 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
     doc: dict[str, Any] = {}
     shared: dict[tuple[str, ...], str] = {}  # rows of one config share its runs (a table's Global column)
     recorded = recorded_runs(table, out_json, configs, quick)
+    failed: list[str] = []
     for row in table.rows:
         stem = shared.setdefault(tuple(sorted(row.overrides)), slug(row.name))
+        row_failed = ""
         for s in seeds:
             status[row.name] = f"running seed {s}"
             doc = write_table(table, results, status, seeds, quick, out_md, out_json)
@@ -403,12 +423,18 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
                 continue
             if summary is None or row.name in chosen and not report_only:
                 log(f"reproduce {name}: {row.name}, seed {s} -> {run_dir}")
-                summary = run_or_reuse(configs[(row.name, s)], run_dir, data_dir, progress)
-            held = run_dir / "authors_metric.json"
+                try:
+                    summary = run_or_reuse(configs[(row.name, s)], run_dir, data_dir, progress)
+                except UserError as err:  # this row cannot run here (data we lack): the others still can
+                    row_failed = f"failed: {err}"
+                    failed.append(f"{row.name}, seed {s}: {err}")
+                    log(f"reproduce {name}: {row.name}, seed {s} failed: {err}")
+                    continue
+            held = run_dir / ("authors_metric.json" if row.authors == "group" else f"authors_metric_{row.authors}.json")
             if held.exists():
                 theirs = json.loads(held.read_text())["authors_metric"]
             else:
-                theirs = authors_metric(Experiment.open(run_dir, data_dir))
+                theirs = authors_metric(Experiment.open(run_dir, data_dir), row.authors)
                 write_atomic(held, json.dumps({"authors_metric": theirs}) + "\n")
             result = {**{k: summary[k] for k in ("accuracy", "global_accuracy", "n_clusters", "ari", "seconds", "seed")},
                       "threads": summary.get("threads"), "authors_metric": theirs,
@@ -416,15 +442,20 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
                       "macro_accuracy": summary.get("macro_accuracy", _macro_from_clients(run_dir))}
             if row.at_round is not None:
                 result.update(authors_metric=None, **{row.metric: _at_round(run_dir, row)})
-            result.update(rounds=summary["rounds"],
+            result.update(rounds=summary["rounds"], authors=row.authors,
                           digest=config_digest(config.validate(read_config(run_dir, data_dir))),
                           curves=run_curves(table, run_dir))
             results.setdefault(row.name, []).append(result)
         if any(r.get("curves") for runs_ in results.values() for r in runs_):  # else the PNG drawn with them stays
             plot_curves(table, results, out_png)
-        if not status[row.name].startswith(("stopped", "not run")):
+        if row_failed:
+            status[row.name] = row_failed
+        elif not status[row.name].startswith(("stopped", "not run")):
             status[row.name] = "done"
         doc = write_table(table, results, status, seeds, quick, out_md, out_json)
+    if failed:
+        raise UserError(f"reproduce {name}: {len(failed)} run(s) failed, the table holds the rest ({out_md}); "
+                        f"first: {failed[0]}")
     return doc
 
 
@@ -451,7 +482,8 @@ def recorded_runs(table: Table, path: Path, configs: dict[tuple[str, int], confi
         if "runs" in entry:
             for rec in entry["runs"]:
                 key = (row.name, rec.get("seed"))
-                if key in configs and rec.get("digest") == config_digest(configs[key]):
+                if key in configs and rec.get("digest") == config_digest(configs[key]) \
+                        and rec.get("authors", "group") == row.authors:
                     found[key] = rec
             continue
         ours, seeds = entry.get("ours") or {}, entry.get("seeds") or []
