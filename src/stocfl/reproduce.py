@@ -38,6 +38,7 @@ from stocfl.compare import run_or_reuse
 from stocfl.errors import UserError
 from stocfl.files import write_atomic
 from stocfl.runner import Experiment, client_models_in_parts, config_digest, finished_summary
+from stocfl.tasks import evaluate_pooled
 
 ROOT = Path(__file__).resolve().parents[2] / "reproductions"  # the repository's tables
 MAX_DISTINCT_MODELS = 64  # the authors' metric evaluates each distinct model on a whole pool
@@ -174,10 +175,7 @@ def authors_metric(exp: Experiment, kind: str = "group") -> float | None:
 
 
 def _accuracy(exp: Experiment, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
-    n = exp.model.eval_chunk(x)
-    with torch.no_grad():
-        correct = sum(int((exp.model.forward(w, x[a:a + n]).argmax(1) == y[a:a + n]).sum()) for a in range(0, len(y), n))
-    return correct / max(1, len(y))
+    return evaluate_pooled(exp.model, w, [(x, y)])[0].accuracy
 
 
 def _stats(values: list[float], scale: float = 100.0) -> dict[str, Any]:
@@ -421,7 +419,7 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
                 done = _done_rounds(run_dir)
                 status[row.name] = f"stopped at round {done}" if done else "not run"
                 continue
-            if summary is None or row.name in chosen and not report_only:
+            if row.name in chosen and not report_only:  # a finished run is reused, a stopped one resumed
                 log(f"reproduce {name}: {row.name}, seed {s} -> {run_dir}")
                 try:
                     summary = run_or_reuse(configs[(row.name, s)], run_dir, data_dir, progress)

@@ -61,8 +61,29 @@ def local_sgd(model: FlatModel, x, y, w, epochs, batch_size, lr, seed, center=No
     views = model.param_views(params)
     centers = model.param_views(center) if center is not None and mu else None
     with _seeded(seed, x.device) if model.random else contextlib.nullcontext():
-        return _steps(model, x, y, w, p, params, views, centers, epochs, batch_size, lr, seed, mu, grad, opt, state,
-                      n_classes if grad is not None else 0)
+        for epoch in batch_plan(len(y), epochs, batch_size, seed):
+            for idx in epoch or [None]:
+                xb, yb = (x, y) if idx is None else (x[idx], y[idx])
+                flat = None
+                if grad is not None:
+                    flat = grad(params, xb, yb, n_classes)
+                    gs = model.param_views(flat)
+                else:
+                    leaves = [v.detach().requires_grad_(True) for v in views]
+                    buffers = model.split_buffers(w) if model.has_buffers else []  # [] : train mode, no buffers
+                    logits = model.forward_tensors(leaves, buffers, xb)
+                    gs = torch.autograd.grad(model.mean_loss(logits, yb), leaves)
+                    if buffers:  # after the gradient: w shares its storage with the leaves
+                        w[p:] = torch.cat([t.reshape(-1) for t in buffers])
+                if centers is not None:
+                    for g, v, c in zip(gs, views, centers):
+                        g.add_(v - c, alpha=mu)
+                if state is None:
+                    for v, g in zip(views, gs):
+                        v.add_(g, alpha=-lr)
+                else:
+                    opt.step(params, flat if flat is not None else torch.cat([g.reshape(-1) for g in gs]), state)
+    return w
 
 
 @contextlib.contextmanager
@@ -75,27 +96,3 @@ def _seeded(seed: int, device: torch.device):
         yield
 
 
-def _steps(model, x, y, w, p, params, views, centers, epochs, batch_size, lr, seed, mu, grad, opt, state, n_classes):
-    for epoch in batch_plan(len(y), epochs, batch_size, seed):
-        for idx in epoch or [None]:
-            xb, yb = (x, y) if idx is None else (x[idx], y[idx])
-            flat = None
-            if grad is not None:
-                flat = grad(params, xb, yb, n_classes)
-                gs = model.param_views(flat)
-            else:
-                leaves = [v.detach().requires_grad_(True) for v in views]
-                buffers = model.split_buffers(w) if model.has_buffers else []  # [] : train mode, no buffers
-                logits = model.forward_tensors(leaves, buffers, xb)
-                gs = torch.autograd.grad(model.mean_loss(logits, yb), leaves)
-                if buffers:  # after the gradient: w shares its storage with the leaves
-                    w[p:] = torch.cat([t.reshape(-1) for t in buffers])
-            if centers is not None:
-                for g, v, c in zip(gs, views, centers):
-                    g.add_(v - c, alpha=mu)
-            if state is None:
-                for v, g in zip(views, gs):
-                    v.add_(g, alpha=-lr)
-            else:
-                opt.step(params, flat if flat is not None else torch.cat([g.reshape(-1) for g in gs]), state)
-    return w
