@@ -106,7 +106,8 @@ class Deployment:
         for p in self.procs:
             kill_group(p)
         deadline = time.monotonic() + 20
-        while any(alive(p.pid) for p in self.procs) and time.monotonic() < deadline:
+        # poll() reaps each group leader that has exited: a zombie still counts as a member of its group
+        while any(p.poll() is None or alive(p.pid) for p in self.procs) and time.monotonic() < deadline:
             time.sleep(0.2)
         for p in self.procs:
             if alive(p.pid):

@@ -250,9 +250,13 @@ class Experiment:
             res, gres, used = [], [], {}
             gw = self.algorithm.global_model()  # once: IFCA's is the mean of its models, formed anew per call
             for part, models in client_models_in_parts(self.algorithm, clients, self.run_tasks):
-                r = self.run_tasks([Evaluate(i, w) for i, w in zip(part, models)])
-                res += r
-                gres += r if all(w is gw for w in models) else self.run_tasks([Evaluate(i, gw) for i in part])
+                tasks = [Evaluate(i, w) for i, w in zip(part, models)]
+                if all(w is gw for w in models):
+                    r = self.run_tasks(tasks)
+                    res, gres = res + r, gres + r
+                else:  # one batch of tasks, not two: over Flower, one exchange with each node, not two
+                    r = self.run_tasks(tasks + [Evaluate(i, gw) for i in part])
+                    res, gres = res + r[:len(part)], gres + r[len(part):]
                 used.update(models_used(part, models, self.algorithm))
             return res, gres, used
 
