@@ -20,7 +20,7 @@ run: $(STAMP)
 	$(BIN)/stocfl run configs/default.toml
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist worksteal
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow

@@ -6,6 +6,32 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _pin_xdist_worker() -> None:
+    """Under pytest-xdist (`make test` runs `-n auto`), worker i of n keeps cores i, i+n, ...:
+    each run inside it then sets as many torch threads as cores it may use (run.threads = 0), so
+    workers never oversubscribe the machine (that made a prototype 7-9x slower). Processes a test
+    starts (CLI runs, Flower SuperNodes) inherit the worker's cores."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not (worker and count and hasattr(os, "sched_setaffinity")):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    i, n = int(worker.removeprefix("gw")), int(count)
+    if n <= len(cores):
+        os.sched_setaffinity(0, cores[i::n])
+
+
+_pin_xdist_worker()
+
+# the longest tests (minutes of waiting on Flower processes) are handed out first, so that under
+# pytest-xdist they run beside the short ones instead of after them
+FIRST = ("test_flower_deployment.py", "test_flower.py", "test_batchnorm.py", "test_stocfl_mnist.py")
+
+
+def pytest_collection_modifyitems(items) -> None:
+    rank = {name: k for k, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))
+
+
 def find_data_dir() -> Path | None:
     """$STOCFL_DATA_DIR, else ../shared/data beside the project, else /work/shared/data."""
     for d in (os.environ.get("STOCFL_DATA_DIR"), ROOT.parent / "shared" / "data", "/work/shared/data"):

@@ -60,3 +60,13 @@ def test_a_dropped_round_equals_the_round_without_that_client(tmp_path):
     assert torch.equal(ref.global_model(), exp.algorithm.global_model())
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert row["dropped"] == 1 and row["dropped_clients"] == [victim]
+
+
+def test_an_evaluation_without_a_client_says_so(tmp_path, caplog):
+    """A figure over fewer clients than asked is logged, naming the round and the client."""
+    exp = _experiment(tmp_path, "fedavg", fail=[3])
+    with caplog.at_level("WARNING", logger="stocfl"):
+        summary = exp.run(progress=False)
+    lines = [r.getMessage() for r in caplog.records]
+    assert "round 4: evaluation: left out client 3: no reply" in lines, lines
+    assert 3 not in exp.last_eval and summary["accuracy"] is not None

@@ -54,7 +54,9 @@ def test_stocfl_over_tls_with_a_supernode_killed_and_restarted(tmp_path):
     - the numbers equal the same config run in-process with client 3 failing in round 2."""
     certs = make_certificates(tmp_path / "certs", ["127.0.0.1", "localhost"])
     out = tmp_path / "results"
-    exp = _experiment(tmp_path / "exp.toml", 3, 4, "client_timeout = 30.0\n")
+    # 60 s: on one core (a pytest-xdist worker) a reply includes starting a ClientApp process per
+    # node, which imports torch, flwr and stocfl: more than 30 s when the three nodes start at once
+    exp = _experiment(tmp_path / "exp.toml", 3, 4, "client_timeout = 60.0\n")
     with Deployment(tmp_path, certs) as d:
         for clients in ("0", "1-2", "3"):
             d.start_supernode(clients)

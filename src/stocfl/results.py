@@ -48,7 +48,7 @@ def place_heldout(algorithm: Algorithm, fed: Federation, run) -> list[dict[str, 
         placed = algorithm.place_new(clients, run)
         return placed, run([Evaluate(p.client, p.weights) for p in placed])
 
-    _, (placed, res) = without_dropped(fed.heldout_clients, attempt)
+    _, (placed, res) = without_dropped(fed.heldout_clients, attempt, "held-out clients' placement")
     return placement_rows(placed, res, fed.groups, algorithm)
 
 

@@ -242,10 +242,11 @@ class Experiment:
         if self.local is not None:
             self.local.load_state(*self.saved["local_bn"])
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, round_: int | None = None) -> dict[str, float]:
         """Accuracy of the participating clients, each with the model it would use, weighted
-        by test size; and of the global model on the same clients. Clients that fail to answer
-        are left out of this evaluation."""
+        by test size; and of the global model on the same clients, after round ``round_`` (the
+        last one done by default). Clients that fail to answer are left out of this evaluation
+        (and logged)."""
         def attempt(clients):
             res, gres, used = [], [], {}
             gw = self.algorithm.global_model()  # once: IFCA's is the mean of its models, formed anew per call
@@ -260,7 +261,7 @@ class Experiment:
                 used.update(models_used(part, models, self.algorithm))
             return res, gres, used
 
-        clients, (res, gres, self.last_used) = without_dropped(self.fed.participants, attempt)
+        clients, (res, gres, self.last_used) = without_dropped(self.fed.participants, attempt, f"round {round_ or self.round}: evaluation")
         self.last_eval = dict(zip(clients, res))
         self.last_global = dict(zip(clients, gres))
         return {"accuracy": _pooled(res), "global_accuracy": _pooled(gres)}
@@ -294,7 +295,7 @@ class Experiment:
             row: dict[str, Any] = {"round": t, "accuracy": None, "global_accuracy": None,
                                    "dropped": len(dropped), "dropped_clients": dropped}
             if t % r.eval_every == 0 or t == r.rounds:
-                row.update(self.evaluate())
+                row.update(self.evaluate(t))
             row.update(report.clustering_scores(self.algorithm.cluster_labels(), self.fed.groups, self.fed.participants))
             row.update(diag)
             row["seconds"] = time.perf_counter() - t0

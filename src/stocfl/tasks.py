@@ -11,6 +11,7 @@ representation beside StoCFL (``stocfl.algorithms.representation``).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Literal, TypeVar
 
@@ -21,6 +22,8 @@ from stocfl.errors import UserError
 from stocfl.models import FlatModel
 from stocfl.optim import Optimizer
 from stocfl.training import local_sgd
+
+log = logging.getLogger("stocfl")
 
 
 @dataclass(frozen=True, eq=False)
@@ -151,13 +154,16 @@ class ClientsDropped(Exception):
         self.clients, self.reasons = clients, reasons
 
 
-def without_dropped(clients: list[int], attempt: Callable[[list[int]], T]) -> tuple[list[int], T]:
+def without_dropped(clients: list[int], attempt: Callable[[list[int]], T], step: str) -> tuple[list[int], T]:
     """``attempt(clients)``, repeated without the clients that failed until none fails; returns
-    the clients that answered and the result (for steps that simply leave failed clients out)."""
+    the clients that answered and the result (for steps that simply leave failed clients out).
+    Every client left out is logged, naming ``step`` and why: a figure computed over fewer
+    clients than asked must never pass unnoticed."""
     while True:
         try:
             return clients, attempt(clients)
         except ClientsDropped as err:
+            log.warning("%s: left out %s", step, "; ".join(err.reasons))
             clients = [i for i in clients if i not in err.clients]
 
 

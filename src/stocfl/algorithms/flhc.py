@@ -107,7 +107,7 @@ class FLHC(Algorithm):
         # later, by lowest loss, like new clients
         everyone, results = without_dropped(c.training_clients, lambda clients: run(
             [Train(i, self.w, p.cluster_epochs, c.batch_size, c.lr, task_seed(c.seed, round_, i))
-             for i in clients]))
+             for i in clients]), f"round {round_}: FL+HC's clustering")
         unanswered = sorted(set(c.training_clients) - set(everyone))
         if not everyone:  # nobody answered: the clustering step is tried again next round
             return {"clustered": 0, "clustering_unanswered": unanswered}
