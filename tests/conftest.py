@@ -16,8 +16,7 @@ def _pin_xdist_worker() -> None:
         return
     cores = sorted(os.sched_getaffinity(0))
     i, n = int(worker.removeprefix("gw")), int(count)
-    if n <= len(cores):
-        os.sched_setaffinity(0, cores[i::n])
+    os.sched_setaffinity(0, cores[i::n] or [cores[i % len(cores)]])  # more workers than cores: one each
 
 
 _pin_xdist_worker()
