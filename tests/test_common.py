@@ -1,4 +1,4 @@
-"""The common suite: every algorithm on every executor (sequential, batched, and the loopback
+"""The common suite: every algorithm on every executor (sequential, parallel, batched, and the loopback
 executor that sends every task and result through the Flower codec and Flower's wire format),
 with held-out clients, checkpoints through the real file format, new-client placement, a
 single-client federation and rounds in which every sampled client fails."""
@@ -15,7 +15,7 @@ from stocfl import checkpoint, config, report
 from stocfl.aggregation import Aggregator
 from stocfl.algorithms import ALGORITHMS, Context
 from stocfl.data import load_dataset
-from stocfl.executors import BatchedExecutor, SequentialExecutor
+from stocfl.executors import BatchedExecutor, ParallelExecutor, SequentialExecutor
 from stocfl.flower.loopback import LoopbackExecutor
 from stocfl.models import FlatModel, build_module, make_model
 from stocfl.runner import Experiment
@@ -54,6 +54,7 @@ class Recording:
 
 EXECUTORS = {
     "sequential": lambda fed=FED: SequentialExecutor(fed, MODEL),
+    "parallel": lambda fed=FED: ParallelExecutor(fed, MODEL, workers=2),
     "batched": lambda fed=FED: BatchedExecutor(fed, MODEL),
     "lowrank": lambda fed=FED: BatchedExecutor(fed, MODEL, lowrank=True),
     "loopback": lambda fed=FED: LoopbackExecutor(SequentialExecutor(fed, MODEL), nodes=3),

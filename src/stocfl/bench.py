@@ -39,7 +39,7 @@ from stocfl.data import resolve_data_dir
 from stocfl.devices import federation_on, resolve_device
 from stocfl.errors import UserError
 from stocfl import config
-from stocfl.executors import BatchedExecutor, SequentialExecutor, make_executor, set_threads
+from stocfl.executors import BatchedExecutor, ParallelExecutor, SequentialExecutor, make_executor, set_threads
 from stocfl.lowrank import structure
 from stocfl.models import build_module, make_model
 from stocfl.scenarios import build
@@ -108,6 +108,8 @@ def run_case(name, fed, model_name, hidden, n_clients, epochs, batch_size, lr, p
     engines = {"sequential": SequentialExecutor(fed, flat, device), "batched": BatchedExecutor(fed, flat, device=device)}
     if structure(flat) is not None:
         engines["lowrank"] = BatchedExecutor(fed, flat, lowrank=True, device=device)
+    if device.type == "cpu" and torch.get_num_threads() > 1:
+        engines["parallel"] = ParallelExecutor(fed, flat, workers=torch.get_num_threads())
     for engine, ex in engines.items():
         ex.run(tasks[: min(4, len(tasks))])  # warm-up (vmap tracing, allocator)
         seconds[engine] = _time(lambda: ex.run(tasks), reps, device)
@@ -126,6 +128,8 @@ def run_case(name, fed, model_name, hidden, n_clients, epochs, batch_size, lr, p
             "sequential_vs_naive": round(seconds["naive"] / seconds["sequential"], 2),
             "batched_vs_naive": round(seconds["naive"] / seconds["batched"], 2),
             "batched_vs_sequential": round(seconds["sequential"] / seconds["batched"], 2),
+            **({"parallel_vs_sequential": round(seconds["sequential"] / seconds["parallel"], 2)}
+               if "parallel" in seconds else {}),
             **({"lowrank_vs_sequential": round(seconds["sequential"] / seconds["lowrank"], 2),
                 "lowrank_vs_naive": round(seconds["naive"] / seconds["lowrank"], 2)} if "lowrank" in seconds else {}),
             "best_vs_naive": round(seconds["naive"] / seconds[best], 2),

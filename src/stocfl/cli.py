@@ -34,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="override a config key, e.g. --set run.rounds=5 (repeatable)")
     run.add_argument("--out", type=_path, help="results directory (default: runs/<scenario>-<algorithm>-<time>)")
     run.add_argument("--data-dir", type=_path, help="directory of the data sets (default: $STOCFL_DATA_DIR)")
-    run.add_argument("--engine", choices=("local", "auto", "sequential", "batched", "flower-sim"),
+    run.add_argument("--engine", choices=("local", "auto", "sequential", "parallel", "batched", "lowrank", "flower-sim"),
                      help="shortcut for --set run.engine=...; local = auto (in-process)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
 

@@ -31,8 +31,9 @@ class RunConfig(Section):
     seed: int = Field(0, ge=0, le=2**32 - 1, description="seeds data split, model init, sampling and local SGD")
     eval_every: int = Field(1, ge=1, le=MAX_COUNT, description="evaluate all clients every k rounds (and at the end)")
     engine: str = Field(
-        "auto", description="executor of client tasks: sequential, batched, lowrank (exact low-rank training of a "
-        "dense first layer); auto picks one by a cost model; flower-sim sends them as Flower messages (simulation "
+        "auto", description="executor of client tasks: sequential, parallel (the sequential loop in one worker process "
+        "per thread, one thread each), batched, lowrank (exact low-rank training of a dense first layer); auto picks "
+        "one by a cost model; flower-sim sends them as Flower messages (simulation "
         "engine); or a registered engine"
     )
     threads: int = Field(0, ge=0, le=1024, description="torch threads; 0 = the free cores of this machine")

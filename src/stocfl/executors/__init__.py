@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -12,6 +13,7 @@ from stocfl.devices import resolve_device
 from stocfl.errors import UserError
 from stocfl.executors.base import Executor
 from stocfl.executors.batched import BatchedExecutor
+from stocfl.executors.parallel import ParallelExecutor
 from stocfl.executors.sequential import SequentialExecutor
 from stocfl.lowrank import flops, structure
 
@@ -108,6 +110,8 @@ def _auto(federation, model, cfg) -> Executor:
         chosen = "lowrank"
     if model.random:  # dropout: each client's draws as it trains alone, only the sequential loop has them
         chosen = "sequential"
+    if chosen == "sequential" and on_cpu and torch.get_num_threads() > 1 and sys.platform == "linux":
+        chosen = "parallel"  # whole clients side by side, one thread each, beat one client on every thread
     return make_executor(chosen, federation, model, cfg)
 
 
@@ -115,6 +119,9 @@ register_engine(Engine("auto", "lowrank, sequential or batched, chosen by a cost
                        "training", executor=_auto))
 register_engine(Engine("sequential", "one client after another, a tight loop over pre-stacked tensors",
                        executor=lambda fed, model, cfg: SequentialExecutor(fed, model, resolve_device(cfg.run.device))))
+register_engine(Engine("parallel", "the sequential loop in worker processes, one per torch thread, each on one "
+                       "thread (CPU)", executor=lambda fed, model, cfg: ParallelExecutor(
+                           fed, model, workers=torch.get_num_threads(), device=resolve_device(cfg.run.device))))
 register_engine(Engine("batched", "chunks of clients as one vmap(grad) computation",
                        executor=lambda fed, model, cfg: BatchedExecutor(fed, model, chunk_size=cfg.run.chunk_size,
                                                                         device=resolve_device(cfg.run.device))))
@@ -124,5 +131,5 @@ register_engine(Engine("lowrank", "batched, with plain-SGD training of a dense f
                            device=resolve_device(cfg.run.device))))
 
 
-__all__ = ["ENGINES", "Engine", "Executor", "SequentialExecutor", "BatchedExecutor", "choose_engine", "engine_of",
+__all__ = ["ENGINES", "Engine", "Executor", "ParallelExecutor", "SequentialExecutor", "BatchedExecutor", "choose_engine", "engine_of",
            "make_executor", "register_engine", "set_threads"]

@@ -50,14 +50,15 @@ class Executor:
             batch = [tasks[k] for k in idx]
             if remote:
                 batch = [move(t, self.device, memo) for t in batch]
-            if kind in fast:
-                results = fast[kind](batch)
-            else:
-                ref = kind_of(kind).run
-                results = [ref(self.client(t.client), t) for t in batch]
+            results = fast[kind](batch) if kind in fast else self.run_reference(kind, batch)
             for k, r in zip(idx, results):
                 out[k] = move(r, cpu) if remote else r
         return out  # type: ignore[return-value]
+
+    def run_reference(self, kind: type, tasks: list[Task]) -> list[Result]:
+        """Tasks of one kind through its registered reference function, client by client."""
+        ref = kind_of(kind).run
+        return [ref(self.client(t.client), t) for t in tasks]
 
     def evaluate(self, tasks: list[Evaluate]) -> list[Evaluated]:
         out: list[Evaluated | None] = [None] * len(tasks)
