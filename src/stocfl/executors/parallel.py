@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import multiprocessing
+import signal
 import sys
 import weakref
 from concurrent.futures import ProcessPoolExecutor
@@ -36,6 +37,7 @@ _worker: "ParallelExecutor | None" = None  # in a worker: the executor it was fo
 
 def _start_worker(key: int) -> None:
     global _worker
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle (it names the run to resume)
     torch.set_num_threads(1)
     _worker = _PENDING[key]
 
