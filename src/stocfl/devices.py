@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -50,15 +50,22 @@ def move(value: Any, device: torch.device, memo: dict[int, torch.Tensor] | None 
     """A task or result dataclass with its tensor fields on ``device``. Tensors shared between
     tasks (every client on the global model) are moved once: ``memo`` maps id -> moved copy, so
     tasks that shared a tensor still share one."""
+    return map_tensors(value, lambda v: v.device != device, lambda v: v.to(device), memo)
+
+
+def map_tensors(value: Any, applies: Callable[[torch.Tensor], bool], fn: Callable[[torch.Tensor], torch.Tensor],
+                memo: dict[int, torch.Tensor] | None = None) -> Any:
+    """A dataclass with ``fn`` applied to each tensor field for which ``applies`` holds, once per
+    tensor (``memo``: id -> result); anything else is returned as it is."""
     if not dataclasses.is_dataclass(value):
         return value
     memo = {} if memo is None else memo
     changes = {}
     for f in dataclasses.fields(value):
         v = getattr(value, f.name)
-        if isinstance(v, torch.Tensor) and v.device != device:
+        if isinstance(v, torch.Tensor) and applies(v):
             if id(v) not in memo:
-                memo[id(v)] = v.to(device)
+                memo[id(v)] = fn(v)
             changes[f.name] = memo[id(v)]
     return dataclasses.replace(value, **changes) if changes else value
 

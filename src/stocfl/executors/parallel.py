@@ -14,7 +14,6 @@ one torch thread, bit for bit, whichever worker takes it.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import multiprocessing
 import signal
@@ -26,6 +25,7 @@ from typing import Any
 
 import torch
 
+from stocfl.devices import map_tensors
 from stocfl.errors import UserError
 from stocfl.executors.base import Executor
 from stocfl.tasks import KINDS, kind_of
@@ -51,18 +51,11 @@ def _compact(value: Any, memo: dict[int, torch.Tensor] | None = None) -> Any:
     """``value`` (a task or result dataclass) with each tensor field that is a view into a
     larger storage (a row of a stacked client store, a slice of the flat weights) replaced by a
     copy of its own: sending a view through shared memory would move its whole storage."""
-    if not dataclasses.is_dataclass(value):
-        return value
-    memo = {} if memo is None else memo
-    changes = {}
-    for f in dataclasses.fields(value):
-        v = getattr(value, f.name)
-        if isinstance(v, torch.Tensor) and (v.storage_offset() or not v.is_contiguous()
-                                            or v.untyped_storage().nbytes() != v.numel() * v.element_size()):
-            if id(v) not in memo:
-                memo[id(v)] = v.clone(memory_format=torch.contiguous_format)
-            changes[f.name] = memo[id(v)]
-    return dataclasses.replace(value, **changes) if changes else value
+    return map_tensors(value, _is_view, lambda v: v.clone(memory_format=torch.contiguous_format), memo)
+
+
+def _is_view(v: torch.Tensor) -> bool:
+    return bool(v.storage_offset()) or not v.is_contiguous() or v.untyped_storage().nbytes() != v.numel() * v.element_size()
 
 
 def fork_available() -> bool:
