@@ -91,6 +91,9 @@ def test_tasks_run_in_worker_processes_on_one_thread_each_and_a_kind_registered_
         pids = {h.pid for h in got}
         assert os.getpid() not in pids and 1 <= len(pids) <= 2
         assert {h.threads for h in got} == {1}
+        KINDS.pop(WhereAmI)  # the same kind registered again with another function reaches them too
+        register_task(WhereAmI, Here, lambda data, task: Here(-task.client, 0), message="test.whereami")
+        assert [h.pid for h in ex.run([WhereAmI(c) for c in range(1, 4)])] == [-1, -2, -3]
     finally:
         KINDS.pop(WhereAmI, None)
         ex.close()

@@ -79,7 +79,7 @@ class ParallelExecutor(Executor):
         super().__init__(federation, model, device)
         self.workers = workers
         self._pool: ProcessPoolExecutor | None = None
-        self._kinds = 0  # task kinds registered when the workers were forked
+        self._kinds: tuple = ()  # the task kinds registered when the workers were forked
 
     def run_reference(self, kind: type, tasks: list) -> list:
         if self.workers == 1 or len(tasks) < 2:
@@ -94,16 +94,16 @@ class ParallelExecutor(Executor):
             return [r for part in self._workers().map(_run_part, parts) for r in part]
         except BrokenProcessPool:
             self.close()
-            raise UserError("parallel executor: a worker process died (killed for memory, or by a signal); resume the "
-                            "run, with run.engine = 'sequential' if it happens again") from None
+            raise UserError("parallel executor: a worker process died (killed for memory, by a signal, or /dev/shm was "
+                            "full); resume the run, with run.engine = 'sequential' if it happens again") from None
         except RuntimeError as e:
-            if "shared memory" in str(e) or "shm" in str(e):
+            if any(m in str(e) for m in ("shared memory", "No space left on device", "unable to write to file")):
                 raise UserError(f"parallel executor: cannot pass tensors through shared memory ({e}); enlarge "
                                 f"/dev/shm or use run.engine = 'sequential'") from None
             raise
 
     def _workers(self) -> ProcessPoolExecutor:
-        if self._pool is not None and self._kinds != len(KINDS):  # a kind registered since the fork
+        if self._pool is not None and self._kinds != tuple(KINDS.values()):  # a kind registered since the fork
             self.close()
         if self._pool is None:
             key = next(_KEYS)
@@ -115,7 +115,7 @@ class ParallelExecutor(Executor):
                 list(self._pool.map(_noop, range(self.workers)))
             finally:
                 del _PENDING[key]
-            self._kinds = len(KINDS)
+            self._kinds = tuple(KINDS.values())
             self._finalizer = weakref.finalize(self, _shutdown, self._pool)
         return self._pool
 
