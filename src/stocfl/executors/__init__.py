@@ -131,5 +131,5 @@ register_engine(Engine("lowrank", "batched, with plain-SGD training of a dense f
                            device=resolve_device(cfg.run.device))))
 
 
-__all__ = ["ENGINES", "Engine", "Executor", "ParallelExecutor", "SequentialExecutor", "BatchedExecutor", "choose_engine", "engine_of",
-           "make_executor", "register_engine", "set_threads"]
+__all__ = ["ENGINES", "Engine", "Executor", "ParallelExecutor", "SequentialExecutor", "BatchedExecutor", "choose_engine",
+           "engine_of", "make_executor", "register_engine", "set_threads"]

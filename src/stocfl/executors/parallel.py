@@ -14,7 +14,6 @@ one torch thread, bit for bit, whichever worker takes it.
 
 from __future__ import annotations
 
-import itertools
 import multiprocessing
 import signal
 import sys
@@ -30,16 +29,12 @@ from stocfl.errors import UserError
 from stocfl.executors.base import Executor
 from stocfl.tasks import KINDS, kind_of
 
-_PENDING: dict[int, "ParallelExecutor"] = {}  # read by a worker right after the fork
-_KEYS = itertools.count()
-_worker: "ParallelExecutor | None" = None  # in a worker: the executor it was forked from
+_worker: "ParallelExecutor | None" = None  # the executor being forked; in a worker, the one it was forked from
 
 
-def _start_worker(key: int) -> None:
-    global _worker
+def _start_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle (it names the run to resume)
     torch.set_num_threads(1)
-    _worker = _PENDING[key]
 
 
 def _run_part(tasks: list) -> list:
@@ -106,15 +101,15 @@ class ParallelExecutor(Executor):
         if self._pool is not None and self._kinds != tuple(KINDS.values()):  # a kind registered since the fork
             self.close()
         if self._pool is None:
-            key = next(_KEYS)
-            _PENDING[key] = self
+            global _worker
+            _worker = self
             try:
                 self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"),
-                                                 initializer=_start_worker, initargs=(key,))
-                # fork every worker now, while this executor is registered for them to find
+                                                 initializer=_start_worker)
+                # fork every worker now, while _worker names this executor for them to inherit
                 list(self._pool.map(_noop, range(self.workers)))
             finally:
-                del _PENDING[key]
+                _worker = None
             self._kinds = tuple(KINDS.values())
             self._finalizer = weakref.finalize(self, _shutdown, self._pool)
         return self._pool
