@@ -337,3 +337,25 @@ def test_every_committed_table_loads_and_its_rows_are_valid_configs(name):
         for extra in ([], list(table.quick)):
             cfg = config.load(table.config, [*row.overrides, *extra])
             assert cfg.run.rounds >= 1
+
+
+def test_a_reproduction_stopped_mid_table_keeps_the_later_rows_recorded_in_its_files(tmp_path):
+    import shutil
+
+    root = tiny_root(tmp_path)
+    doc = reproduce("tiny", root=root, progress=False, log=lambda m: None)
+    shutil.rmtree(root / "runs")  # a fresh clone: the table's record is all there is of the runs
+    (root / "tiny.toml").write_text(TABLE.replace('"algorithm.name=fedavg"]', '"algorithm.name=fedavg", "train.lr=0.2"]'))
+
+    def killed(message):  # the first row starts running, then the process dies
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        reproduce("tiny", root=root, progress=False, log=killed)
+    on_disk = json.loads((root / "tiny.json").read_text())
+    assert [r["status"] for r in on_disk["rows"]] == ["running seed 0", "done"]
+    assert on_disk["rows"][1]["runs"] == doc["rows"][1]["runs"]
+    assert f"| StoCFL | accuracy | 60.00 +- 2.00 | {doc['rows'][1]['ours']['mean']:.2f} +- " \
+        in (root / "tiny.md").read_text()
+    again = reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)
+    assert again["rows"][1]["runs"] == doc["rows"][1]["runs"] and again["rows"][0]["status"] == "not run"

@@ -403,10 +403,16 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
     doc: dict[str, Any] = {}
     shared: dict[tuple[str, ...], str] = {}  # rows of one config share its runs (a table's Global column)
     recorded = recorded_runs(table, out_json, configs, quick)
+    for row in table.rows:  # the tables written while the first rows run keep what the later rows recorded
+        done = [recorded[(row.name, s)] for s in seeds if (row.name, s) in recorded]
+        if done:
+            results[row.name] = done
+            status[row.name] = "done" if len(done) == len(seeds) else "not run"
     failed: list[str] = []
     for row in table.rows:
         stem = shared.setdefault(tuple(sorted(row.overrides)), slug(row.name))
         row_failed = ""
+        results.pop(row.name, None)
         for s in seeds:
             status[row.name] = f"running seed {s}"
             doc = write_table(table, results, status, seeds, quick, out_md, out_json)
