@@ -82,3 +82,41 @@ def test_a_dropout_model_gives_the_same_numbers_for_the_same_seed_and_is_evaluat
     for engine in ("batched", "lowrank"):
         with pytest.raises(UserError, match=f"run.engine = {engine}: the model has layers that draw random numbers"):
             stocfl.run({**cfg, "run": {"rounds": 1, "engine": engine}}, model=_dropout_module())
+
+
+RGB, RGB_W = make_model("cifar_cnn", (3, 32, 32), 10, 200, 0)
+
+
+@settings(max_examples=6, deadline=None)
+@given(n=st.integers(1, 24), batch=st.integers(0, 8), seed=st.integers(0, 2**16))
+def test_a_conv_model_trains_and_evaluates_on_channels_last_images_to_the_numbers_of_plain_ones(n, batch, seed):
+    from stocfl.training import local_sgd
+
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.rand(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
+    assert RGB.layout(x).is_contiguous(memory_format=torch.channels_last) and RGB.layout(x).equal(x)
+    plain = FlatModel(RGB.module)
+    plain._has_conv2d = False  # the obviously correct version: the caller's layout throughout
+    assert plain.layout(x) is x
+    fast, ref = (local_sgd(m, x, y, RGB_W, 2, batch, 0.05, seed) for m in (RGB, plain))
+    assert float((fast - ref).norm()) <= 1e-4 * float((ref - RGB_W).norm())  # float rounding of the update
+    got, want = (evaluate_pooled(m, fast, [(x, y)])[0] for m in (RGB, plain))
+    assert abs(got.loss - want.loss) <= 1e-5 * max(1.0, want.loss) and abs(got.correct - want.correct) <= 1
+
+
+def test_a_model_that_views_a_convolutions_output_keeps_its_inputs_layout():
+    class Viewing(nn.Module):  # as many tutorials write it: .view on the convolution's output
+        def __init__(self):
+            super().__init__()
+            self.conv, self.fc = nn.Conv2d(3, 4, 3), nn.Linear(4 * 6 * 6, 10)
+
+        def forward(self, x):
+            out = self.conv(x)
+            return self.fc(out.view(out.size(0), -1))
+
+    model = FlatModel(Viewing())
+    w = FlatModel.init_weights(Viewing(), 0)
+    x = torch.rand(5, 3, 8, 8)
+    assert model.layout(x) is x  # channels-last would break its view: left as it is
+    assert evaluate_pooled(model, w, [(x, torch.zeros(5, dtype=torch.long))])[0].n_samples == 5
+    assert RGB.layout(x[:, :1]) is not None and CNN.layout(torch.rand(2, 1, 28, 28)).is_contiguous()

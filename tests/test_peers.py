@@ -40,3 +40,18 @@ def test_a_system_runs_in_a_process_of_its_own():
     assert out["engine"] == "batched" and out["seconds_per_round"] > 0 and 0.0 <= out["accuracy"] <= 1.0
     with pytest.raises(RuntimeError, match="unknown case 'nope'"):
         run_isolated("nope", "stocfl", ".", True, 1)
+
+
+def test_bench_peers_runs_the_cases_asked_and_refuses_bad_options_in_one_line(tmp_path, capsys):
+    from stocfl.cli import main
+    from stocfl.peers import bench_peers
+
+    assert main(["bench", "--peers", "--data-dir", str(tmp_path), "--case", "nope"]) == 2
+    assert "unknown case 'nope'; choose among a_rotated_mnist_480x50_mlp2048" in capsys.readouterr().err
+    assert main(["bench", "--peers", "--data-dir", str(tmp_path), "--repeats", "0"]) == 2
+    assert "--repeats must be a whole number >= 1, got 0" in capsys.readouterr().err
+    # the digits case needs no data: stocfl and the naive loop, once each
+    got = bench_peers(str(tmp_path), 100.0, 1, quick=True, repeats=1, only=["stocfl", "naive"],
+                      cases=["c_digits_500x10"], log=lambda m: None)
+    assert [c["case"] for c in got["cases"]] == ["c_digits_500x10"]
+    assert set(got["cases"][0]["ratios"]) == {"stocfl", "naive"} and got["cases"][0]["ratios"]["stocfl"] == 1.0

@@ -228,11 +228,20 @@ def peers_main(args, root, quick: bool, threads: int) -> int:
 
     from stocfl.peers import bench_peers
 
+    from stocfl.peers import CASES
+
     if root is None:
         raise UserError("stocfl bench --peers needs MNIST and CIFAR-10: pass --data-dir DIR or set STOCFL_DATA_DIR")
+    cases = getattr(args, "case", None) or list(CASES)
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        raise UserError(f"stocfl bench --peers: unknown case {unknown[0]!r}; choose among {', '.join(CASES)}")
+    repeats = getattr(args, "repeats", 3)
+    if not isinstance(repeats, int) or repeats < 1:
+        raise UserError(f"stocfl bench --peers: --repeats must be a whole number >= 1, got {repeats!r}")
     peak = matmul_peak(1024 if quick else 2048)
     result = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {threads} torch threads",
               "torch": torch.__version__, "matmul_peak_gflops": round(peak, 1),
-              **bench_peers(str(root), peak, threads, quick, repeats=1 if quick else 3,
+              **bench_peers(str(root), peak, threads, quick, repeats=1 if quick else repeats, cases=cases,
                             log=lambda m: print(m, file=sys.stderr, flush=True))}
     return _emit(result, args.out)

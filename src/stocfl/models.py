@@ -118,6 +118,8 @@ class FlatModel:
         self.loss = loss  # per-sample loss(logits, y) -> (n,); None: cross-entropy
         self.module = copy.deepcopy(module).to("meta")  # a template only: no real storage (the caller's stays)
         self._peak_bytes: dict[tuple, int] = {}  # (sample shape, dtype) -> largest layer output, for eval_chunk
+        self._has_conv2d = any(isinstance(m, nn.Conv2d) for m in module.modules())
+        self._channels_last: dict[tuple, bool] = {}  # sample shape -> the module runs on channels-last inputs
         # layers that draw random numbers in training: local training seeds them per task
         self.random = any(isinstance(m, RANDOM_LAYERS) for m in module.modules())
         params = list(module.named_parameters())
@@ -178,6 +180,31 @@ class FlatModel:
         if key not in self._peak_bytes:
             self._peak_bytes[key] = self._largest_output(*key)
         return max(EVAL_CHUNK_MIN, min(EVAL_CHUNK_MAX, EVAL_CPU_BYTES // max(1, self._peak_bytes[key])))
+
+    def layout(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (a batch of images, not under ``vmap``) in the memory layout this model's layers
+        run fastest on: channels-last for a model with 2-D convolutions on the CPU, oneDNN's native
+        layout. Results are the same up to float rounding; measured on one core with
+        ``cifar_cnn``, local SGD (batch 10) took 1.2x less time and evaluation 1.85x less, most of
+        it in max-pooling (PyTorch's NCHW kernel is several times slower than its NHWC one). A
+        module that fails on such inputs or gives other outputs (a ``view`` of a convolution's
+        output, say), found once per input shape on one sample, keeps the caller's layout."""
+        if not self._has_conv2d or x.dim() != 4 or x.device.type != "cpu" or x.shape[1] == 1:
+            return x
+        key = tuple(x.shape[1:])
+        if key not in self._channels_last:
+            self._channels_last[key] = self._same_on_channels_last(torch.rand((1, *key), dtype=x.dtype))
+        return x.contiguous(memory_format=torch.channels_last) if self._channels_last[key] else x
+
+    def _same_on_channels_last(self, x: torch.Tensor) -> bool:
+        w = 0.1 * torch.randn(self.n_params, generator=torch.Generator().manual_seed(0))
+        try:
+            with torch.no_grad():
+                want = self.forward(w, x)
+                got = self.forward(w, x.contiguous(memory_format=torch.channels_last))
+            return bool(torch.allclose(got, want, rtol=1e-4, atol=1e-5))
+        except Exception:  # noqa: BLE001 - any failure: keep the caller's layout
+            return False
 
     def _largest_output(self, shape: tuple[int, ...], dtype: torch.dtype) -> int:
         """Bytes of the largest output of any layer for one sample, found on the meta device

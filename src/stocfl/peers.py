@@ -279,7 +279,7 @@ def run_isolated(case_name: str, system: str, data_dir: str, quick: bool, thread
 
 
 def bench_peers(data_dir: str, peak: float, threads: int, quick: bool = False, repeats: int = 3,
-                only: list[str] | None = None, log=print) -> dict[str, Any]:
+                only: list[str] | None = None, cases: list[str] | None = None, log=print) -> dict[str, Any]:
     """Per case, each system ``repeats`` times in alternating order (stocfl first, then last,
     ...), each time in a fresh process; a system's figure is the median of its repetitions.
     On a shared machine one sample can be 20% off; alternating spreads slow spells over all."""
@@ -290,7 +290,7 @@ def bench_peers(data_dir: str, peak: float, threads: int, quick: bool = False, r
         if module is not None and importlib.util.find_spec(module) is None:
             out["skipped"][name] = f"{module} is not installed (pip install -e '.[bench]')"
     systems = [n for n in SYSTEMS if n not in out["skipped"] and (not only or n in only)]
-    for case_name in CASES:
+    for case_name in cases or CASES:
         c = case(case_name, data_dir, quick)
         row: dict[str, Any] = {"case": case_name, "clients": c.fed.n_clients, "per_round": c.per_round,
                                "epochs": c.epochs, "batch_size": c.batch_size or "full", "rounds": c.rounds,

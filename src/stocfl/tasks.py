@@ -263,7 +263,7 @@ def evaluate_pooled(model: FlatModel, w: torch.Tensor, parts: list[tuple[torch.T
     losses, correct = [], []
     chunk = model.eval_chunk(x)
     for a in range(0, len(y), chunk):
-        logits = model.forward(w, x[a: a + chunk])
+        logits = model.forward(w, model.layout(x[a: a + chunk]))
         losses.append(model.per_sample_loss(logits, y[a: a + chunk]).double())
         correct.append(logits.argmax(1) == y[a: a + chunk])
     loss_all = torch.cat(losses) if losses else torch.zeros(0, dtype=torch.float64)

@@ -50,6 +50,7 @@ def local_sgd(model: FlatModel, x, y, w, epochs, batch_size, lr, seed, center=No
     instead of autograd (the linear anchor's fast path). ``opt``: another optimizer than plain
     SGD (momentum, weight decay, Adam; ``stocfl.optim``), from a fresh state."""
     w = w.detach().clone()
+    x = model.layout(x)  # once per client: the mini-batches gathered from it keep its layout
     p = model.n_trainable  # the step acts on the parameters; buffers take BatchNorm's running statistics
     params = w[:p]  # a view: steps write into w
     state = opt.init(params) if opt is not None and not opt.plain else None
