@@ -127,3 +127,12 @@ def test_auto_runs_whole_clients_side_by_side_when_it_has_threads_for_them():
     assert make_executor("auto", FED, model, cfg).name == "parallel"
     torch.set_num_threads(1)
     assert make_executor("auto", FED, model, cfg).name == "sequential"
+
+
+@given(n=st.integers(0, 500), workers=st.integers(1, 16))
+def test_guided_parts_cover_the_tasks_in_order_and_shrink(n, workers):
+    from stocfl.executors.parallel import part_sizes
+
+    sizes = part_sizes(n, workers)
+    assert sum(sizes) == n and all(s >= 1 for s in sizes) and sizes == sorted(sizes, reverse=True)
+    assert not sizes or sizes[0] == -(-n // (2 * workers))

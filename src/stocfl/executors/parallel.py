@@ -53,6 +53,18 @@ def _is_view(v: torch.Tensor) -> bool:
     return bool(v.storage_offset()) or not v.is_contiguous() or v.untyped_storage().nbytes() != v.numel() * v.element_size()
 
 
+def part_sizes(n: int, workers: int) -> list[int]:
+    """Guided scheduling: each part takes 1 / (2 x workers) of the tasks left, so parts shrink
+    toward the end and the workers finish together. Equal parts of about n / (4 x workers)
+    left one worker with 28 of 50 equal clients and the other with 22 (pfl's CIFAR CNN, 2
+    workers: 2.46-2.64 s a round against 2.1 s for 25 clients in each of two processes)."""
+    sizes = []
+    while n > 0:
+        sizes.append(max(1, -(-n // (2 * workers))))
+        n -= sizes[-1]
+    return sizes
+
+
 def fork_available() -> bool:
     return "fork" in multiprocessing.get_all_start_methods()
 
@@ -82,9 +94,10 @@ class ParallelExecutor(Executor):
         kind_of(kind)  # an unregistered kind is refused here, in one line
         memo: dict[int, torch.Tensor] = {}
         tasks = [_compact(t, memo) for t in tasks]
-        # about four parts per worker: a worker that draws small clients takes another part
-        size = max(1, -(-len(tasks) // (4 * self.workers)))
-        parts = [tasks[a:a + size] for a in range(0, len(tasks), size)]
+        parts, a = [], 0
+        for size in part_sizes(len(tasks), self.workers):
+            parts.append(tasks[a:a + size])
+            a += size
         try:
             return [r for part in self._workers().map(_run_part, parts) for r in part]
         except BrokenProcessPool:
@@ -130,4 +143,4 @@ def _shutdown(pool: ProcessPoolExecutor) -> None:
     pool.shutdown(wait=True, cancel_futures=True)
 
 
-__all__ = ["ParallelExecutor", "fork_available"]
+__all__ = ["ParallelExecutor", "fork_available", "part_sizes"]
