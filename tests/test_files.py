@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -116,6 +117,28 @@ def test_write_atomic_leaves_the_old_file_when_the_write_fails(tmp_path, monkeyp
     with pytest.raises(OSError):
         files.write_atomic(path, "new")
     assert path.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]  # no temporary file left behind
+
+
+def _write_many(path: str, tag: str) -> None:
+    for k in range(200):
+        files.write_atomic(Path(path), f"{tag} {k} " * 2000)
+
+
+def test_two_processes_writing_one_file_never_collide_and_leave_a_whole_version(tmp_path):
+    import multiprocessing
+
+    path = tmp_path / "table.json"
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_write_many, args=(str(path), tag)) for tag in ("a", "b")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]  # with one shared temporary name, one renamed the other's away
+    words = path.read_text().split()
+    assert len(words) == 4000 and len(set(words[:2])) == 2 and words == words[:2] * 2000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["table.json"]
 
 
 def test_a_client_store_the_disk_cannot_hold_is_one_line_before_the_first_round(tmp_path):

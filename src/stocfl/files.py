@@ -6,17 +6,23 @@ from __future__ import annotations
 
 import io
 import os
+import uuid
 from pathlib import Path
 
 
 def write_atomic(path: Path, data: bytes | str) -> None:
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    # a name of its own: two processes writing one file (two reproductions of one table's rows)
+    # must not rename each other's half-written copy
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     fsync_dir(path.parent)
 
 
