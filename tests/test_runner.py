@@ -121,8 +121,11 @@ def test_clients_csv_holds_each_clients_accuracy_and_the_summary_its_spread(tmp_
 
 def test_ctrl_c_names_the_directory_to_resume(tmp_path):
     out = tmp_path / "r"
+    # as from a shell: Ctrl-C at its default (a test process that ran Ray may ignore SIGINT, and a
+    # child inherits an ignored signal: the run then never saw the interrupt)
     proc = subprocess.Popen([sys.executable, "-m", "stocfl", "run", "--quiet", "--out", str(out), "--set",
-                             "run.rounds=100000"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                             "run.rounds=100000"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 60
     metrics = out / "metrics.jsonl"
     while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
