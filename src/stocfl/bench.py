@@ -226,9 +226,7 @@ def peers_main(args, root, quick: bool, threads: int) -> int:
     stocfl's, stocfl's fraction of the measured matmul peak, and every system's accuracy."""
     import sys
 
-    from stocfl.peers import bench_peers
-
-    from stocfl.peers import CASES
+    from stocfl.peers import CASES, bench_peers
 
     if root is None:
         raise UserError("stocfl bench --peers needs MNIST and CIFAR-10: pass --data-dir DIR or set STOCFL_DATA_DIR")

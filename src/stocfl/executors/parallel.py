@@ -14,6 +14,7 @@ one torch thread, bit for bit, whichever worker takes it.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import signal
 import sys
@@ -94,10 +95,8 @@ class ParallelExecutor(Executor):
         kind_of(kind)  # an unregistered kind is refused here, in one line
         memo: dict[int, torch.Tensor] = {}
         tasks = [_compact(t, memo) for t in tasks]
-        parts, a = [], 0
-        for size in part_sizes(len(tasks), self.workers):
-            parts.append(tasks[a:a + size])
-            a += size
+        ends = list(itertools.accumulate(part_sizes(len(tasks), self.workers)))
+        parts = [tasks[a:b] for a, b in zip([0, *ends], ends)]
         try:
             return [r for part in self._workers().map(_run_part, parts) for r in part]
         except BrokenProcessPool:
