@@ -9,9 +9,11 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from stocfl import config
 from stocfl.cli import main
+from stocfl.devices import describe
 from stocfl.compare import run_or_reuse
 from stocfl.errors import UserError
 from stocfl.reproduce import authors_metric, listing, load_table, reproduce, tables
@@ -162,6 +164,8 @@ def test_rows_runs_the_rows_named_and_the_table_keeps_the_others_finished_runs(t
     assert [r["status"] for r in first["rows"]] == ["not run", "done"]
     assert not (root / "runs" / "tiny" / "fedavg-seed0").exists()
     assert re.search(r", (1 torch thread|\d+ torch threads) per run, torch ", first["machine"])  # the runs', not ours
+    here = describe(torch.device("cpu"))  # each run records its processor: bits agree only on the same kind
+    assert first["machine"].startswith(here + ", ") and first["rows"][1]["runs"][0]["processor"] == here
     then = reproduce("tiny", root=root, progress=False, log=lambda m: None, rows="1-1")
     assert [r["status"] for r in then["rows"]] == ["done", "done"]  # row 2's run is reported, not rerun
     assert then["rows"][1]["ours"] == first["rows"][1]["ours"]

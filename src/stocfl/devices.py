@@ -9,6 +9,7 @@ training work.
 from __future__ import annotations
 
 import dataclasses
+import platform
 import re
 from typing import Any, Callable
 
@@ -36,6 +37,24 @@ def resolve_device(name: str) -> torch.device:
     if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
         raise UserError("config: run.device = 'mps', but this machine has no Apple GPU torch can use; use cpu or auto")
     return torch.device(name)
+
+
+def describe(device: torch.device) -> str:
+    """The processor that computes on ``device``, as a run records it: an accelerator's name, or
+    the CPU's model and the instruction set torch's kernels use on it. Runs agree to the bit only
+    on the same kind of processor with the same torch threads; kernels for another instruction
+    set or thread count round differently, and training amplifies it within a few rounds."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "mps":
+        return "Apple GPU (mps)"
+    model = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    return f"{model or platform.processor() or platform.machine()}, {torch.backends.cpu.get_cpu_capability()}"
 
 
 def free_bytes(device: torch.device) -> int | None:

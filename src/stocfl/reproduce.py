@@ -206,7 +206,7 @@ def write_table(table: Table, results: dict[str, list[dict[str, Any]]], status: 
     command = f"stocfl reproduce {table.name} --seeds {','.join(map(str, seeds))}" + (" --quick" if quick else "")
     doc = {"table": table.name, "title": table.title, "source": table.source,
            "config": str(table.config.relative_to(table.config.parents[1])), "command": command, "seeds": seeds,
-           "quick": quick, "machine": f"{platform.machine()}, {_threads(results)}, torch {torch.__version__}",
+           "quick": quick, "machine": f"{_processors(results)}, {_threads(results)}, torch {torch.__version__}",
            "date": time.strftime("%Y-%m-%d"), "notes": list(table.notes), "rows": rows}
     if quick:
         doc["notes"] = [f"--quick: {' '.join(table.quick)}; not the paper's setting", *doc["notes"]]
@@ -228,6 +228,17 @@ def write_table(table: Table, results: dict[str, list[dict[str, Any]]], status: 
     lines += [f"- {n}" for n in doc["notes"]]
     write_atomic(out_md, "\n".join(lines) + "\n")
     return doc
+
+
+def _processors(results: dict[str, list[dict[str, Any]]]) -> str:
+    """The processors the finished runs ran on (each run's summary records its own; runs
+    recorded before that are counted as not recorded)."""
+    runs = [r for runs in results.values() for r in runs]
+    named = sorted({r["processor"] for r in runs if r.get("processor")})
+    unknown = sum(1 for r in runs if not r.get("processor"))
+    if not named:
+        return platform.machine()
+    return "; ".join(named) + (f"; {platform.machine()} ({unknown} run(s) recorded no processor)" if unknown else "")
 
 
 def _threads(results: dict[str, list[dict[str, Any]]]) -> str:
@@ -441,7 +452,7 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
                 theirs = authors_metric(Experiment.open(run_dir, data_dir), row.authors)
                 write_atomic(held, json.dumps({"authors_metric": theirs}) + "\n")
             result = {**{k: summary[k] for k in ("accuracy", "global_accuracy", "n_clusters", "ari", "seconds", "seed")},
-                      "threads": summary.get("threads"), "authors_metric": theirs,
+                      "threads": summary.get("threads"), "processor": summary.get("processor"), "authors_metric": theirs,
                       "heldout_accuracy": summary.get("heldout", {}).get("accuracy"),
                       "macro_accuracy": summary.get("macro_accuracy", _macro_from_clients(run_dir))}
             if row.at_round is not None:

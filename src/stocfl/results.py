@@ -15,6 +15,7 @@ import numpy as np
 from stocfl import report
 from stocfl.algorithms import Algorithm
 from stocfl.config import Config
+from stocfl.devices import describe, resolve_device
 from stocfl.scenarios import Federation
 from stocfl.tasks import Evaluate, without_dropped
 
@@ -30,6 +31,7 @@ def summarize(cfg: Config, fed: Federation, given_federation: bool, algorithm: A
         "dataset": fed.dataset if given_federation else cfg.scenario.dataset,
         "seed": cfg.run.seed, "n_clients": fed.n_clients, "rounds": cfg.run.rounds,
         "rounds_done": rounds_done, "engine": engine, "threads": threads,
+        "processor": describe(resolve_device(cfg.run.device)),
         "accuracy": last_eval.get("accuracy"), "global_accuracy": last_eval.get("global_accuracy"),
         "n_clusters": last.get("n_clusters"), "ari": last.get("ari"), "nmi": last.get("nmi"),
         "placed": last.get("placed"), "participants": len(fed.participants),
