@@ -210,3 +210,23 @@ def test_clustering_scores_count_placed_participants_only():
     assert s["placed"] == 4 and s["n_clusters"] == 2 and s["ari"] == 1.0
     s = report.clustering_scores(np.full(6, -1), groups, participants=[0, 1])
     assert s["placed"] == 0 and s["ari"] is None and s["n_clusters"] == 0
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_evaluating_changes_no_algorithms_training(name, tmp_path):
+    # reproductions evaluate the costly runs every 5th or 10th round and compare them with runs
+    # evaluated every round: evaluation must leave the state, RNG states included, as it was
+    sets = [f"algorithm.{k}={v}" for k, v in PARAMS.get(name, {}).items()]
+    states = []
+    for every in (1, 4):
+        cfg = config.load(overrides=["scenario.n_clients=16", "scenario.holdout=0.25", "run.rounds=4",
+                                     "run.sample_rate=0.5", "run.engine=sequential", f"run.eval_every={every}",
+                                     f"algorithm.name={name}", *sets])
+        out = tmp_path / str(every)
+        summary = Experiment.create(cfg, out).run(progress=False)
+        states.append((checkpoint.load(out / "checkpoint.safetensors")[0], summary))
+    (a, sa), (b, sb) = states
+    assert set(a) == set(b)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert (sa["accuracy"], sa["n_clusters"], sa["heldout"]) == (sb["accuracy"], sb["n_clusters"], sb["heldout"])
