@@ -14,6 +14,7 @@ import pytest
 
 from stocfl import config, files
 from stocfl.cli import main
+from stocfl.errors import UserError
 from stocfl.runner import Experiment
 
 SMALL = ["scenario.n_clients=12", "scenario.samples_per_client=20", "run.rounds=5", "run.sample_rate=0.5",
@@ -170,3 +171,38 @@ def test_a_client_store_the_disk_cannot_hold_is_one_line_before_the_first_round(
     assert done.returncode == 0, done.stderr
     store = out / "ditto_personal.f32"
     assert store.stat().st_blocks * 512 >= store.stat().st_size > limit
+
+
+def test_a_run_directory_is_written_by_one_process_at_a_time(tmp_path, capsys):
+    """Two writers of one run (a second 'stocfl resume', or two reproductions given the same
+    row) would interleave its metrics and checkpoints. A real process runs; this one is refused
+    in one line naming it, and continues the run once it is gone."""
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "stocfl", "run", "--quiet", "--out", str(out), "--set", "run.rounds=400",
+           "--set", "run.engine=sequential", "--set", "run.threads=1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text().strip():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
+            time.sleep(0.05)
+        assert main(["resume", "--quiet", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and f"is in use by another process (pid {proc.pid})" in err, err
+        with pytest.raises(UserError, match="in use by another process"):
+            Experiment.resume(out, overrides=["run.rounds=500"])
+        with files.exclusive(tmp_path):  # another directory is free; this process may take its own lock again
+            with files.exclusive(tmp_path):
+                pass
+    finally:
+        proc.kill()
+        proc.wait(60)
+    # the holder died (SIGKILL): the system dropped its lock, and the run continues where it stopped
+    stopped = Experiment.open(out).round
+    assert stopped >= 1
+    resumed = Experiment.resume(out, overrides=[f"run.rounds={stopped + 1}"])
+    assert resumed.run(progress=False)["rounds_done"] == stopped + 1

@@ -4,10 +4,22 @@ directory."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import uuid
 from pathlib import Path
+from typing import Iterator
+
+from stocfl.errors import UserError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; one process per results directory is then the user's care
+    fcntl = None  # type: ignore[assignment]
+
+LOCK = ".lock"
+_held: dict[tuple[int, Path], list[int]] = {}  # (pid, directory) -> [fd, depth]: re-entrant; a forked child holds none
 
 
 def write_atomic(path: Path, data: bytes | str) -> None:
@@ -43,3 +55,40 @@ def save_figure(fig, path: Path, dpi: int = 110) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, dpi=dpi, format=Path(path).suffix.lstrip(".") or "png")
     write_atomic(path, buf.getvalue())
+
+
+@contextlib.contextmanager
+def exclusive(directory: Path) -> Iterator[None]:
+    """Hold ``directory`` (a run's results) for this process while it writes there: another
+    process that tries gets one line naming the holder, never two writers interleaving one
+    run's metrics and checkpoint. POSIX record locks: per process, so forked workers do not
+    inherit them and this process may take one it holds again; the system drops them when
+    the holder dies, SIGKILL included."""
+    directory = Path(directory).resolve()
+    if fcntl is None:
+        yield
+        return
+    key = (os.getpid(), directory)
+    if key not in _held:
+        try:
+            fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise UserError(f"{directory}: cannot open {LOCK} to write there ({err.strerror}); check the directory "
+                            f"and its permissions") from None
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise UserError(f"{directory} is in use by another process (pid {holder}); let it finish or stop it, "
+                            f"then continue the run with 'stocfl resume {directory}'") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        _held[key] = [fd, 0]
+    _held[key][1] += 1
+    try:
+        yield
+    finally:
+        _held[key][1] -= 1
+        if not _held[key][1]:
+            os.close(_held.pop(key)[0])  # closing this process's last descriptor of the file releases the lock

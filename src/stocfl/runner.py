@@ -13,6 +13,7 @@ Layout of a results directory::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -32,7 +33,7 @@ from stocfl.build import (build_context, build_federation, build_model, checked,
 from stocfl.config import Config
 from stocfl.errors import UserError
 from stocfl.executors import make_executor, set_threads
-from stocfl.files import write_atomic
+from stocfl.files import exclusive, write_atomic
 from stocfl.localbn import LocalBatchNorm
 from stocfl.scalars import Scalars
 from stocfl.results import client_spread, models_used, place_heldout, summarize, summarize_placements, write_results
@@ -104,11 +105,17 @@ class Experiment:
         if federation is None:
             pin_data_dir(cfg)
         exp = cls(cfg, out, executor, federation, module, loss)  # data first: a data error leaves no half-made directory
-        if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
+        if out is None:
+            exp.save_checkpoint()
+            return exp
+        out.mkdir(parents=True, exist_ok=True)
+        with exclusive(out):
+            if (out / "config.toml").exists():  # another process made it meanwhile
+                raise UserError(f"{out} already holds a run; continue it with 'stocfl resume {out}' or pick another "
+                                f"--out")
             write_atomic(out / "config.toml", report.to_toml(cfg.to_dict()))
             write_atomic(out / "metrics.jsonl", "")
-        exp.save_checkpoint()
+            exp.save_checkpoint()
         return exp
 
     @classmethod
@@ -139,7 +146,8 @@ class Experiment:
                     raise UserError(f"{out} was run on a {what} given in Python; continue it from Python with "
                                     f"stocfl.resume({str(out)!r}, {what}=...)")
         if overrides:
-            cfg = extended(cfg, overrides, meta["round"] if has_checkpoint else 0, out)
+            with exclusive(out):
+                cfg = extended(cfg, overrides, meta["round"] if has_checkpoint else 0, out)
         exp = cls(cfg, out, executor, federation, module, loss)
         if has_checkpoint:
             exp.load_checkpoint()
@@ -154,7 +162,11 @@ class Experiment:
         if (out / "config.toml").is_file() and not (out / CHECKPOINT).exists():
             raise UserError(f"{out} has no checkpoint ({CHECKPOINT}), so there is nothing to continue from; start "
                             f"the run again into a new directory")
-        exp = cls.open(out, data_dir, executor, federation, module, loss, overrides)
+        with exclusive(out) if out.is_dir() else contextlib.nullcontext():  # not read while another process writes
+            return cls._resumed(out, cls.open(out, data_dir, executor, federation, module, loss, overrides))
+
+    @staticmethod
+    def _resumed(out: Path, exp: "Experiment") -> "Experiment":
         rows = report.read_jsonl(out / "metrics.jsonl")
         kept = rows[: exp.round]
         if [r.get("round") for r in kept] != list(range(1, exp.round + 1)) or (
@@ -278,7 +290,8 @@ class Experiment:
         bar = tqdm(total=r.rounds, initial=self.round, disable=True if lines or not progress else None, desc=desc,
                    unit="round")
         try:
-            return self._loop(bar, scalars, lines, desc, stop_after)
+            with exclusive(self.out) if self.out is not None else contextlib.nullcontext():
+                return self._loop(bar, scalars, lines, desc, stop_after)
         finally:
             bar.close()
             if scalars is not None:
