@@ -237,7 +237,7 @@ def _processors(results: dict[str, list[dict[str, Any]]]) -> str:
     named = sorted({r["processor"] for r in runs if r.get("processor")})
     unknown = sum(1 for r in runs if not r.get("processor"))
     if not named:
-        return platform.machine()
+        return f"{platform.machine()}{' (processor not recorded)' if runs else ''}"
     return "; ".join(named) + (f"; {platform.machine()} ({unknown} run(s) recorded no processor)" if unknown else "")
 
 
