@@ -363,3 +363,24 @@ def test_a_reproduction_stopped_mid_table_keeps_the_later_rows_recorded_in_its_f
         in (root / "tiny.md").read_text()
     again = reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)
     assert again["rows"][1]["runs"] == doc["rows"][1]["runs"] and again["rows"][0]["status"] == "not run"
+
+
+def test_two_processes_on_other_rows_of_one_table_keep_each_others_runs(tmp_path):
+    # this process runs row 2; while it runs, another process runs row 1 to the end. This
+    # process passed row 1 while it was not run, yet its last table must hold the other's run
+    import subprocess
+    import sys
+
+    root = tiny_root(tmp_path)
+    other = ("from pathlib import Path; from stocfl.reproduce import reproduce; "
+             f"reproduce('tiny', root=Path({str(root)!r}), rows='1', progress=False, log=lambda m: None)")
+
+    def meanwhile(message):
+        subprocess.run([sys.executable, "-c", other], check=True, timeout=300)
+
+    doc = reproduce("tiny", root=root, progress=False, log=meanwhile, rows="2")
+    on_disk = json.loads((root / "tiny.json").read_text())
+    assert [r["status"] for r in doc["rows"]] == [r["status"] for r in on_disk["rows"]] == ["done", "done"]
+    assert on_disk["rows"][0]["runs"][0]["seed"] == 0 and on_disk["rows"][0]["ours"]["n"] == 1
+    assert "| FedAvg | accuracy | 50.00 +- 1.00 | " in (root / "tiny.md").read_text()
+    assert "| FedAvg | accuracy | 50.00 +- 1.00 | - |" not in (root / "tiny.md").read_text()

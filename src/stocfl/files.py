@@ -19,7 +19,7 @@ except ImportError:  # Windows: no advisory locks; one process per results direc
     fcntl = None  # type: ignore[assignment]
 
 LOCK = ".lock"
-_held: dict[tuple[int, Path], list[int]] = {}  # (pid, directory) -> [fd, depth]: re-entrant; a forked child holds none
+_held: dict[tuple[int, Path], list[int]] = {}  # (pid, lock file) -> [fd, depth]: re-entrant; a forked child holds none
 
 
 def write_atomic(path: Path, data: bytes | str) -> None:
@@ -58,25 +58,26 @@ def save_figure(fig, path: Path, dpi: int = 110) -> None:
 
 
 @contextlib.contextmanager
-def exclusive(directory: Path) -> Iterator[None]:
+def exclusive(directory: Path, wait: bool = False, lock: str = LOCK) -> Iterator[None]:
     """Hold ``directory`` (a run's results) for this process while it writes there: another
-    process that tries gets one line naming the holder, never two writers interleaving one
-    run's metrics and checkpoint. POSIX record locks: per process, so forked workers do not
-    inherit them and this process may take one it holds again; the system drops them when
-    the holder dies, SIGKILL included."""
+    process that tries gets one line naming the holder (with ``wait``, it waits its turn: for
+    short read-modify-write steps), never two writers interleaving one run's metrics and
+    checkpoint. ``lock`` names the file in ``directory`` that carries the lock. POSIX record
+    locks: per process, so forked workers do not inherit them and this process may take one
+    it holds again; the system drops them when the holder dies, SIGKILL included."""
     directory = Path(directory).resolve()
     if fcntl is None:
         yield
         return
-    key = (os.getpid(), directory)
+    key = (os.getpid(), directory / lock)
     if key not in _held:
         try:
-            fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(directory / lock, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as err:
-            raise UserError(f"{directory}: cannot open {LOCK} to write there ({err.strerror}); check the directory "
+            raise UserError(f"{directory}: cannot open {lock} to write there ({err.strerror}); check the directory "
                             f"and its permissions") from None
         try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.lockf(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)

@@ -36,7 +36,7 @@ from stocfl import config
 from stocfl.build import read_config
 from stocfl.compare import run_or_reuse
 from stocfl.errors import UserError
-from stocfl.files import write_atomic
+from stocfl.files import exclusive, write_atomic
 from stocfl.runner import Experiment, client_models_in_parts, config_digest, finished_summary
 from stocfl.tasks import evaluate_pooled
 
@@ -419,6 +419,25 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
         if done:
             results[row.name] = done
             status[row.name] = "done" if len(done) == len(seeds) else "not run"
+
+    def write(current: str) -> dict[str, Any]:
+        """The table, with what other processes running other rows recorded meanwhile: read,
+        merged and written under the table's lock, so no process writes back a stale view."""
+        with exclusive(root, wait=True, lock=f".{out_json.stem}.lock"):
+            fresh = recorded_runs(table, out_json, configs, quick)
+            said = _statuses(out_json)
+            for other in table.rows:
+                if other.name == current or status.get(other.name) == "done":
+                    continue
+                done = [fresh[(other.name, s)] for s in seeds if (other.name, s) in fresh]
+                if len(done) > len(results.get(other.name, [])):
+                    results[other.name] = done
+                if len(done) == len(seeds):
+                    status[other.name] = "done"
+                elif said.get(other.name, "").startswith("running"):
+                    status[other.name] = said[other.name]
+            return write_table(table, results, status, seeds, quick, out_md, out_json)
+
     failed: list[str] = []
     for row in table.rows:
         stem = shared.setdefault(tuple(sorted(row.overrides)), slug(row.name))
@@ -426,7 +445,7 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
         results.pop(row.name, None)
         for s in seeds:
             status[row.name] = f"running seed {s}"
-            doc = write_table(table, results, status, seeds, quick, out_md, out_json)
+            doc = write(row.name)
             run_dir = runs / f"{stem}-seed{s}{suffix}"
             summary = finished_summary(run_dir)
             if summary is None and (row.name, s) in recorded:  # finished in another checkout; its directory is gone
@@ -467,11 +486,19 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
             status[row.name] = row_failed
         elif not status[row.name].startswith(("stopped", "not run")):
             status[row.name] = "done"
-        doc = write_table(table, results, status, seeds, quick, out_md, out_json)
+        doc = write(row.name)
     if failed:
         raise UserError(f"reproduce {name}: {len(failed)} run(s) failed, the table holds the rest ({out_md}); "
                         f"first: {failed[0]}")
     return doc
+
+
+def _statuses(path: Path) -> dict[str, str]:
+    """Each row's status as the table's JSON last said it."""
+    try:
+        return {str(e["name"]): str(e.get("status", "")) for e in json.loads(path.read_text())["rows"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 def recorded_runs(table: Table, path: Path, configs: dict[tuple[str, int], config.Config],
