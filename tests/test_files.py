@@ -190,6 +190,7 @@ def test_a_run_directory_is_written_by_one_process_at_a_time(tmp_path, capsys):
         while not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text().strip():
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
             time.sleep(0.05)
+        assert files.holder(out) == proc.pid  # what a reproduction's table says of a row another process runs
         assert main(["resume", "--quiet", str(out)]) == 2
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and f"is in use by another process (pid {proc.pid})" in err, err
@@ -202,6 +203,7 @@ def test_a_run_directory_is_written_by_one_process_at_a_time(tmp_path, capsys):
         proc.kill()
         proc.wait(60)
     # the holder died (SIGKILL): the system dropped its lock, and the run continues where it stopped
+    assert files.holder(out) is None
     stopped = Experiment.open(out).round
     assert stopped >= 1
     resumed = Experiment.resume(out, overrides=[f"run.rounds={stopped + 1}"])

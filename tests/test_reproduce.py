@@ -5,6 +5,7 @@ the numbers of a run in one go, and the tables carry the paper's numbers beside 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -357,7 +358,7 @@ def test_a_reproduction_stopped_mid_table_keeps_the_later_rows_recorded_in_its_f
     with pytest.raises(KeyboardInterrupt):
         reproduce("tiny", root=root, progress=False, log=killed)
     on_disk = json.loads((root / "tiny.json").read_text())
-    assert [r["status"] for r in on_disk["rows"]] == ["running seed 0", "done"]
+    assert [r["status"] for r in on_disk["rows"]] == [f"running seed 0 (pid {os.getpid()})", "done"]
     assert on_disk["rows"][1]["runs"] == doc["rows"][1]["runs"]
     assert f"| StoCFL | accuracy | 60.00 +- 2.00 | {doc['rows'][1]['ours']['mean']:.2f} +- " \
         in (root / "tiny.md").read_text()

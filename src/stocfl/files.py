@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import struct
+import sys
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -93,3 +95,25 @@ def exclusive(directory: Path, wait: bool = False, lock: str = LOCK) -> Iterator
         _held[key][1] -= 1
         if not _held[key][1]:
             os.close(_held.pop(key)[0])  # closing this process's last descriptor of the file releases the lock
+
+
+def holder(directory: Path, lock: str = LOCK) -> int | None:
+    """The pid of the process holding ``directory`` (see :func:`exclusive`), or None: free,
+    or not knowable on this system. It asks the kernel (F_GETLK) and takes nothing."""
+    key = (os.getpid(), Path(directory).resolve() / lock)
+    if key in _held:  # never open a second descriptor here: closing it would drop the lock
+        return os.getpid()
+    if fcntl is None or not sys.platform.startswith("linux"):  # struct flock's layout is Linux's
+        return None
+    try:
+        fd = os.open(key[1], os.O_RDWR)
+    except OSError:
+        return None
+    try:
+        got = fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack("hhqqi", fcntl.F_WRLCK, 0, 0, 0, 0))
+        kind, _, _, _, pid = struct.unpack("hhqqi", got)
+        return None if kind == fcntl.F_UNLCK else pid
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

@@ -20,6 +20,7 @@ committed, the tables are.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import re
 import textwrap
@@ -36,7 +37,7 @@ from stocfl import config
 from stocfl.build import read_config
 from stocfl.compare import run_or_reuse
 from stocfl.errors import UserError
-from stocfl.files import exclusive, write_atomic
+from stocfl.files import exclusive, holder, write_atomic
 from stocfl.runner import Experiment, client_models_in_parts, config_digest, finished_summary
 from stocfl.tasks import evaluate_pooled
 
@@ -420,32 +421,42 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
             results[row.name] = done
             status[row.name] = "done" if len(done) == len(seeds) else "not run"
 
-    def write(current: str) -> dict[str, Any]:
+    stems = {row.name: shared.setdefault(tuple(sorted(row.overrides)), slug(row.name)) for row in table.rows}
+
+    def idle(row: Row) -> str:
+        """A row no process runs: stopped part-way, or not run."""
+        for s in seeds:
+            if (row.name, s) not in recorded and (k := _done_rounds(runs / f"{stems[row.name]}-seed{s}{suffix}")):
+                return f"stopped at round {k}"
+        return "not run"
+
+    def write(current: str | None) -> dict[str, Any]:
         """The table, with what other processes running other rows recorded meanwhile: read,
-        merged and written under the table's lock, so no process writes back a stale view."""
+        merged and written under the table's lock, so no process writes back a stale view. A
+        row another process is running says so (its run directory's lock names the pid)."""
         with exclusive(root, wait=True, lock=f".{out_json.stem}.lock"):
-            fresh = recorded_runs(table, out_json, configs, quick)
-            said = _statuses(out_json)
+            recorded.update(recorded_runs(table, out_json, configs, quick))
             for other in table.rows:
-                if other.name == current or status.get(other.name) == "done":
+                if other.name == current or status.get(other.name, "").startswith(("done", "failed")):
                     continue
-                done = [fresh[(other.name, s)] for s in seeds if (other.name, s) in fresh]
+                done = [recorded[(other.name, s)] for s in seeds if (other.name, s) in recorded]
                 if len(done) > len(results.get(other.name, [])):
                     results[other.name] = done
-                if len(done) == len(seeds):
-                    status[other.name] = "done"
-                elif said.get(other.name, "").startswith("running"):
-                    status[other.name] = said[other.name]
+                held = [(s, pid) for s in seeds if (pid := holder(runs / f"{stems[other.name]}-seed{s}{suffix}"))]
+                status[other.name] = "done" if len(done) == len(seeds) else \
+                    f"running seed {held[0][0]} (pid {held[0][1]})" if held else idle(other)
             return write_table(table, results, status, seeds, quick, out_md, out_json)
 
     failed: list[str] = []
     for row in table.rows:
-        stem = shared.setdefault(tuple(sorted(row.overrides)), slug(row.name))
+        stem = stems[row.name]
         row_failed = ""
+        runs_here = row.name in chosen and not report_only
         results.pop(row.name, None)
         for s in seeds:
-            status[row.name] = f"running seed {s}"
-            doc = write(row.name)
+            if runs_here:
+                status[row.name] = f"running seed {s} (pid {os.getpid()})"
+                doc = write(row.name)
             run_dir = runs / f"{stem}-seed{s}{suffix}"
             summary = finished_summary(run_dir)
             if summary is None and (row.name, s) in recorded:  # finished in another checkout; its directory is gone
@@ -484,9 +495,9 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
             plot_curves(table, results, out_png)
         if row_failed:
             status[row.name] = row_failed
-        elif not status[row.name].startswith(("stopped", "not run")):
+        elif not status.get(row.name, "").startswith(("stopped", "not run")):
             status[row.name] = "done"
-        doc = write(row.name)
+        doc = write(row.name if runs_here else None)
     if failed:
         raise UserError(f"reproduce {name}: {len(failed)} run(s) failed, the table holds the rest ({out_md}); "
                         f"first: {failed[0]}")
