@@ -85,11 +85,12 @@ def exclusive(directory: Path, wait: bool = False, lock: str = LOCK) -> Iterator
             os.close(fd)
             raise UserError(f"{directory} is in use by another process (pid {holder}); let it finish or stop it, "
                             f"then continue the run with 'stocfl resume {directory}'") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         _held[key] = [fd, 0]
     _held[key][1] += 1
     try:
+        if _held[key][1] == 1:  # the holder's pid, for the line another process gets
+            os.ftruncate(_held[key][0], 0)
+            os.pwrite(_held[key][0], f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
         _held[key][1] -= 1
