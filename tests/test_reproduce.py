@@ -14,8 +14,8 @@ import torch
 
 from stocfl import config
 from stocfl.cli import main
-from stocfl.devices import describe
 from stocfl.compare import run_or_reuse
+from stocfl.devices import describe
 from stocfl.errors import UserError
 from stocfl.reproduce import authors_metric, listing, load_table, reproduce, tables
 from stocfl.runner import Experiment

@@ -423,10 +423,13 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
 
     stems = {row.name: shared.setdefault(tuple(sorted(row.overrides)), slug(row.name)) for row in table.rows}
 
+    def run_dir_of(row_name: str, s: int) -> Path:
+        return runs / f"{stems[row_name]}-seed{s}{suffix}"
+
     def idle(row: Row) -> str:
         """A row no process runs: stopped part-way, or not run."""
         for s in seeds:
-            if (row.name, s) not in recorded and (k := _done_rounds(runs / f"{stems[row.name]}-seed{s}{suffix}")):
+            if (row.name, s) not in recorded and (k := _done_rounds(run_dir_of(row.name, s))):
                 return f"stopped at round {k}"
         return "not run"
 
@@ -442,14 +445,13 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
                 done = [recorded[(other.name, s)] for s in seeds if (other.name, s) in recorded]
                 if len(done) > len(results.get(other.name, [])):
                     results[other.name] = done
-                held = [(s, pid) for s in seeds if (pid := holder(runs / f"{stems[other.name]}-seed{s}{suffix}"))]
+                held = [(s, pid) for s in seeds if (pid := holder(run_dir_of(other.name, s)))]
                 status[other.name] = "done" if len(done) == len(seeds) else \
                     f"running seed {held[0][0]} (pid {held[0][1]})" if held else idle(other)
             return write_table(table, results, status, seeds, quick, out_md, out_json)
 
     failed: list[str] = []
     for row in table.rows:
-        stem = stems[row.name]
         row_failed = ""
         runs_here = row.name in chosen and not report_only
         results.pop(row.name, None)
@@ -457,16 +459,16 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
             if runs_here:
                 status[row.name] = f"running seed {s} (pid {os.getpid()})"
                 doc = write(row.name)
-            run_dir = runs / f"{stem}-seed{s}{suffix}"
+            run_dir = run_dir_of(row.name, s)
             summary = finished_summary(run_dir)
             if summary is None and (row.name, s) in recorded:  # finished in another checkout; its directory is gone
                 results.setdefault(row.name, []).append(recorded[(row.name, s)])
                 continue
-            if summary is None and (report_only or row.name not in chosen):
+            if summary is None and not runs_here:
                 done = _done_rounds(run_dir)
                 status[row.name] = f"stopped at round {done}" if done else "not run"
                 continue
-            if row.name in chosen and not report_only:  # a finished run is reused, a stopped one resumed
+            if runs_here:  # a finished run is reused, a stopped one resumed
                 log(f"reproduce {name}: {row.name}, seed {s} -> {run_dir}")
                 try:
                     summary = run_or_reuse(configs[(row.name, s)], run_dir, data_dir, progress)
@@ -502,14 +504,6 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
         raise UserError(f"reproduce {name}: {len(failed)} run(s) failed, the table holds the rest ({out_md}); "
                         f"first: {failed[0]}")
     return doc
-
-
-def _statuses(path: Path) -> dict[str, str]:
-    """Each row's status as the table's JSON last said it."""
-    try:
-        return {str(e["name"]): str(e.get("status", "")) for e in json.loads(path.read_text())["rows"]}
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
 
 
 def recorded_runs(table: Table, path: Path, configs: dict[tuple[str, int], config.Config],

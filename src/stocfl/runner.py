@@ -58,6 +58,11 @@ def client_models_in_parts(algorithm, clients: list[int], run):
         yield part, algorithm.client_models(part, run)
 
 
+def _refuse_a_run_in(out: Path) -> None:
+    if (out / "config.toml").exists():
+        raise UserError(f"{out} already holds a run; continue it with 'stocfl resume {out}' or pick another --out")
+
+
 @dataclass
 class Experiment:
     cfg: Config
@@ -100,8 +105,8 @@ class Experiment:
     @classmethod
     def create(cls, cfg: Config, out: Path | None, executor: Any = None, federation: Federation | None = None,
                module: Any = None, loss: Any = None) -> "Experiment":
-        if out is not None and (out / "config.toml").exists():
-            raise UserError(f"{out} already holds a run; continue it with 'stocfl resume {out}' or pick another --out")
+        if out is not None:
+            _refuse_a_run_in(out)
         if federation is None:
             pin_data_dir(cfg)
         exp = cls(cfg, out, executor, federation, module, loss)  # data first: a data error leaves no half-made directory
@@ -110,9 +115,7 @@ class Experiment:
             return exp
         out.mkdir(parents=True, exist_ok=True)
         with exclusive(out):
-            if (out / "config.toml").exists():  # another process made it meanwhile
-                raise UserError(f"{out} already holds a run; continue it with 'stocfl resume {out}' or pick another "
-                                f"--out")
+            _refuse_a_run_in(out)  # another process may have made one meanwhile
             write_atomic(out / "config.toml", report.to_toml(cfg.to_dict()))
             write_atomic(out / "metrics.jsonl", "")
             exp.save_checkpoint()
