@@ -54,3 +54,54 @@ def test_executors_on_an_explicit_cpu_device_give_the_default_numbers():
         a, b = kind(fed, flat).run(tasks), kind(fed, flat, device="cpu").run(tasks)
         assert all(torch.equal(x.weights, y.weights) for x, y in zip(a[:6], b[:6]))
         assert [x.correct for x in a[6:]] == [y.correct for y in b[6:]]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on a GPU machine: see README)")
+@pytest.mark.parametrize("dataset,model", [("digits", "mlp"), ("mnist", "cnn28")])
+def test_every_executor_on_cuda_gives_the_cpu_numbers(dataset, model, request):
+    """Each executor (and the low-rank path) on CUDA against the sequential CPU reference, for
+    every task kind the algorithms send: plain, proximal and Adam training, evaluation and the
+    data representation, in float32 with TF32 off."""
+    from stocfl.algorithms.representation import Represent
+
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    data_dir = request.getfixturevalue("data_dir") if dataset == "mnist" else None
+    fed = build("rotated", dataset, 8, 20, seed=0, data_dir=data_dir)
+    flat, w0 = make_model(model, fed.input_shape, fed.n_classes, 0, seed=0)
+    center = w0 + 0.01
+    tasks = ([Train(i, w0, 2, 0, 0.1, i) for i in range(3)] + [Train(3, w0, 2, 5, 0.1, 3)]
+             + [Train(i, w0, 2, 5, 0.1, i, prox_center=center, prox_weight=0.5) for i in range(4, 6)]
+             + [Train(6, w0, 1, 5, 0.01, 6, optimizer="adam")]
+             + [Evaluate(i, w0) for i in range(8)] + [Represent(i, w0, epochs=2) for i in range(8)])
+    ref = SequentialExecutor(fed, flat).run(tasks)
+    executors = [SequentialExecutor(fed, flat, device="cuda"), BatchedExecutor(fed, flat, chunk_size=3, device="cuda"),
+                 BatchedExecutor(fed, flat, lowrank=True, device="cuda")]
+    # float32 on another device sums in another order. The MLP's weights agree to 1e-5; cuDNN's
+    # convolutions (their algorithm picked at run time) round more, and Adam divides by sqrt(v),
+    # so a coordinate whose gradient is rounding noise (a pixel that is always 0) moves up to lr
+    # either way: those models are compared by their training loss, to 1e-3 relative, and the
+    # CNN's representations (unit vectors) by the length of their difference, to 1e-3.
+
+    def loss(w, client):
+        x, y = fed.train_data(client)
+        return float(flat.per_sample_loss(flat.forward(w, x), y).mean())
+
+    wrong = []
+    for ex in executors:
+        for i, (a, b, t) in enumerate(zip(ref, ex.run(tasks), tasks)):
+            for f in ("weights", "psi"):
+                if hasattr(a, f):
+                    x, y = getattr(a, f), getattr(b, f)
+                    if y.device.type != "cpu":
+                        wrong.append((ex.name, i, f, y.device))
+                    elif f == "weights" and (model != "mlp" or t.optimizer == "adam"):
+                        if abs(loss(x, t.client) - loss(y, t.client)) > 1e-3 * loss(x, t.client):
+                            wrong.append((ex.name, i, "loss", loss(x, t.client), loss(y, t.client)))
+                    elif f == "psi" and model != "mlp":
+                        if float((x - y).norm()) > 1e-3:
+                            wrong.append((ex.name, i, f, float((x - y).norm())))
+                    elif not torch.allclose(x, y, rtol=1e-4, atol=1e-5):
+                        wrong.append((ex.name, i, f, float((x - y).abs().max())))
+            if hasattr(a, "correct") and (a.correct != b.correct or abs(a.loss - b.loss) > 1e-4 * max(1.0, abs(a.loss))):
+                wrong.append((ex.name, i, "evaluated", a.correct, b.correct, a.loss, b.loss))
+    assert not wrong, wrong
