@@ -10,7 +10,7 @@ directories under --out, so a stopped check continues where it stopped):
 Prints and writes (--out/gpu_check.json) each device's seconds per round, the clusters found
 (ARI, count) and the accuracy after the last round, and whether they agree. Each device's
 outcome is also kept in its run directory (check.json), so the CPU reference can be run on one
-machine (``--devices cpu``) and the accelerator's run on another, with that file carried over.
+machine (``--only-cpu``) and the accelerator's run on another, with that file carried over.
 """
 
 from __future__ import annotations
