@@ -86,22 +86,23 @@ def test_every_executor_on_cuda_gives_the_cpu_numbers(dataset, model, request):
         x, y = fed.train_data(client)
         return float(flat.per_sample_loss(flat.forward(w, x), y).mean())
 
+    def disagreement(f, x, y, t):
+        if y.device.type != "cpu":
+            return y.device
+        if f == "weights" and (model != "mlp" or t.optimizer == "adam"):
+            lx, ly = loss(x, t.client), loss(y, t.client)
+            return None if abs(lx - ly) <= 1e-3 * lx else ("loss", lx, ly)
+        if f == "psi" and model != "mlp":
+            d = float((x - y).norm())
+            return None if d <= 1e-3 else d
+        return None if torch.allclose(x, y, rtol=1e-4, atol=1e-5) else float((x - y).abs().max())
+
     wrong = []
     for ex in executors:
         for i, (a, b, t) in enumerate(zip(ref, ex.run(tasks), tasks)):
             for f in ("weights", "psi"):
-                if hasattr(a, f):
-                    x, y = getattr(a, f), getattr(b, f)
-                    if y.device.type != "cpu":
-                        wrong.append((ex.name, i, f, y.device))
-                    elif f == "weights" and (model != "mlp" or t.optimizer == "adam"):
-                        if abs(loss(x, t.client) - loss(y, t.client)) > 1e-3 * loss(x, t.client):
-                            wrong.append((ex.name, i, "loss", loss(x, t.client), loss(y, t.client)))
-                    elif f == "psi" and model != "mlp":
-                        if float((x - y).norm()) > 1e-3:
-                            wrong.append((ex.name, i, f, float((x - y).norm())))
-                    elif not torch.allclose(x, y, rtol=1e-4, atol=1e-5):
-                        wrong.append((ex.name, i, f, float((x - y).abs().max())))
+                if hasattr(a, f) and (d := disagreement(f, getattr(a, f), getattr(b, f), t)) is not None:
+                    wrong.append((ex.name, i, f, d))
             if hasattr(a, "correct") and (a.correct != b.correct or abs(a.loss - b.loss) > 1e-4 * max(1.0, abs(a.loss))):
                 wrong.append((ex.name, i, "evaluated", a.correct, b.correct, a.loss, b.loss))
     assert not wrong, wrong
