@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from stocfl import checkpoint, config, report
 from stocfl.aggregation import Aggregator
@@ -210,6 +211,49 @@ def test_clustering_scores_count_placed_participants_only():
     assert s["placed"] == 4 and s["n_clusters"] == 2 and s["ari"] == 1.0
     s = report.clustering_scores(np.full(6, -1), groups, participants=[0, 1])
     assert s["placed"] == 0 and s["ari"] is None and s["n_clusters"] == 0
+
+
+def _label_cosines_by_pairs(counts: np.ndarray, labels: np.ndarray) -> dict:
+    """Every pair's cosine from the raw histograms, averaged (zero histogram: cosine 0)."""
+    def cos(a, b):
+        na, nb = np.linalg.norm(a), np.linalg.norm(b)
+        return 0.0 if na == 0 or nb == 0 else float(a @ b / (na * nb))
+    pairs = [(i, j) for i in range(len(labels)) for j in range(len(labels)) if i != j]
+    within = [cos(counts[i], counts[j]) for i, j in pairs if labels[i] == labels[j]]
+    every = [cos(counts[i], counts[j]) for i, j in pairs]
+    return {"label_cos_within": float(np.mean(within)) if within else None,
+            "label_cos_all": float(np.mean(every)) if every else None}
+
+
+@settings(deadline=None, max_examples=150)
+@given(st.integers(1, 12), st.integers(1, 6), st.data())
+def test_label_cosines_equal_the_mean_over_pairs(n, classes, data):
+    counts = np.array(data.draw(st.lists(st.lists(st.integers(0, 30), min_size=classes, max_size=classes),
+                                         min_size=n, max_size=n)), dtype=float)
+    labels = np.array(data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)))
+    norms = np.linalg.norm(counts, axis=1, keepdims=True)
+    unit = np.divide(counts, norms, out=np.zeros_like(counts), where=norms > 0)
+    got, want = report.label_cosines(unit, labels), _label_cosines_by_pairs(counts, labels)
+    for key in want:
+        assert (got[key] is None) == (want[key] is None), (key, got, want)
+        if want[key] is not None:
+            assert got[key] == pytest.approx(want[key], abs=1e-12), (key, got, want)
+
+
+def test_label_cosines_tell_a_label_partition_from_a_random_one():
+    fed = build("dirichlet", "digits", 40, 30, seed=0, alpha=0.1)
+    dists = fed.label_distributions()
+    assert dists.shape == (40, 10) and np.allclose(np.linalg.norm(dists, axis=1), 1.0)
+    by_label = dists.argmax(axis=1)  # clusters of clients sharing their most common label
+    random = np.random.default_rng(0).permutation(by_label)
+    follows = report.clustering_scores(by_label, None, list(range(40)), dists)
+    ignores = report.clustering_scores(random, None, list(range(40)), dists)
+    assert follows["label_cos_all"] == pytest.approx(ignores["label_cos_all"])
+    assert follows["label_cos_within"] > 0.7 > follows["label_cos_all"] + 0.4  # 0.82 and 0.20
+    assert abs(ignores["label_cos_within"] - ignores["label_cos_all"]) < 0.15
+    held = report.clustering_scores(np.where(np.arange(40) < 20, by_label, -1), None, list(range(40)), dists)
+    assert held["placed"] == 20  # unplaced clients count in neither mean
+    assert held["label_cos_all"] == pytest.approx(report.label_cosines(dists[:20], by_label[:20])["label_cos_all"])
 
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))

@@ -12,7 +12,7 @@ from stocfl.cli import main
 from stocfl.runner import Experiment
 
 KEYS = {"algorithm", "scenario", "seed", "rounds_done", "accuracy", "global_accuracy", "n_clusters", "ari", "nmi",
-        "seconds"}
+        "label_cos_within", "label_cos_all", "seconds"}
 SMALL = ["run.rounds=6", "run.sample_rate=0.5", "scenario.n_clients=12", "scenario.samples_per_client=20"]
 
 
@@ -35,7 +35,8 @@ def test_run_writes_results(tmp_path, capsys):
     rows = _metrics(out)
     assert [r["round"] for r in rows] == [1, 2, 3, 4, 5, 6]
     assert [r["accuracy"] is None for r in rows] == [True, False, True, False, True, False]
-    assert {"round", "accuracy", "global_accuracy", "n_clusters", "ari", "nmi"} <= set(rows[-1])
+    assert {"round", "accuracy", "global_accuracy", "n_clusters", "ari", "nmi", "label_cos_within"} <= set(rows[-1])
+    assert 0 < rows[-1]["label_cos_all"] <= 1 and rows[-1]["label_cos_all"] == summary["label_cos_all"]
     assert (out / "accuracy.png").stat().st_size > 1000 and (out / "checkpoint.safetensors").exists()
     resolved = config.load(out / "config.toml")
     assert resolved.run.rounds == 6 and resolved.to_dict()["algorithm"] == {"name": "fedavg"}

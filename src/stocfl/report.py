@@ -12,11 +12,12 @@ import numpy as np
 from stocfl.files import save_figure, write_atomic
 
 
-def clustering_scores(labels: np.ndarray, groups: np.ndarray | None, participants: list[int] | None = None
-                      ) -> dict[str, Any]:
+def clustering_scores(labels: np.ndarray, groups: np.ndarray | None, participants: list[int] | None = None,
+                      label_dists: np.ndarray | None = None) -> dict[str, Any]:
     """Over the participants placed so far (held-out clients never count): their number
     (``placed``) and share of all participants (``coverage``), the number of clusters among
-    them, ARI and NMI against the true groups."""
+    them, ARI and NMI against the true groups, and with ``label_dists`` (the clients' unit
+    label histograms) :func:`label_cosines`, which needs no true groups."""
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
     assigned = labels >= 0
@@ -28,7 +29,30 @@ def clustering_scores(labels: np.ndarray, groups: np.ndarray | None, participant
     if groups is not None and assigned.any():
         out["ari"] = float(adjusted_rand_score(groups[assigned], labels[assigned]))
         out["nmi"] = float(normalized_mutual_info_score(groups[assigned], labels[assigned]))
+    if label_dists is not None:
+        out.update(label_cosines(label_dists[assigned], labels[assigned]))
     return out
+
+
+def label_cosines(dists: np.ndarray, labels: np.ndarray) -> dict[str, float | None]:
+    """How far a partition follows the clients' labels, with no true groups needed: the mean
+    cosine between the label distributions (unit rows of ``dists``) of two clients in one
+    cluster (``label_cos_within``) and of any two clients (``label_cos_all``); None where there
+    is no such pair. A partition that ignores the labels has within = all. Computed from
+    per-cluster sums (sum over pairs i != j of u_i.u_j = |sum u|^2 - sum |u|^2), O(N C), so
+    it runs every round at any N."""
+    n = len(labels)
+    if n < 2:
+        return {"label_cos_within": None, "label_cos_all": None}
+    dists = np.asarray(dists, dtype=np.float64)
+    self_dots = float(np.einsum("ij,ij->", dists, dists))
+    total = dists.sum(axis=0)
+    _, inverse, sizes = np.unique(labels, return_inverse=True, return_counts=True)
+    sums = np.zeros((len(sizes), dists.shape[1]))
+    np.add.at(sums, inverse, dists)
+    pairs_within = float((sizes * (sizes - 1)).sum())
+    within = (float(np.einsum("ij,ij->", sums, sums)) - self_dots) / pairs_within if pairs_within else None
+    return {"label_cos_within": within, "label_cos_all": (float(total @ total) - self_dots) / (n * (n - 1))}
 
 
 def json_line(row: dict[str, Any]) -> str:

@@ -35,6 +35,7 @@ def summarize(cfg: Config, fed: Federation, given_federation: bool, algorithm: A
         "accuracy": last_eval.get("accuracy"), "global_accuracy": last_eval.get("global_accuracy"),
         "n_clusters": last.get("n_clusters"), "ari": last.get("ari"), "nmi": last.get("nmi"),
         "placed": last.get("placed"), "participants": len(fed.participants),
+        "label_cos_within": last.get("label_cos_within"), "label_cos_all": last.get("label_cos_all"),
         "seconds": round(elapsed, 3), "notes": fed.notes,
     }
     summary.update(algorithm.summary(rows))

@@ -77,6 +77,7 @@ class Experiment:
             Scalars.check(self.out)
         self.threads = set_threads(self.cfg.run.threads)
         self.fed = self.federation if self.federation is not None else build_federation(self.cfg)
+        self.label_dists = self.fed.label_distributions()
         self.model, w0, module = build_model(self.cfg, self.fed, self.module, self.loss)
         self.engine = self.cfg.run.engine  # given an executor (Flower's): the engine it serves
         if self.executor is None:
@@ -312,7 +313,8 @@ class Experiment:
                                    "dropped": len(dropped), "dropped_clients": dropped}
             if t % r.eval_every == 0 or t == r.rounds:
                 row.update(self.evaluate(t))
-            row.update(report.clustering_scores(self.algorithm.cluster_labels(), self.fed.groups, self.fed.participants))
+            row.update(report.clustering_scores(self.algorithm.cluster_labels(), self.fed.groups, self.fed.participants,
+                                                self.label_dists))
             row.update(diag)
             row["seconds"] = time.perf_counter() - t0
             self.elapsed += row["seconds"]
@@ -356,6 +358,8 @@ def round_line(row: dict[str, Any]) -> str:
         parts.append(f"ARI {row['ari']:.4f}")
     if row.get("coverage") is not None:
         parts.append(f"placed {row['placed']} ({100 * row['coverage']:.1f}%)")
+    if row.get("ari") is None and row.get("label_cos_within") is not None:
+        parts.append(f"label cos within {row['label_cos_within']:.3f} / all {row['label_cos_all']:.3f}")
     return " ".join(parts)
 
 

@@ -87,6 +87,16 @@ class Federation:
     def test_sizes(self) -> np.ndarray:
         return np.diff(self.test_offsets)
 
+    def label_distributions(self) -> np.ndarray:
+        """Each client's train label histogram scaled to unit length, (n_clients, n_classes)
+        float64: the rows' dot products are the cosines of the clients' label distributions (a
+        client with no train data has a zero row)."""
+        client = np.repeat(np.arange(self.n_clients), self.train_sizes)
+        counts = np.zeros((self.n_clients, self.n_classes))
+        np.add.at(counts, (client, self.y_train.cpu().numpy()), 1.0)
+        norms = np.linalg.norm(counts, axis=1, keepdims=True)
+        return np.divide(counts, norms, out=np.zeros_like(counts), where=norms > 0)
+
     def train_data(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         a, b = self.train_offsets[i], self.train_offsets[i + 1]
         return self.x_train[a:b], self.y_train[a:b]
