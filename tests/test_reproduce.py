@@ -342,6 +342,7 @@ def test_every_committed_table_loads_and_its_rows_are_valid_configs(name):
         for extra in ([], list(table.quick)):
             cfg = config.load(table.config, [*row.overrides, *extra])
             assert cfg.run.rounds >= 1
+            assert row.at_round is None or row.at_round <= cfg.run.rounds, (row.name, extra)
 
 
 def test_a_reproduction_stopped_mid_table_keeps_the_later_rows_recorded_in_its_files(tmp_path):
