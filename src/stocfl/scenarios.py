@@ -91,9 +91,8 @@ class Federation:
         """Each client's train label histogram scaled to unit length, (n_clients, n_classes)
         float64: the rows' dot products are the cosines of the clients' label distributions (a
         client with no train data has a zero row)."""
-        client = np.repeat(np.arange(self.n_clients), self.train_sizes)
-        counts = np.zeros((self.n_clients, self.n_classes))
-        np.add.at(counts, (client, self.y_train.cpu().numpy()), 1.0)
+        cell = np.repeat(np.arange(self.n_clients), self.train_sizes) * self.n_classes + self.y_train.cpu().numpy()
+        counts = np.bincount(cell, minlength=self.n_clients * self.n_classes).reshape(self.n_clients, -1).astype(float)
         norms = np.linalg.norm(counts, axis=1, keepdims=True)
         return np.divide(counts, norms, out=np.zeros_like(counts), where=norms > 0)
 
