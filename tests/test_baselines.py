@@ -89,6 +89,30 @@ def test_flhc_clusters_updates_not_weights(metric, linkage):
         assert torch.equal(alg.models[k], alg.w)
 
 
+def test_flhc_clusters_can_start_from_their_members_clustering_step_models():
+    groups = np.random.default_rng(3).permutation(np.repeat(np.arange(4), 5))
+    sizes = np.arange(1, 21) * 7  # unequal: the start is each cluster's weighted mean, not a plain one
+    step = {}
+
+    def run(tasks):
+        out = []
+        for t in tasks:
+            step[t.client] = t.weights + GROUP_DIR[groups[t.client]] + 0.01 * t.client
+            out.append(Trained(step[t.client], int(sizes[t.client])))
+        return out
+
+    alg = FLHC(FLHCParams(warmup_rounds=1, n_clusters=4, cluster_start="updates"), ctx(20))
+    alg.round(1, [0, 1], run)
+    alg.round(2, [0], run)
+    labels = alg.cluster_labels()
+    assert adjusted_rand_score(groups, labels) == 1.0
+    for k, model in alg.models.items():
+        members = [i for i in range(20) if labels[i] == k]
+        expected = sum(float(sizes[i]) * step[i] for i in members) / float(sum(sizes[i] for i in members))
+        torch.testing.assert_close(model, expected)
+        assert not torch.equal(model, alg.w)
+
+
 def test_flhc_distance_threshold_and_parameter_rules():
     with pytest.raises(ValueError, match="not both"):
         FLHCParams(distance_threshold=1.0, n_clusters=4)
