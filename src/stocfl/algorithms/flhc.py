@@ -56,10 +56,10 @@ class FLHC(Algorithm):
     client trains the global model w for ``cluster_epochs`` epochs; agglomerative clustering of
     the flattened UPDATES dW_i = w_i - w (``metric``, ``linkage``, cut by ``distance_threshold``
     or ``n_clusters``); every cluster's model starts from w (or, with ``cluster_start =
-    "updates"``, from the mean of its members' clustering-step models). Afterwards each cluster runs FedAvg
-    on its sampled members. A client that was not clustered (new clients) uses the cluster
-    model with the lowest loss on its train data. Held-out clients never take part. The
-    clustering step logs the highest merge distances of the full tree (``flhc_heights``).
+    "updates"``, from the mean of its members' clustering-step models). Afterwards each
+    cluster runs FedAvg on its sampled members. A client that was not clustered (new clients)
+    uses the cluster model with the lowest loss on its train data. Held-out clients never take
+    part. The clustering step logs the highest merge distances of the full tree (``flhc_heights``).
 
     Parameters
     ----------
