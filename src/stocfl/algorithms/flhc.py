@@ -134,11 +134,11 @@ class FLHC(Algorithm):
             labels = tree.labels_
             heights = sorted(float(h) for h in tree.distances_)[-10:][::-1]
         self.labels[everyone] = labels
-        if p.cluster_start == "global":
-            self.models = {int(k): self.w.clone() for k in np.unique(labels)}
-        else:
-            self.models = {int(k): self.aggregate([r for r, l in zip(results, labels) if l == k], self.w)
-                           for k in np.unique(labels)}
+        members: dict[int, list] = {}
+        for r, k in zip(results, labels):
+            members.setdefault(int(k), []).append(r)
+        self.models = {k: self.w.clone() if p.cluster_start == "global" else self.aggregate(mine, self.w)
+                       for k, mine in sorted(members.items())}
         return {"clustered": len(self.models), "flhc_heights": heights, "clustered_clients": len(everyone),
                 "clustering_unanswered": unanswered}
 
