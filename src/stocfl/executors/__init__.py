@@ -101,7 +101,8 @@ def _auto(federation, model, cfg) -> Executor:
     """On the CPU: where per-step work is small, per-client overhead dominates and batching
     pays; where it is large (compute-bound), the path with less arithmetic wins: low-rank when
     it has less. On an accelerator, clients are always batched (low-rank when it has less).
-    A model with dropout always runs sequentially."""
+    A model with dropout always runs client by client: the sequential loop, in parallel's
+    workers where torch has more than one thread."""
     t, n = cfg.train, float(federation.train_sizes.mean())
     on_cpu = resolve_device(cfg.run.device).type == "cpu"
     chosen = choose_engine("auto", model.n_params, t.batch_size, n) if on_cpu else "batched"
