@@ -201,7 +201,7 @@ class FlatModel:
         layout. Results are the same up to float rounding; measured on one core with
         ``cifar_cnn``, local SGD (batch 10) took 1.2x less time and evaluation 1.85x less, most of
         it in max-pooling (PyTorch's NCHW kernel is several times slower than its NHWC one); with
-        ``cnn28`` on one-channel images, 1.18x and 1.8x. A module that fails on such inputs or
+        ``cnn28`` on one-channel images, 1.21x and 2.1x. A module that fails on such inputs or
         gives other outputs (a ``view`` of a convolution's output, say), found once per input
         shape on one sample, keeps the caller's layout."""
         if not self._has_conv2d or x.dim() != 4 or x.device.type != "cpu":
