@@ -112,7 +112,7 @@ def channels_last(x: torch.Tensor) -> torch.Tensor:
     ``contiguous(memory_format=channels_last)`` returns it unchanged, and PyTorch's layout
     guess from its strides (C's stride H*W) then runs every layer after it in NCHW; the
     explicit strides (C's stride 1) make convolutions and pooling run, and keep, NHWC."""
-    n, c, h, w = x.shape
+    _, c, h, w = x.shape
     strides = (c * h * w, 1, w * c, c)
     if x.stride() == strides:
         return x
