@@ -74,6 +74,24 @@ def test_cfl_respects_warmup_and_needs_more_than_two_fresh_clients():
     assert len(alg.models) == 2 and adjusted_rand_score(groups, alg.cluster_labels()) == 1.0
 
 
+def test_cfl_cluster_warmup_holds_the_halves_of_a_split_that_many_rounds():
+    rng = np.random.default_rng(4)
+    groups = rng.permutation(np.repeat(np.arange(4), 5))
+    run = fake_run(groups)
+    counts = {}
+    for rest in (0, 3):
+        alg = CFL(CFLParams(eps1=0.8, eps2=0.5, warmup=1, cluster_warmup=rest), ctx(20))
+        counts[rest] = [len(alg.models)]
+        for t in range(1, 10):
+            alg.round(t, list(range(20)), run)
+            counts[rest].append(len(alg.models))
+        assert adjusted_rand_score(groups, alg.cluster_labels()) == 1.0
+    # the first split after the warm-up (round 2) in both; without a rest the halves split at
+    # once (round 3), with a rest of 3 rounds at round 2 + 3 + 1 = 6
+    assert counts[0][:4] == [1, 1, 2, 4] and counts[0][-1] == 4
+    assert counts[3][:6] == [1, 1, 2, 2, 2, 2] and counts[3][6:] == [4, 4, 4, 4]
+
+
 @pytest.mark.parametrize("metric, linkage", [("l1", "complete"), ("l2", "ward"), ("cosine", "average")])
 def test_flhc_clusters_updates_not_weights(metric, linkage):
     groups = np.random.default_rng(2).permutation(np.repeat(np.arange(4), 6))

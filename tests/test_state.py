@@ -3,7 +3,7 @@ real checkpoint file, and never shares memory with the algorithm."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -96,6 +96,27 @@ def test_what_cannot_be_checkpointed_is_named():
     t, meta = state.encode(S(1, 2))
     with pytest.raises(state.StateError, match="another version"):
         state.decode(t, {**meta, "format": 1}, S(0, 0))
+
+
+def test_a_field_added_later_with_a_default_loads_from_an_older_checkpoint_and_one_without_is_refused():
+    @dataclass
+    class Later:
+        a: Any
+        b: Any
+        c: dict = field(default_factory=dict)
+
+    t, meta = state.encode(S(torch.ones(2), 3))  # written before c existed
+    back = state.decode(t, meta, Later(None, None, {5: 1}))
+    assert torch.equal(back.a, torch.ones(2)) and back.b == 3 and back.c == {5: 1}  # c: the starting value
+
+    @dataclass
+    class Required:
+        a: Any
+        b: Any
+        c: Any
+
+    with pytest.raises(state.StateError, match="field 'c' is missing"):
+        state.decode(t, meta, Required(None, None, None))
 
 
 @settings(max_examples=40, deadline=None)

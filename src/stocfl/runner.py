@@ -383,7 +383,7 @@ EXTENDABLE = ("run.rounds", "run.eval_every", "run.tensorboard")
 
 # Keys added after checkpoints began to store a digest of the whole config, with the default
 # that reproduces the behaviour before them.
-ADDED_KEYS = {"run.tensorboard": False, "algorithm.cluster_start": "global"}
+ADDED_KEYS = {"run.tensorboard": False, "algorithm.cluster_start": "global", "algorithm.cluster_warmup": 0}
 
 
 def config_digest(cfg: Config, core: bool = False) -> str:

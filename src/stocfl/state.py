@@ -46,7 +46,9 @@ def decode(tensors: dict[str, torch.Tensor], meta: dict[str, Any], like: Any) ->
     out = copy.copy(like)
     for f in dataclasses.fields(like):
         if f.name not in meta["fields"]:
-            raise StateError(f"state field {f.name!r} is missing")
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise StateError(f"state field {f.name!r} is missing")
+            continue  # a field added later, with a default: an older checkpoint keeps the starting value
         object.__setattr__(out, f.name, _dec(meta["fields"][f.name], tensors, getattr(like, f.name)))
     return out
 

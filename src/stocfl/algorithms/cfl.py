@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,6 +18,9 @@ class CFLParams(Params):
     eps1: float = Field(0.4, ge=0, le=MAX_WEIGHT, description="split only if the norm of the MEAN update is below eps1")
     eps2: float = Field(1.6, ge=0, le=MAX_WEIGHT, description="... and the largest client update norm is above eps2")
     warmup: int = Field(20, ge=0, le=MAX_COUNT, description="rounds before any split")
+    cluster_warmup: int = Field(
+        0, ge=0, le=MAX_COUNT, description="rounds the two halves of a split train before either may split again, as "
+        "warmup does for the first split (the paper's Algorithm 2 runs FL to a stationary point at every level)")
 
 
 def bipartition(updates: torch.Tensor) -> np.ndarray:
@@ -49,6 +52,9 @@ class CFL(Algorithm):
     eps1 : float, default 0.4
     eps2 : float, default 1.6
     warmup : int, default 20
+    cluster_warmup : int, default 0
+        With warmup = cluster_warmup = 50, the splits come at rounds 51, 102, 153, ...: the
+        paper's Fig. 3 (permuted CIFAR-10) splits at rounds 50, 100 and 150.
     """
 
     name = "cfl"
@@ -60,6 +66,7 @@ class CFL(Algorithm):
         labels: np.ndarray  # cluster of every client; -1: not sampled yet
         models: dict[int, torch.Tensor]  # cluster id -> model
         next_id: int  # id of the next cluster a split opens
+        opened: dict[int, int] = field(default_factory=dict)  # cluster -> round of the split that made it
 
     def __init__(self, params: CFLParams, ctx: Context):
         super().__init__(params, ctx)
@@ -83,13 +90,16 @@ class CFL(Algorithm):
             robust = self.ctx.aggregator.rule != "mean"
             self.models[c] = w_c + (self.ctx.aggregator(list(dw), n, torch.zeros_like(w_c)) if robust else mean_dw)
             norms.append({"cluster": c, "mean_norm": mean_norm, "max_norm": max_norm})
-            if (round_ > self.params.warmup and mean_norm < self.params.eps1 and max_norm > self.params.eps2
+            rested = c not in self.opened or round_ - self.opened[c] > self.params.cluster_warmup
+            if (round_ > self.params.warmup and rested and mean_norm < self.params.eps1 and max_norm > self.params.eps2
                     and len(idx) > 2):
-                self.split(c, [sampled[k] for k in idx], dw)
+                new = self.split(c, [sampled[k] for k in idx], dw)
+                self.opened[c] = self.opened[new] = round_
                 splits += 1
         return {"cfl_norms": norms, "splits": splits}
 
-    def split(self, c: int, fresh: list[int], dw: torch.Tensor) -> None:
+    def split(self, c: int, fresh: list[int], dw: torch.Tensor) -> int:
+        """Moves one half of c to a new cluster, whose id it returns."""
         halves = bipartition(dw)
         ids = np.asarray(fresh)  # sub-matrix row k is client fresh[k]: map back to global ids
         side = {int(i): int(h) for i, h in zip(ids, halves)}
@@ -100,6 +110,7 @@ class CFL(Algorithm):
         for i in np.flatnonzero(self.labels == c):
             if side.get(int(i), larger) == 1:
                 self.labels[i] = new
+        return new
 
     def global_model(self) -> torch.Tensor:
         return self.models[0] if len(self.models) == 1 else self._mean()
