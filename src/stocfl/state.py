@@ -9,8 +9,10 @@ such as a :class:`~stocfl.store.ClientStore` (rows on disk) or a
 
 :func:`encode` turns a state into tensors and JSON-able meta (what a checkpoint file holds,
 and what the runner keeps in memory to replay a failed round); :func:`decode` turns them back,
-every tensor a copy both ways (an encoded state shares no memory with the algorithm). Lists and dicts of tensors of one shape are stored stacked, as one
-tensor. Nothing here knows any algorithm.
+every tensor a copy both ways (an encoded state shares no memory with the algorithm); a
+field declared with a default that an older checkpoint lacks keeps its starting value, so
+adding one does not stop older runs from resuming. Lists and dicts of tensors of one shape
+are stored stacked, as one tensor. Nothing here knows any algorithm.
 """
 
 from __future__ import annotations
