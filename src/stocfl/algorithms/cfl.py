@@ -53,7 +53,7 @@ class CFL(Algorithm):
     eps2 : float, default 1.6
     warmup : int, default 20
     cluster_warmup : int, default 0
-        With warmup = cluster_warmup = 50, the splits come at rounds 51, 102, 153, ...: the
+        With warmup = cluster_warmup = 50, the earliest splits are at rounds 51, 102, 153: the
         paper's Fig. 3 (permuted CIFAR-10) splits at rounds 50, 100 and 150.
     """
 
