@@ -39,6 +39,34 @@ def test_fedprox_mu_zero_is_fedavg_and_mu_pulls_toward_w():
     assert (c.global_model() - W0).norm() < (a.global_model() - W0).norm()
 
 
+# Where a method has not yet left FedAvg, it must be FedAvg: same tasks, same seeds, same mean.
+# CFL adds the mean update to w (w + mean(w_i - w)) where FedAvg takes mean(w_i): equal up to
+# float rounding. IFCA's M = 1 model starts from w_0 here (its models are seeded apart).
+REDUCES_TO_FEDAVG = {
+    "cfl": ({"warmup": 100}, 1e-6),
+    "ifca": ({"n_models": 1}, 0.0),
+    "flhc": ({"warmup_rounds": 100}, 0.0),
+    "ditto": ({}, 0.0),
+    "stocfl": ({}, 0.0),
+}
+
+
+@pytest.mark.parametrize("name", list(REDUCES_TO_FEDAVG))
+def test_a_method_that_has_not_left_fedavg_is_fedavg(name):
+    import dataclasses
+
+    params, tol = REDUCES_TO_FEDAVG[name]
+    ctx = dataclasses.replace(CTX, init_model=lambda seed: W0.clone())
+    ex = SequentialExecutor(FED, MODEL)
+    ref, alg = FedAvg(FedAvg.Params(), ctx), ALGORITHMS[name](ALGORITHMS[name].Params(**params), ctx)
+    for t, sampled in enumerate([[0, 2, 9, 4, 6], [1, 2, 9, 5, 11], list(range(12))], 1):
+        ref.round(t, sampled, ex.run)
+        alg.round(t, sampled, ex.run)
+    assert not torch.equal(ref.global_model(), W0)
+    gap = float((alg.global_model() - ref.global_model()).abs().max())
+    assert gap <= tol, f"{name}: its global model is {gap:.2e} from FedAvg's"
+
+
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_every_algorithm_same_on_both_executors_and_round_trips_state(name):
     cls = ALGORITHMS[name]
