@@ -387,7 +387,7 @@ def plot_curves(table: Table, finished: dict[str, list[dict[str, Any]]], path: P
             ax.legend(fontsize=8, loc="best")
         elif ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    axes[0, 0].set_title(textwrap.fill(table.title, 90), fontsize=9)
+    axes[0, 0].set_title(textwrap.fill(table.title, 90), fontsize=9, loc="left")  # the legend takes the right side
     fig.tight_layout()
     save_figure(fig, path)
     plt.close(fig)
