@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -53,8 +55,6 @@ REDUCES_TO_FEDAVG = {
 
 @pytest.mark.parametrize("name", list(REDUCES_TO_FEDAVG))
 def test_a_method_that_has_not_left_fedavg_is_fedavg(name):
-    import dataclasses
-
     params, tol = REDUCES_TO_FEDAVG[name]
     ctx = dataclasses.replace(CTX, init_model=lambda seed: W0.clone())
     ex = SequentialExecutor(FED, MODEL)
