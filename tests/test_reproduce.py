@@ -153,6 +153,7 @@ def test_a_stopped_reproduction_resumes_to_the_numbers_of_one_in_one_go(tmp_path
     Experiment.create(cfg, root / "runs" / "tiny" / "stocfl-seed0").run(progress=False, stop_after=1)  # a kill
     report = reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)
     assert [r["status"] for r in report["rows"]] == ["not run", "stopped at round 1"]
+    assert listing(root).endswith("; 0 of 2 rows done, 1 stopped)")
     assert not (root / "runs" / "tiny" / "fedavg-seed0").exists()  # nothing ran
     resumed = reproduce("tiny", root=root, progress=False, log=lambda m: None)
     for a, b in zip(whole["rows"], resumed["rows"]):
@@ -161,8 +162,10 @@ def test_a_stopped_reproduction_resumes_to_the_numbers_of_one_in_one_go(tmp_path
 
 def test_rows_runs_the_rows_named_and_the_table_keeps_the_others_finished_runs(tmp_path):
     root = tiny_root(tmp_path)
+    assert listing(root) == "tiny: A tiny table (2 runs per seed; seeds 0; not run yet)"
     first = reproduce("tiny", root=root, progress=False, log=lambda m: None, rows="2")
     assert [r["status"] for r in first["rows"]] == ["not run", "done"]
+    assert listing(root).endswith("(2 runs per seed; seeds 0; 1 of 2 rows done)")
     assert not (root / "runs" / "tiny" / "fedavg-seed0").exists()
     assert re.search(r", (1 torch thread|\d+ torch threads) per run, torch ", first["machine"])  # the runs', not ours
     here = describe(torch.device("cpu"))  # each run records its processor: bits agree only on the same kind
@@ -360,6 +363,7 @@ def test_a_reproduction_stopped_mid_table_keeps_the_later_rows_recorded_in_its_f
         reproduce("tiny", root=root, progress=False, log=killed)
     on_disk = json.loads((root / "tiny.json").read_text())
     assert [r["status"] for r in on_disk["rows"]] == [f"running seed 0 (pid {os.getpid()})", "done"]
+    assert listing(root).endswith("; 1 of 2 rows done, 1 running)")
     assert on_disk["rows"][1]["runs"] == doc["rows"][1]["runs"]
     assert f"| StoCFL | accuracy | 60.00 +- 2.00 | {doc['rows'][1]['ours']['mean']:.2f} +- " \
         in (root / "tiny.md").read_text()

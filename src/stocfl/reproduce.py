@@ -591,13 +591,27 @@ def _at_round(run_dir: Path, row: Row) -> float | None:
     raise UserError(f"reproduce: row {row.name!r} reads round {row.at_round}; {run_dir} has no such round")
 
 
+def _recorded(table: Table, path: Path) -> str:
+    """How far the table's written ``TABLE.json`` got: its rows done, and those stopped or running."""
+    try:
+        status = {r["name"]: r["status"] for r in json.loads(path.read_text())["rows"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return "not run yet"
+    states = [status.get(r.name, "not run") for r in table.rows]
+    done = sum(s == "done" for s in states)
+    others = [f"{n} {kind}" for kind in ("stopped", "running")
+              if (n := sum(s.startswith(kind) for s in states))]
+    return ", ".join([f"{done} of {len(states)} rows done", *others])
+
+
 def listing(root: Path = ROOT) -> str:
     lines = []
     for name in tables(root):
         t = load_table(name, root)
         runs = len({tuple(sorted(r.overrides)) for r in t.rows})  # rows of one config share its runs
         rows = f"{len(t.rows)} rows, {runs} runs" if runs != len(t.rows) else f"{runs} runs"
-        lines.append(f"{name}: {t.title} ({rows} per seed; seeds {','.join(map(str, t.seeds))})")
+        lines.append(f"{name}: {t.title} ({rows} per seed; seeds {','.join(map(str, t.seeds))}; "
+                     f"{_recorded(t, table_files(name, root=root)[1])})")
     return "\n".join(lines) or f"no tables in {root}"
 
 
