@@ -17,7 +17,7 @@ from stocfl.cli import main
 from stocfl.compare import run_or_reuse
 from stocfl.devices import describe
 from stocfl.errors import UserError
-from stocfl.reproduce import authors_metric, listing, load_table, reproduce, tables
+from stocfl.reproduce import authors_metric, draw_curves, listing, load_table, plot_curves, reproduce, tables
 from stocfl.runner import Experiment
 
 BASE = ["scenario.n_clients=8", "scenario.samples_per_client=20", "run.rounds=2", "run.sample_rate=0.5"]
@@ -334,6 +334,34 @@ def test_a_row_can_read_its_measure_at_a_round_and_says_when_that_round_was_not_
     with pytest.raises(UserError, match=r"row 'FedAvg' reads accuracy at round 1, where .* did not evaluate; "
                                         r"add \"run.eval_every=1\" to the row's set"):
         reproduce("late", root=root, progress=False, log=lambda m: None)
+
+
+def test_the_figure_draws_a_run_once_for_all_its_rows_and_grows_to_hold_a_long_legend(tmp_path):
+    root = tiny_root(tmp_path)
+    head = TABLE.split("[[run]]")[0]
+    rows = "".join(f'[[run]]\nname = "M{i}, post cluster"\nset = ["x={i}"]\nround = 1\npaper = [50.0, 1.0]\n\n'
+                   f'[[run]]\nname = "M{i}, round 2"\nset = ["x={i}"]\npaper = [60.0, 1.0]\n\n' for i in range(30))
+    (root / "many.toml").write_text(head + rows)
+    table = load_table("many", root)
+    finished = {}
+    for i in range(30):
+        record = {"accuracy": 0.6, "rounds": 2, "curves": {"accuracy": [[1, 2], [0.5, 0.6 + i / 100]]}}
+        finished[f"M{i}, post cluster"] = finished[f"M{i}, round 2"] = [record]
+    fig = draw_curves(table, finished)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        *(f"M{i} (post cluster, round 2; 1 seed)" for i in range(30)), "the paper's number"]
+    curves = [line for line in ax.lines if len(line.get_xdata()) > 1]
+    assert len(curves) == 30 and len({(c.get_color(), c.get_marker()) for c in curves}) == 30
+    stars = sorted((line.get_xdata()[0], line.get_ydata()[0]) for line in ax.lines
+                   if line.get_marker() == "*" and len(line.get_xdata()) == 1)
+    assert stars == [(1, 50.0)] * 30 + [(2, 60.0)] * 30  # each row's paper number at the round it reads
+    fig.canvas.draw()
+    legend, frame = ax.get_legend().get_window_extent(), fig.bbox
+    assert fig.get_size_inches()[0] > 8.5 and frame.x0 <= legend.x0 and legend.x1 <= frame.x1 + 1
+    assert frame.y0 - 1 <= legend.y0 and legend.y1 <= frame.y1 + 1  # the figure grew to hold 31 entries
+    plot_curves(table, finished, root / "many.png")
+    assert (root / "many.png").read_bytes()[1:4] == b"PNG"
 
 
 @pytest.mark.parametrize("name", sorted(tables()))

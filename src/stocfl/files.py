@@ -53,9 +53,12 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def save_figure(fig, path: Path, dpi: int = 110) -> None:
+def save_figure(fig, path: Path, dpi: int = 110, tight: bool = False) -> None:
+    """``tight``: the image grows to take in every artist (a legend beside the axes, taller
+    than them), where the figure's own size would clip it."""
     buf = io.BytesIO()
-    fig.savefig(buf, dpi=dpi, format=Path(path).suffix.lstrip(".") or "png")
+    fig.savefig(buf, dpi=dpi, format=Path(path).suffix.lstrip(".") or "png",
+                **({"bbox_inches": "tight", "pad_inches": 0.1} if tight else {}))
     write_atomic(path, buf.getvalue())
 
 

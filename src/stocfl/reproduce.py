@@ -304,27 +304,51 @@ def _series(record: dict[str, Any], key: str) -> tuple[list[int], list[float]]:
     return list(rounds), list(values)
 
 
+def _run_label(names: list[str], seeds: int) -> str:
+    """The legend entry of a run that several rows read: FL+HC's "FL+HC, cf = 0.1, n = 1, post
+    cluster" and "..., round 50" draw one curve, "FL+HC, cf = 0.1, n = 1 (post cluster, round 50;
+    1 seed)"."""
+    count = f"{seeds} seed{'s' if seeds > 1 else ''}"
+    common = os.path.commonprefix(names) if len(names) > 1 else ""
+    base = common[:common.rfind(",")] if "," in common else ""
+    if len(names) == 1 or not base:
+        return f"{' / '.join(names)} ({count})"
+    return f"{base} ({', '.join(name[len(base):].lstrip(', ') for name in names)}; {count})"
+
+
 def plot_curves(table: Table, finished: dict[str, list[dict[str, Any]]], path: Path) -> None:
+    """Draw the table's figure (``draw_curves``) into ``path``, grown to hold its legend."""
+    import matplotlib.pyplot as plt
+
+    from stocfl.files import save_figure
+
+    fig = draw_curves(table, finished)
+    save_figure(fig, path, tight=True)
+    plt.close(fig)
+
+
+def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]]):
     """Each row's measure per round, mean over its finished seeds, with the paper's number
     starred in the same colour at the last round (StoCFL Fig. 5; clusters and the clustering
     objective per round, Fig. 3 b); a sweep table draws the final measure against the swept
-    value instead (Fig. 8: tau against the clusters found). A run recorded before tables kept
-    curves is drawn as its final value alone."""
+    value instead (Fig. 8: tau against the clusters found). A run that several rows read (FL+HC's
+    post cluster and round 50) is drawn once, with each row's star. A run recorded before tables
+    kept curves is drawn as its final value alone."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from stocfl import report
-    from stocfl.files import save_figure
 
     panels = _panels(table)
     fig, axes = plt.subplots(len(panels), 1, figsize=(8.5, 1.0 + 3.8 * len(panels)), squeeze=False)
     ylabels = {**{k: v[0] for k, v in METRICS.items()}, "accuracy": "test accuracy (%)",
                "objective": "clustering objective (Eq. 2)"}
+    legends: list[tuple[int, int]] = []  # (columns, lines) of each panel's legend beside it
     for ax, panel in zip(axes[:, 0], panels):
         points: dict[str, list[tuple[float, float, float | None]]] = {}
-        drawn: dict[tuple[str, ...], str] = {}  # a run's curve is drawn once; rows reading it at a round add a star
+        drawn: dict[tuple[str, ...], str] = {}  # a run's curve is drawn once; the other rows reading it add a star
         for n, row in enumerate(table.rows):
             kind = _panel(row.metric)
             if panel not in (kind, "objective") or (panel == "objective" and kind != "n_clusters"):
@@ -347,22 +371,24 @@ def plot_curves(table: Table, finished: dict[str, list[dict[str, Any]]], path: P
                 if finals and panel != "objective" and row.at_round is None:
                     colour = f"C{n % 10}"
                     ax.plot([records[0]["rounds"]], [scale * float(np.mean(finals))], color=colour,
-                            marker="os^Dv<>pPX"[n % 10], ms=6, mfc="none", ls="",
+                            marker="os^Dv<>pPX"[(n + n // 10) % 10], ms=6, mfc="none", ls="",
                             label=f"{row.name}: final value (curve not recorded)")
                     if paper is not None:
                         ax.plot([records[0]["rounds"]], [paper], color=colour, marker="*", ms=11, ls="", mec="k",
                                 mew=0.5)
                 continue
             rounds, values = curves[0][0], scale * np.mean([c[1] for c in curves], axis=0)
-            run_key = tuple(sorted(row.overrides))
-            if run_key in drawn and row.at_round is not None:
+            run_key = (row.metric, *sorted(row.overrides))
+            if run_key in drawn:
                 if paper is not None:
-                    ax.plot([row.at_round], [paper], color=drawn[run_key], marker="*", ms=11, ls="", mec="k", mew=0.5)
+                    ax.plot([row.at_round or rounds[-1]], [paper], color=drawn[run_key], marker="*", ms=11, ls="",
+                            mec="k", mew=0.5)
                 continue
             colour = drawn.setdefault(run_key, f"C{n % 10}")
-            ax.plot(rounds, values, color=colour, marker="os^Dv<>pPX"[n % 10], ms=4, mfc="none",
+            ax.plot(rounds, values, color=colour, marker="os^Dv<>pPX"[(n + n // 10) % 10], ms=4, mfc="none",
                     markevery=max(1, len(rounds) // 25),
-                    label=f"{row.name} ({len(curves)} seed{'s' if len(curves) > 1 else ''})")
+                    label=_run_label([r.name for r in table.rows if (r.metric, *sorted(r.overrides)) == run_key],
+                                     len(curves)))
             if paper is not None:
                 ax.plot([row.at_round or rounds[-1]], [paper], color=colour, marker="*", ms=11, ls="", mec="k", mew=0.5)
         for n, (series, pts) in enumerate(points.items()):
@@ -386,11 +412,16 @@ def plot_curves(table: Table, finished: dict[str, list[dict[str, Any]]], path: P
         if ax.get_legend_handles_labels()[0] and table.sweep:
             ax.legend(fontsize=8, loc="best")
         elif ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+            entries = len(ax.get_legend_handles_labels()[0])
+            ncol = -(-entries // 24)
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=ncol)
+            legends.append((ncol, -(-entries // ncol)))
+    if legends:  # a long legend widens and heightens the figure rather than squeezing the axes
+        ncol, lines = max(legends)[0], max(n for _, n in legends)
+        fig.set_size_inches(8.5 + 3.2 * (ncol - 1), max(fig.get_size_inches()[1], 1.0 + 0.17 * lines))
     axes[0, 0].set_title(textwrap.fill(table.title, 90), fontsize=9, loc="left")  # the legend takes the right side
     fig.tight_layout()
-    save_figure(fig, path)
-    plt.close(fig)
+    return fig
 
 
 def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, data_dir: str | None = None,
