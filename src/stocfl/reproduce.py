@@ -316,6 +316,11 @@ def _run_label(names: list[str], seeds: int) -> str:
     return f"{base} ({', '.join(name[len(base):].lstrip(', ') for name in names)}; {count})"
 
 
+def _style(n: int) -> tuple[str, str]:
+    """Row ``n``'s colour and marker: no two of the first 100 rows share both."""
+    return f"C{n % 10}", "os^Dv<>pPX"[(n + n // 10) % 10]
+
+
 def plot_curves(table: Table, finished: dict[str, list[dict[str, Any]]], path: Path) -> None:
     """Draw the table's figure (``draw_curves``) into ``path``, grown to hold its legend."""
     import matplotlib.pyplot as plt
@@ -369,9 +374,9 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]]):
             curves = [c for c in curves if c[0] and c[0] == curves[0][0]]
             if not curves:
                 if finals and panel != "objective" and row.at_round is None:
-                    colour = f"C{n % 10}"
+                    colour, marker = _style(n)
                     ax.plot([records[0]["rounds"]], [scale * float(np.mean(finals))], color=colour,
-                            marker="os^Dv<>pPX"[(n + n // 10) % 10], ms=6, mfc="none", ls="",
+                            marker=marker, ms=6, mfc="none", ls="",
                             label=f"{row.name}: final value (curve not recorded)")
                     if paper is not None:
                         ax.plot([records[0]["rounds"]], [paper], color=colour, marker="*", ms=11, ls="", mec="k",
@@ -384,8 +389,8 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]]):
                     ax.plot([row.at_round or rounds[-1]], [paper], color=drawn[run_key], marker="*", ms=11, ls="",
                             mec="k", mew=0.5)
                 continue
-            colour = drawn.setdefault(run_key, f"C{n % 10}")
-            ax.plot(rounds, values, color=colour, marker="os^Dv<>pPX"[(n + n // 10) % 10], ms=4, mfc="none",
+            colour = drawn.setdefault(run_key, _style(n)[0])
+            ax.plot(rounds, values, color=colour, marker=_style(n)[1], ms=4, mfc="none",
                     markevery=max(1, len(rounds) // 25),
                     label=_run_label([r.name for r in table.rows if (r.metric, *sorted(r.overrides)) == run_key],
                                      len(curves)))
