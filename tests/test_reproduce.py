@@ -313,6 +313,18 @@ def test_a_macro_row_reads_the_plain_mean_over_clients_from_the_run_its_micro_ro
     assert again["rows"][2]["ours"]["mean"] == round(100 * sum(accs) / len(accs), 2)
 
 
+def test_a_row_whose_run_another_row_finished_reads_done(tmp_path):
+    """The macro row is not asked for, but the micro row's run is its run: once that run
+    finishes, the table says done, not 'stopped at round 2' from the view before it finished."""
+    root = tiny_root(tmp_path)
+    (root / "macro.toml").write_text(TABLE + '\n[[run]]\nname = "FedAvg, macro"\nset = ["algorithm.name=fedavg"]\n'
+                                     'metric = "macro_accuracy"\n')
+    doc = reproduce("macro", root=root, progress=False, log=lambda m: None, rows="1")
+    assert [r["status"] for r in doc["rows"]] == ["done", "not run", "done"]
+    assert doc["rows"][2]["ours"]["n"] == 1
+    assert "stopped" not in (root / "macro.md").read_text()
+
+
 def test_a_row_can_read_its_measure_at_a_round_and_says_when_that_round_was_not_evaluated(tmp_path):
     root = tiny_root(tmp_path)
     (root / "rounds.toml").write_text(TABLE.replace('set = ["algorithm.name=fedavg"]\npaper = [50.0, 1.0]',
@@ -356,6 +368,15 @@ def test_the_figure_draws_a_run_once_for_all_its_rows_and_grows_to_hold_a_long_l
     stars = sorted((line.get_xdata()[0], line.get_ydata()[0]) for line in ax.lines
                    if line.get_marker() == "*" and len(line.get_xdata()) == 1)
     assert stars == [(1, 50.0)] * 30 + [(2, 60.0)] * 30  # each row's paper number at the round it reads
+    # a table without the paper's numbers has no star in its legend; a measure logged only at the
+    # end (macro accuracy) is marked so, apart from a run whose curves were not recorded
+    (root / "ours.toml").write_text(head + '[[run]]\nname = "A"\nset = ["x=1"]\n\n'
+                                    '[[run]]\nname = "A, macro"\nset = ["x=1"]\nmetric = "macro_accuracy"\n\n'
+                                    '[[run]]\nname = "B"\nset = ["x=2"]\n')
+    ran = {"accuracy": 0.6, "macro_accuracy": 0.5, "rounds": 2, "curves": {"accuracy": [[1, 2], [0.5, 0.6]]}}
+    own = draw_curves(load_table("ours", root), {"A": [ran], "A, macro": [ran], "B": [{"accuracy": 0.7, "rounds": 2}]})
+    assert [t.get_text() for t in own.axes[0].get_legend().get_texts()] == [
+        "A (1 seed)", "A, macro: final value (measured at the last round only)", "B: final value (curve not recorded)"]
     fig.canvas.draw()
     legend, frame = ax.get_legend().get_window_extent(), fig.bbox
     assert fig.get_size_inches()[0] > 8.5 and frame.x0 <= legend.x0 and legend.x1 <= frame.x1 + 1

@@ -354,6 +354,7 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]]):
     for ax, panel in zip(axes[:, 0], panels):
         points: dict[str, list[tuple[float, float, float | None]]] = {}
         drawn: dict[tuple[str, ...], str] = {}  # a run's curve is drawn once; the other rows reading it add a star
+        starred = False
         for n, row in enumerate(table.rows):
             kind = _panel(row.metric)
             if panel not in (kind, "objective") or (panel == "objective" and kind != "n_clusters"):
@@ -375,15 +376,18 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]]):
             if not curves:
                 if finals and panel != "objective" and row.at_round is None:
                     colour, marker = _style(n)
+                    why = "measured at the last round only" if any(r.get("curves") for r in records) \
+                        else "curve not recorded"  # macro accuracy is not logged per round
                     ax.plot([records[0]["rounds"]], [scale * float(np.mean(finals))], color=colour,
-                            marker=marker, ms=6, mfc="none", ls="",
-                            label=f"{row.name}: final value (curve not recorded)")
+                            marker=marker, ms=6, mfc="none", ls="", label=f"{row.name}: final value ({why})")
+                    starred |= paper is not None
                     if paper is not None:
                         ax.plot([records[0]["rounds"]], [paper], color=colour, marker="*", ms=11, ls="", mec="k",
                                 mew=0.5)
                 continue
             rounds, values = curves[0][0], scale * np.mean([c[1] for c in curves], axis=0)
             run_key = (row.metric, *sorted(row.overrides))
+            starred |= paper is not None
             if run_key in drawn:
                 if paper is not None:
                     ax.plot([row.at_round or rounds[-1]], [paper], color=drawn[run_key], marker="*", ms=11, ls="",
@@ -404,7 +408,7 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]]):
         if paper_pts:
             ax.plot([p[0] for p in paper_pts], [p[1] for p in paper_pts], "k*", ms=11, ls="",
                     label="the paper's number")
-        if not table.sweep and panel != "objective":
+        if not table.sweep and panel != "objective" and starred:
             ax.plot([], [], "k*", ms=9, ls="", label="the paper's number")
         ax.set(xlabel=table.sweep if table.sweep else "round", ylabel=ylabels[panel])
         if panel == "accuracy":
@@ -488,7 +492,7 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
 
     failed: list[str] = []
     for row in table.rows:
-        row_failed = ""
+        row_failed = row_idle = ""  # this pass's word on the row: an earlier view of it may be stale
         runs_here = row.name in chosen and not report_only
         results.pop(row.name, None)
         for s in seeds:
@@ -502,7 +506,7 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
                 continue
             if summary is None and not runs_here:
                 done = _done_rounds(run_dir)
-                status[row.name] = f"stopped at round {done}" if done else "not run"
+                row_idle = f"stopped at round {done}" if done else "not run"
                 continue
             if runs_here:  # a finished run is reused, a stopped one resumed
                 log(f"reproduce {name}: {row.name}, seed {s} -> {run_dir}")
@@ -531,10 +535,7 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
             results.setdefault(row.name, []).append(result)
         if any(r.get("curves") for runs_ in results.values() for r in runs_):  # else the PNG drawn with them stays
             plot_curves(table, results, out_png)
-        if row_failed:
-            status[row.name] = row_failed
-        elif not status.get(row.name, "").startswith(("stopped", "not run")):
-            status[row.name] = "done"
+        status[row.name] = row_failed or row_idle or "done"
         doc = write(row.name if runs_here else None)
     if failed:
         raise UserError(f"reproduce {name}: {len(failed)} run(s) failed, the table holds the rest ({out_md}); "
