@@ -368,6 +368,12 @@ def test_the_figure_draws_a_run_once_for_all_its_rows_and_grows_to_hold_a_long_l
     stars = sorted((line.get_xdata()[0], line.get_ydata()[0]) for line in ax.lines
                    if line.get_marker() == "*" and len(line.get_xdata()) == 1)
     assert stars == [(1, 50.0)] * 30 + [(2, 60.0)] * 30  # each row's paper number at the round it reads
+    fig.canvas.draw()
+    legend, frame = ax.get_legend().get_window_extent(), fig.bbox
+    assert fig.get_size_inches()[0] > 8.5 and frame.x0 <= legend.x0 and legend.x1 <= frame.x1 + 1
+    assert frame.y0 - 1 <= legend.y0 and legend.y1 <= frame.y1 + 1  # the figure grew to hold 31 entries
+    plot_curves(table, finished, root / "many.png")
+    assert (root / "many.png").read_bytes()[1:4] == b"PNG"
     # a table without the paper's numbers has no star in its legend; a measure logged only at the
     # end (macro accuracy) is marked so, apart from a run whose curves were not recorded
     (root / "ours.toml").write_text(head + '[[run]]\nname = "A"\nset = ["x=1"]\n\n'
@@ -377,12 +383,6 @@ def test_the_figure_draws_a_run_once_for_all_its_rows_and_grows_to_hold_a_long_l
     own = draw_curves(load_table("ours", root), {"A": [ran], "A, macro": [ran], "B": [{"accuracy": 0.7, "rounds": 2}]})
     assert [t.get_text() for t in own.axes[0].get_legend().get_texts()] == [
         "A (1 seed)", "A, macro: final value (measured at the last round only)", "B: final value (curve not recorded)"]
-    fig.canvas.draw()
-    legend, frame = ax.get_legend().get_window_extent(), fig.bbox
-    assert fig.get_size_inches()[0] > 8.5 and frame.x0 <= legend.x0 and legend.x1 <= frame.x1 + 1
-    assert frame.y0 - 1 <= legend.y0 and legend.y1 <= frame.y1 + 1  # the figure grew to hold 31 entries
-    plot_curves(table, finished, root / "many.png")
-    assert (root / "many.png").read_bytes()[1:4] == b"PNG"
 
 
 @pytest.mark.parametrize("name", sorted(tables()))

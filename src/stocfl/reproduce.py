@@ -354,7 +354,6 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]]):
     for ax, panel in zip(axes[:, 0], panels):
         points: dict[str, list[tuple[float, float, float | None]]] = {}
         drawn: dict[tuple[str, ...], str] = {}  # a run's curve is drawn once; the other rows reading it add a star
-        starred = False
         for n, row in enumerate(table.rows):
             kind = _panel(row.metric)
             if panel not in (kind, "objective") or (panel == "objective" and kind != "n_clusters"):
@@ -380,21 +379,20 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]]):
                         else "curve not recorded"  # macro accuracy is not logged per round
                     ax.plot([records[0]["rounds"]], [scale * float(np.mean(finals))], color=colour,
                             marker=marker, ms=6, mfc="none", ls="", label=f"{row.name}: final value ({why})")
-                    starred |= paper is not None
                     if paper is not None:
                         ax.plot([records[0]["rounds"]], [paper], color=colour, marker="*", ms=11, ls="", mec="k",
                                 mew=0.5)
                 continue
             rounds, values = curves[0][0], scale * np.mean([c[1] for c in curves], axis=0)
             run_key = (row.metric, *sorted(row.overrides))
-            starred |= paper is not None
             if run_key in drawn:
                 if paper is not None:
                     ax.plot([row.at_round or rounds[-1]], [paper], color=drawn[run_key], marker="*", ms=11, ls="",
                             mec="k", mew=0.5)
                 continue
-            colour = drawn.setdefault(run_key, _style(n)[0])
-            ax.plot(rounds, values, color=colour, marker=_style(n)[1], ms=4, mfc="none",
+            colour, marker = _style(n)
+            drawn[run_key] = colour
+            ax.plot(rounds, values, color=colour, marker=marker, ms=4, mfc="none",
                     markevery=max(1, len(rounds) // 25),
                     label=_run_label([r.name for r in table.rows if (r.metric, *sorted(r.overrides)) == run_key],
                                      len(curves)))
@@ -408,7 +406,7 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]]):
         if paper_pts:
             ax.plot([p[0] for p in paper_pts], [p[1] for p in paper_pts], "k*", ms=11, ls="",
                     label="the paper's number")
-        if not table.sweep and panel != "objective" and starred:
+        if not table.sweep and panel != "objective" and any(line.get_marker() == "*" for line in ax.lines):
             ax.plot([], [], "k*", ms=9, ls="", label="the paper's number")
         ax.set(xlabel=table.sweep if table.sweep else "round", ylabel=ylabels[panel])
         if panel == "accuracy":
