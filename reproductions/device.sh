@@ -2,7 +2,7 @@
 # Rows of a reproduction on a borrowed accelerator machine that reaches no network and takes at
 # most 64 MiB with each command (the workplace's `device` tool: a copy of this working tree plus
 # the git-ignored paths a call names in `carry`). Its image has PyTorch, numpy, scipy,
-# scikit-learn, matplotlib, safetensors and tqdm, not pydantic: stage carries those wheels.
+# scikit-learn, matplotlib, safetensors and tqdm, not pydantic: `stage` packs its wheels.
 #
 #   here:  reproductions/device.sh stage DATA_DIR DATASET...
 #            splits DATA_DIR/DATASET (with SHA256SUMS) and the missing wheels into parts
