@@ -74,7 +74,7 @@ load() {
 }
 
 run() {
-    local table=$1 rows=$2 seconds=$3 rc=0
+    local table=$1 rows=$2 seconds=$3 rc=0 out=${OUT:-.devdata}
     export PYTHONPATH=$here/.devdata/site:$here/src PYTHONUNBUFFERED=1
     # Only the data sets that travelled are checked; a part that did not would fail here.
     (cd .devdata/data && grep -F "$(ls -d */ | sed 's|/$||;s|^|./|;s|$|/|')" SHA256SUMS | sha256sum -c --quiet) \
@@ -85,17 +85,16 @@ run() {
     [ -d "reproductions/runs/$table" ] || { echo "device.sh: no run directory was made: give it more than $seconds s" >&2; exit 1; }
     # One archive per run directory (a file that comes back holds at most 16 MiB). A finished run
     # leaves its checkpoint behind: its summary, metrics and authors' metric make its rows.
-    local dir name
+    local dir skip
     for dir in "reproductions/runs/$table"/*/; do
-        name=$(basename "$dir")
+        skip=(--exclude=.lock)
         if [ -f "$dir/summary.json" ] && ls "$dir"/authors_metric*.json > /dev/null 2>&1; then
-            tar czf "${OUT:-.devdata}/$name.tgz" --exclude=.lock --exclude=checkpoint.safetensors -C "reproductions/runs/$table" "$name"
-        else
-            tar czf "${OUT:-.devdata}/$name.tgz" --exclude=.lock -C "reproductions/runs/$table" "$name"
+            skip+=(--exclude=checkpoint.safetensors)
         fi
+        tar czf "$out/$(basename "$dir").tgz" "${skip[@]}" -C "reproductions/runs/$table" "$(basename "$dir")"
     done
-    cp "reproductions/$table.md" "${OUT:-.devdata}/"
-    ls -l "${OUT:-.devdata}"
+    cp "reproductions/$table.md" "$out/"
+    ls -l "$out"
 }
 
 unpack() {
