@@ -127,6 +127,13 @@ def test_a_fresh_clone_reuses_the_runs_its_table_records_and_reruns_a_changed_co
         [(r["ours"], r["authors_metric"], r["clusters"], r["seconds"], "done") for r in doc["rows"]]
     assert (root / "tiny.png").read_bytes() == png  # no curves to draw: the PNG drawn with them stays
     assert reproduce("tiny", root=root, progress=False, log=lambda m: None)["rows"] == old["rows"]
+    # --rerun runs a recorded row again (here to draw its curves), the same numbers for the same seed
+    redone = reproduce("tiny", root=root, progress=False, log=lambda m: None, rows="1", rerun=True)
+    assert sorted(p.name for p in (root / "runs" / "tiny").iterdir()) == ["fedavg-seed0"]
+    assert [len(r["runs"][0].get("curves") or {}) for r in redone["rows"]] == [1, 0]
+    assert [(r["ours"], r["clusters"]) for r in redone["rows"]] == [(r["ours"], r["clusters"]) for r in doc["rows"]]
+    assert main(["reproduce", "tiny", "--rerun", "--report"]) == 2
+    shutil.rmtree(root / "runs")
     (tmp_path / "configs" / "tiny.toml").write_text(
         "[scenario]\nn_clients = 8\nsamples_per_client = 20\n[run]\nrounds = 3\nsample_rate = 0.5\n")
     longer = reproduce("tiny", root=root, progress=False, log=lambda m: None)  # recorded with a digest: rerun

@@ -88,6 +88,8 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--report", action="store_true", help="run nothing: write the table of the runs finished so far")
     rep.add_argument("--rows", help="the rows to run, by 1-based number, e.g. 2,4-6 (default: every row); the table "
                      "still shows every row's finished runs")
+    rep.add_argument("--rerun", action="store_true", help="run the chosen rows again where only TABLE.json records "
+                     "their runs (their directories gone), e.g. to draw curves a run was recorded without")
     rep.add_argument("--quiet", action="store_true", help="no progress bars")
 
     certs = sub.add_parser("certs", help="certificates for a Flower deployment in secure mode (TLS)",
@@ -223,7 +225,7 @@ def _reproduce(args) -> int:
     seeds = _seeds(args.seeds) if args.seeds else None
     reproduce(args.table, seeds, args.quick, args.data_dir, Path(args.runs) if args.runs else None,
               progress=not args.quiet, log=lambda m: print(m, file=sys.stderr, flush=True), report_only=args.report,
-              rows=args.rows)
+              rows=args.rows, rerun=args.rerun)
     md, _, _ = table_files(args.table, args.quick)
     print(md.read_text(), end="")
     print(f"table: {md}")

@@ -434,11 +434,15 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]]):
 def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, data_dir: str | None = None,
               runs: Path | None = None, root: Path = ROOT, progress: bool = True,
               log: Callable[[str], None] = print, report_only: bool = False,
-              rows: str | None = None) -> dict[str, Any]:
+              rows: str | None = None, rerun: bool = False) -> dict[str, Any]:
     """Run (or reuse, or resume) every row of table ``name`` for every seed; write
     ``root/name.md`` and ``root/name.json`` after each run and return the JSON. With
     ``report_only``, run nothing: the table of the runs finished so far. ``rows`` ("2,4-6": 1-based
-    row numbers) runs those rows only; the table still shows every row's finished runs."""
+    row numbers) runs those rows only; the table still shows every row's finished runs. ``rerun``
+    runs the chosen rows' runs again where only the table records them (their directories gone,
+    e.g. to draw the curves of a run recorded without them); a run directory is still reused."""
+    if rerun and report_only:
+        raise UserError("reproduce: --rerun runs rows again and --report runs nothing; pass one of them")
     table = load_table(name, root)
     chosen = select_rows(table, rows)
     seeds = list(table.seeds) if seeds is None else seeds
@@ -499,7 +503,8 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
                 doc = write(row.name)
             run_dir = run_dir_of(row.name, s)
             summary = finished_summary(run_dir)
-            if summary is None and (row.name, s) in recorded:  # finished in another checkout; its directory is gone
+            # finished in another checkout, its directory gone: read from the table unless run again
+            if summary is None and (row.name, s) in recorded and not (rerun and runs_here):
                 results.setdefault(row.name, []).append(recorded[(row.name, s)])
                 continue
             if summary is None and not runs_here:
