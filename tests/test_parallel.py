@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -136,3 +139,40 @@ def test_guided_parts_cover_the_tasks_in_order_and_shrink(n, workers):
     sizes = part_sizes(n, workers)
     assert sum(sizes) == n and all(s >= 1 for s in sizes) and sizes == sorted(sizes, reverse=True)
     assert not sizes or sizes[0] == -(-n // (2 * workers))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's parent-death signal is Linux's")
+def test_the_workers_end_with_a_parent_that_is_killed():
+    """A parent killed mid-run (SIGKILL, or SIGTERM's default) must not leave its workers
+    waiting forever on a queue they hold both ends of."""
+    script = ("from stocfl.data import load_dataset\n"
+              "from stocfl.executors import ParallelExecutor\n"
+              "from stocfl.models import make_model\n"
+              "from stocfl.scenarios import build\n"
+              "import time\n"
+              "fed = build('rotated', load_dataset('digits'), 4, 20, seed=0)\n"
+              "model, _ = make_model('auto', fed.input_shape, 10, 0, seed=0)\n"
+              "executor = ParallelExecutor(fed, model, workers=2)\n"
+              "pool = executor._workers()\n"
+              "print(*pool._processes, flush=True)\n"
+              "time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        workers = [int(p) for p in parent.stdout.readline().split()]
+        assert len(workers) == 2 and all(_alive(p) for p in workers)
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in workers)
+
+
+def _alive(pid: int) -> bool:
+    """``pid`` runs and is not a zombie (a killed worker of the test's own child is reaped by init)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

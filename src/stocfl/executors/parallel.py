@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+import os
 import signal
 import sys
 import weakref
@@ -35,7 +36,23 @@ _worker: "ParallelExecutor | None" = None  # the executor being forked; in a wor
 
 def _start_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle (it names the run to resume)
+    _die_with_parent()
     torch.set_num_threads(1)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to end this worker when the process that forked it dies. A parent killed
+    (SIGTERM, SIGKILL, out of memory) otherwise leaves its workers waiting on a task queue whose
+    write end they hold themselves, forever, or printing a traceback from a task half sent."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:  # it died before the request took hold
+        os._exit(1)
 
 
 def _run_part(tasks: list) -> list:
