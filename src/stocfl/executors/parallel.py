@@ -49,7 +49,7 @@ def _die_with_parent() -> None:
     import ctypes
 
     pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL)
     parent = multiprocessing.parent_process()
     if parent is not None and os.getppid() != parent.pid:  # it died before the request took hold
         os._exit(1)
