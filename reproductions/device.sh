@@ -11,8 +11,8 @@
 #            carry [".devdata/K"]      command: bash reproductions/device.sh load .devdata/K
 #          the last part's call goes on (carry the table's run directories too to resume them):
 #            ... && bash reproductions/device.sh run TABLE ROWS SECONDS
-#            runs `stocfl reproduce TABLE --rows ROWS` (run.device = auto picks CUDA), stops it
-#            at its last checkpoint after SECONDS, and leaves one $OUT/RUN.tgz per run directory
+#            runs `stocfl reproduce TABLE --rows R` for each row R of ROWS (1-3,5), side by side
+#            (run.device = auto picks CUDA), stops them at their last checkpoint after SECONDS, and leaves one $OUT/RUN.tgz per run directory
 #   here:  reproductions/device.sh unpack FILES_AT TABLE
 #            puts those run directories into reproductions/runs/ and writes the table
 #
@@ -73,6 +73,16 @@ load() {
     echo "loaded $src: $(du -sh .devdata/data | cut -f1) of data so far"
 }
 
+# "1-3,5" -> 1 2 3 5, one a line
+expand_rows() {
+    local part
+    for part in ${1//,/ }; do
+        if [[ $part =~ ^([0-9]+)-([0-9]+)$ ]]; then seq "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"
+        elif [[ $part =~ ^[0-9]+$ ]]; then echo "$part"
+        else echo "device.sh: rows '$1' are not like 1-3,5" >&2; exit 2; fi
+    done
+}
+
 run() {
     local table=$1 rows=$2 seconds=$3 rc=0 out=${OUT:-.devdata}
     export PYTHONPATH=$here/.devdata/site:$here/src PYTHONUNBUFFERED=1
@@ -80,8 +90,26 @@ run() {
     (cd .devdata/data && grep -F "$(ls -d */ | sed 's|/$||;s|^|./|;s|$|/|')" SHA256SUMS | sha256sum -c --quiet) \
         || { echo "device.sh: the data on the device does not match SHA256SUMS: load every part first" >&2; exit 2; }
     python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')"
-    timeout -s TERM "$seconds" python3 -m stocfl reproduce "$table" --rows "$rows" --data-dir .devdata/data --quiet || rc=$?
-    echo "reproduce exited $rc (124: stopped after $seconds s at its last checkpoint)"
+    # One process per row, side by side: one small federation leaves most of a GPU idle. Each
+    # writes its own run directory; the table is merged under its lock.
+    local row list pids=() status=()
+    rm -f .devdata/row*.log
+    list=$(expand_rows "$rows")
+    for row in $list; do
+        timeout -s TERM "$seconds" python3 -m stocfl reproduce "$table" --rows "$row" --data-dir .devdata/data --quiet \
+            > ".devdata/row$row.log" 2>&1 &
+        pids+=("$!")
+    done
+    for row in "${!pids[@]}"; do
+        wait "${pids[$row]}" || rc=$?
+        status+=("$rc"); rc=0
+    done
+    echo "reproduce exited ${status[*]} for rows $(echo $list) (124: stopped after $seconds s at its last checkpoint)"
+    local log
+    for log in .devdata/row*.log; do  # what each printed beside the table (errors), then the table's rows
+        echo "== $(basename "$log"):"; grep -vE '^(#|- |\||Source: |Command: |table: |$)' "$log" | tail -n 5 || true
+    done
+    grep '^|' "reproductions/$table.md" || true
     [ -d "reproductions/runs/$table" ] || { echo "device.sh: no run directory was made: give it more than $seconds s" >&2; exit 1; }
     # One archive per run directory (a file that comes back holds at most 16 MiB). A finished run
     # leaves its checkpoint behind: its summary, metrics and authors' metric make its rows.

@@ -109,6 +109,29 @@ def test_a_table_is_written_with_the_papers_numbers_and_reused_on_a_second_call(
     assert (root / "runs" / "tiny" / "fedavg-seed0" / "metrics.jsonl").stat().st_mtime_ns == stamp  # reused
 
 
+def test_a_finished_run_carried_without_its_checkpoint_still_makes_its_row(tmp_path):
+    # reproductions/device.sh brings finished runs back from a device machine without their
+    # checkpoints (a file that comes back holds at most 16 MiB)
+    root = tiny_root(tmp_path)
+    doc = reproduce("tiny", root=root, progress=False, log=lambda m: None)
+    for d in (root / "runs" / "tiny").iterdir():
+        (d / "checkpoint.safetensors").unlink()
+    (root / "tiny.json").unlink()  # nothing recorded: the rows come from the run directories alone
+    summary = root / "runs" / "tiny" / "stocfl-seed0" / "summary.json"
+    assert json.loads(summary.read_text())["torch"] == torch.__version__
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "torch": "2.11.0+cu130"}))  # run elsewhere
+    again = reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)
+    assert [r["status"] for r in again["rows"]] == ["done", "done"]
+    assert again["machine"].endswith(f"torch {'; '.join(sorted(['2.11.0+cu130', torch.__version__]))}")
+    assert [r["ours"] for r in again["rows"]] == [r["ours"] for r in doc["rows"]]
+    run_dir = root / "runs" / "tiny" / "fedavg-seed0"
+    (run_dir / "summary.json").write_text(json.dumps({**json.loads((run_dir / "summary.json").read_text()),
+                                                      "rounds_done": 1}))
+    (root / "tiny.json").unlink()
+    assert reproduce("tiny", root=root, progress=False, log=lambda m: None,
+                     report_only=True)["rows"][0]["status"].startswith("stopped at round")
+
+
 def test_a_fresh_clone_reuses_the_runs_its_table_records_and_reruns_a_changed_config(tmp_path):
     import shutil
 

@@ -207,7 +207,7 @@ def write_table(table: Table, results: dict[str, list[dict[str, Any]]], status: 
     command = f"stocfl reproduce {table.name} --seeds {','.join(map(str, seeds))}" + (" --quick" if quick else "")
     doc = {"table": table.name, "title": table.title, "source": table.source,
            "config": str(table.config.relative_to(table.config.parents[1])), "command": command, "seeds": seeds,
-           "quick": quick, "machine": f"{_processors(results)}, {_threads(results)}, torch {torch.__version__}",
+           "quick": quick, "machine": f"{_processors(results)}, {_threads(results)}, {_torch(results)}",
            "date": time.strftime("%Y-%m-%d"), "notes": list(table.notes), "rows": rows}
     if quick:
         doc["notes"] = [f"--quick: {' '.join(table.quick)}; not the paper's setting", *doc["notes"]]
@@ -240,6 +240,16 @@ def _processors(results: dict[str, list[dict[str, Any]]]) -> str:
     if not named:
         return f"{platform.machine()}{' (processor not recorded)' if runs else ''}"
     return "; ".join(named) + (f"; {platform.machine()} ({unknown} run(s) recorded no processor)" if unknown else "")
+
+
+def _torch(results: dict[str, list[dict[str, Any]]]) -> str:
+    """The torch versions the finished runs ran (each run's summary records its own; a run
+    recorded before that is taken to have run this process's)."""
+    runs = [r for runs in results.values() for r in runs]
+    used = {r["torch"] for r in runs if r.get("torch")}
+    if not runs or any(not r.get("torch") for r in runs):
+        used.add(torch.__version__)
+    return f"torch {'; '.join(sorted(used))}"
 
 
 def _threads(results: dict[str, list[dict[str, Any]]]) -> str:
@@ -527,7 +537,8 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
                 theirs = authors_metric(Experiment.open(run_dir, data_dir), row.authors)
                 write_atomic(held, json.dumps({"authors_metric": theirs}) + "\n")
             result = {**{k: summary[k] for k in ("accuracy", "global_accuracy", "n_clusters", "ari", "seconds", "seed")},
-                      "threads": summary.get("threads"), "processor": summary.get("processor"), "authors_metric": theirs,
+                      "threads": summary.get("threads"), "processor": summary.get("processor"),
+                      "torch": summary.get("torch"), "authors_metric": theirs,
                       "heldout_accuracy": summary.get("heldout", {}).get("accuracy"),
                       "macro_accuracy": summary.get("macro_accuracy", _macro_from_clients(run_dir))}
             if row.at_round is not None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from stocfl import report
 from stocfl.algorithms import Algorithm
@@ -31,7 +32,7 @@ def summarize(cfg: Config, fed: Federation, given_federation: bool, algorithm: A
         "dataset": fed.dataset if given_federation else cfg.scenario.dataset,
         "seed": cfg.run.seed, "n_clients": fed.n_clients, "rounds": cfg.run.rounds,
         "rounds_done": rounds_done, "engine": engine, "threads": threads,
-        "processor": describe(resolve_device(cfg.run.device)),
+        "processor": describe(resolve_device(cfg.run.device)), "torch": torch.__version__,
         "accuracy": last_eval.get("accuracy"), "global_accuracy": last_eval.get("global_accuracy"),
         "n_clusters": last.get("n_clusters"), "ari": last.get("ari"), "nmi": last.get("nmi"),
         "placed": last.get("placed"), "participants": len(fed.participants),

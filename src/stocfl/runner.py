@@ -364,11 +364,14 @@ def round_line(row: dict[str, Any]) -> str:
 
 
 def finished_summary(out: Path) -> dict[str, Any] | None:
-    """The summary of the run in ``out`` when it has done every round of its config, else None."""
+    """The summary of the run in ``out`` when it has done every round of its config, else None.
+    A finished run whose checkpoint was left behind (to carry its results off a machine) is
+    still finished: its summary, metrics and clients hold its numbers."""
     try:
         summary = json.loads((out / "summary.json").read_text())
         rounds = read_config(out)["run"]["rounds"]
-        meta = checkpoint.read_meta(out / CHECKPOINT)
+        meta = (checkpoint.read_meta(out / CHECKPOINT) if (out / CHECKPOINT).exists()
+                else {"round": summary.get("rounds_done")})
     except Exception:  # noqa: BLE001 - anything unreadable: not a finished run; resume says what is wrong
         return None
     if any(meta.get(k) for k in ("custom_data", "custom_model", "custom_loss")):
