@@ -171,6 +171,7 @@ def test_ifca_chooses_by_train_loss_and_unchosen_models_keep_weights():
     before = [w.clone() for w in alg.models]
     diag = alg.round(1, [0, 1, 2, 3], ifca_run(best_of))
     assert diag["choices"] == [2, 0, 2, 0]
+    assert diag["model_loss"] == [0.0, None, 0.0, None]  # the chosen models' loss on their clients
     assert alg.cluster_labels().tolist() == [0, 2, 0, 2]
     assert torch.equal(alg.models[1], before[1]) and torch.equal(alg.models[3], before[3])
     assert not torch.equal(alg.models[0], before[0])

@@ -89,9 +89,20 @@ def sequential_reference(name):
     return _reference[name]
 
 
+@pytest.fixture
+def one_thread():
+    """Every executor compared at one torch thread, as the parallel executor's workers run: a
+    reduction split over more threads adds in another order (in a plain `pytest` on a machine
+    of several cores; `make test` pins each xdist worker to one core)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("executor", list(EXECUTORS))
 @pytest.mark.parametrize("name", list(ALGORITHMS))
-def test_every_algorithm_on_every_executor(name, executor, tmp_path):
+def test_every_algorithm_on_every_executor(name, executor, tmp_path, one_thread):
     rec = Recording(EXECUTORS[executor]())
     alg = play(make(name), rec)
     # held-out clients never take part in training or clustering, and are not placed

@@ -67,13 +67,19 @@ def check_models_fit(count: int, ctx: Context, key: str) -> None:
                         f"need {need / 2**30:.1f} GiB, more than the {MAX_MODEL_BYTES / 2**30:.0f} GiB budget; lower it")
 
 
+def train_losses(clients: list[int], models: list[torch.Tensor], run: "RunTasks") -> np.ndarray:
+    """The loss of every model on every client's TRAIN data, clients x models. One Evaluate
+    task per (client, model)."""
+    if not clients:
+        return np.zeros((0, len(models)))
+    res = run([Evaluate(i, w, "train") for i in clients for w in models])
+    return np.array([r.loss for r in res]).reshape(len(clients), len(models))
+
+
 def lowest_train_loss(clients: list[int], models: list[torch.Tensor], run: "RunTasks") -> list[int]:
     """For each client, the index of the model with the lowest loss on its TRAIN data (ties:
-    the lower index). One Evaluate task per (client, model)."""
-    if not clients:
-        return []
-    res = run([Evaluate(i, w, "train") for i in clients for w in models])
-    return np.array([r.loss for r in res]).reshape(len(clients), len(models)).argmin(axis=1).tolist()
+    the lower index)."""
+    return train_losses(clients, models, run).argmin(axis=1).tolist()
 
 
 @dataclass(frozen=True, eq=False)

@@ -10,7 +10,7 @@ import torch
 from pydantic import Field
 
 from stocfl.algorithms.base import (Algorithm, Context, Params, RunTasks, check_models_fit, lowest_train_loss,
-                                   place_by_lowest_loss)
+                                   place_by_lowest_loss, train_losses)
 from stocfl.errors import UserError
 
 
@@ -56,7 +56,8 @@ class IFCA(Algorithm):
         return lowest_train_loss(clients, self.models, run)
 
     def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
-        chosen = self.choose(sampled, run)
+        losses = train_losses(sampled, self.models, run)
+        chosen = losses.argmin(axis=1).tolist()  # as choose(): the lowest train loss, ties the lower index
         self.choice[sampled] = chosen
         starts = [self.models[k] for k in chosen]
         results = run([self.local_training(round_, i, w) for i, w in zip(sampled, starts)])
@@ -71,7 +72,11 @@ class IFCA(Algorithm):
             for w in self.models:
                 w[:head] = shared[:head]
                 w[end:] = shared[end:]  # buffers (BatchNorm statistics) are shared like the body
-        return {"choices": np.bincount(chosen, minlength=len(self.models)).tolist()}
+        # each model's mean train loss over the clients that chose it (None: nobody), before
+        # training: where a model's own clients leave it (collapse), this says why
+        mine = [losses[np.asarray(chosen) == k, k] for k in range(len(self.models))]
+        return {"choices": np.bincount(chosen, minlength=len(self.models)).tolist(),
+                "model_loss": [round(float(m.mean()), 4) if m.size else None for m in mine]}
 
     def global_model(self) -> torch.Tensor:
         return self.models[0] if len(self.models) == 1 else self._mean()
