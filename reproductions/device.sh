@@ -12,7 +12,8 @@
 #          the last part's call goes on (carry the table's run directories too to resume them):
 #            ... && bash reproductions/device.sh run TABLE ROWS SECONDS
 #            runs `stocfl reproduce TABLE --rows R` for each row R of ROWS (1-3,5), side by side
-#            (run.device = auto picks CUDA), stops them at their last checkpoint after SECONDS, and leaves one $OUT/RUN.tgz per run directory
+#            (run.device = auto picks CUDA), stops them at their last checkpoint after SECONDS,
+#            and leaves one $OUT/RUN.tgz per run directory
 #   here:  reproductions/device.sh unpack FILES_AT TABLE
 #            puts those run directories into reproductions/runs/ and writes the table
 #
@@ -92,7 +93,7 @@ run() {
     python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')"
     # One process per row, side by side: one small federation leaves most of a GPU idle. Each
     # writes its own run directory; the table is merged under its lock.
-    local row list pids=() status=()
+    local row list pid pids=() status=()
     rm -f .devdata/row*.log
     list=$(expand_rows "$rows")
     for row in $list; do
@@ -100,9 +101,9 @@ run() {
             > ".devdata/row$row.log" 2>&1 &
         pids+=("$!")
     done
-    for row in "${!pids[@]}"; do
-        wait "${pids[$row]}" || rc=$?
-        status+=("$rc"); rc=0
+    for pid in "${pids[@]}"; do
+        rc=0; wait "$pid" || rc=$?
+        status+=("$rc")
     done
     echo "reproduce exited ${status[*]} for rows $(echo $list) (124: stopped after $seconds s at its last checkpoint)"
     local log

@@ -74,9 +74,10 @@ class IFCA(Algorithm):
                 w[end:] = shared[end:]  # buffers (BatchNorm statistics) are shared like the body
         # each model's mean train loss over the clients that chose it (None: nobody), before
         # training: where a model's own clients leave it (collapse), this says why
-        mine = [losses[np.asarray(chosen) == k, k] for k in range(len(self.models))]
-        return {"choices": np.bincount(chosen, minlength=len(self.models)).tolist(),
-                "model_loss": [round(float(m.mean()), 4) if m.size else None for m in mine]}
+        picked = np.asarray(chosen)
+        own = [losses[picked == k, k] for k in range(len(self.models))]
+        return {"choices": np.bincount(picked, minlength=len(self.models)).tolist(),
+                "model_loss": [round(float(o.mean()), 4) if o.size else None for o in own]}
 
     def global_model(self) -> torch.Tensor:
         return self.models[0] if len(self.models) == 1 else self._mean()
