@@ -469,3 +469,33 @@ def test_two_processes_on_other_rows_of_one_table_keep_each_others_runs(tmp_path
     assert on_disk["rows"][0]["runs"][0]["seed"] == 0 and on_disk["rows"][0]["ours"]["n"] == 1
     assert "| FedAvg | accuracy | 50.00 +- 1.00 | " in (root / "tiny.md").read_text()
     assert "| FedAvg | accuracy | 50.00 +- 1.00 | - |" not in (root / "tiny.md").read_text()
+
+
+def test_a_row_with_its_own_seeds_runs_those_and_is_done_only_when_all_are(tmp_path):
+    root = tiny_root(tmp_path)
+    (root / "tiny.toml").write_text(TABLE.replace('set = ["algorithm.name=fedavg"]',
+                                                  'set = ["algorithm.name=fedavg"]\nseeds = [0, 1, 2]'))
+    assert listing(root).startswith("tiny: A tiny table (2 runs per seed; seeds 0, FedAvg: 0,1,2; ")
+    reproduce("tiny", root=root, progress=False, log=lambda m: None, rows="2")
+    first = reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)
+    assert [r["status"] for r in first["rows"]] == ["not run", "done"]
+    reproduce("tiny", [0], root=root, progress=False, log=lambda m: None, rows="1")
+    some = reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)
+    assert some["rows"][0]["status"] == "1 of 3 seeds done; the rest not run" and some["rows"][0]["ours"]["n"] == 1
+    doc = reproduce("tiny", root=root, progress=False, log=lambda m: None)
+    fedavg, stocfl = doc["rows"]
+    assert fedavg["status"] == stocfl["status"] == "done"
+    assert fedavg["seeds"] == [0, 1, 2] and stocfl["seeds"] == [0] and fedavg["ours"]["n"] == 3
+    accs = [100 * r["accuracy"] for r in fedavg["runs"]]
+    assert fedavg["ours"]["mean"] == pytest.approx(sum(accs) / 3, abs=0.006) and len(set(accs)) > 1  # seeds differ
+    assert sorted(p.name for p in (root / "runs" / "tiny").iterdir()) == \
+        ["fedavg-seed0", "fedavg-seed1", "fedavg-seed2", "stocfl-seed0"]
+    assert doc["command"] == "stocfl reproduce tiny" and doc["row_seeds"] == {"FedAvg": [0, 1, 2]}
+    assert "(config `configs/tiny.toml`; seeds 0, FedAvg: 0,1,2), " in (root / "tiny.md").read_text()
+    # --seeds still names every row's seeds: the rows' own are not run
+    only = reproduce("tiny", [1], root=root, progress=False, log=lambda m: None, report_only=True)
+    assert [r["seeds"] for r in only["rows"]] == [[1], []] and only["command"] == "stocfl reproduce tiny --seeds 1"
+    (root / "tiny.toml").write_text(TABLE.replace('set = ["algorithm.name=fedavg"]',
+                                                  'set = ["algorithm.name=fedavg"]\nseeds = [1, 1]'))
+    with pytest.raises(UserError, match=r"row 'FedAvg' has seeds = \[1, 1\]; give distinct seeds"):
+        load_table("tiny", root)

@@ -64,6 +64,7 @@ class Row:
     series: str = ""  # a sweep table's line this row belongs to
     at_round: int | None = None  # read the measure at this round, not the last (FL+HC: "post cluster")
     authors: str = "group"  # the authors' metric: each client's model on its group's pool, or "pooled"
+    seeds: tuple[int, ...] | None = None  # this row's seeds where they are not the table's
 
     @property
     def measure(self) -> str:
@@ -100,7 +101,8 @@ def load_table(name: str, root: Path = ROOT) -> Table:
                          tuple(float(v) for v in r["paper"]) if r.get("paper") else None,
                          str(r.get("metric", metric)), str(r.get("series", "")),
                          int(r["round"]) if r.get("round") is not None else None,
-                         str(r.get("authors", "group"))) for r in raw["run"])
+                         str(r.get("authors", "group")),
+                         tuple(int(s) for s in r["seeds"]) if r.get("seeds") is not None else None) for r in raw["run"])
         table = Table(name, str(raw["title"]), str(raw["source"]), root.parent / raw["config"],
                       tuple(int(s) for s in raw.get("seeds", [0])), tuple(raw.get("quick", [])),
                       tuple(raw.get("notes", [])), rows, str(raw["sweep"]) if raw.get("sweep") else None)
@@ -114,6 +116,8 @@ def load_table(name: str, root: Path = ROOT) -> Table:
             raise UserError(f"{path}: row {r.name!r} has metric {r.metric!r}; use one of {', '.join(METRICS)}")
         if r.authors not in AUTHORS:
             raise UserError(f"{path}: row {r.name!r} has authors = {r.authors!r}; use one of {', '.join(AUTHORS)}")
+        if r.seeds is not None and (not r.seeds or len(set(r.seeds)) != len(r.seeds)):
+            raise UserError(f"{path}: row {r.name!r} has seeds = {list(r.seeds)}; give distinct seeds, e.g. [0, 1, 2]")
         if r.at_round is not None and r.at_round < 1:
             raise UserError(f"{path}: row {r.name!r} reads round {r.at_round}; rounds count from 1")
         if table.sweep and sweep_value(r, table.sweep) is None:
@@ -189,8 +193,9 @@ def _cell(stats: dict[str, Any]) -> str:
 
 
 def write_table(table: Table, results: dict[str, list[dict[str, Any]]], status: dict[str, str], seeds: list[int],
-                quick: bool, out_md: Path, out_json: Path) -> dict[str, Any]:
-    """TABLE.json and TABLE.md from the runs finished so far."""
+                quick: bool, out_md: Path, out_json: Path, per_row: bool = False) -> dict[str, Any]:
+    """TABLE.json and TABLE.md from the runs finished so far; ``per_row``: the rows that declare
+    their own seeds ran those (no --seeds was given)."""
     rows = []
     for row in table.rows:
         runs = results.get(row.name, [])
@@ -204,16 +209,21 @@ def write_table(table: Table, results: dict[str, list[dict[str, Any]]], status: 
                  "seconds": [r["seconds"] for r in runs], "seeds": [r["seed"] for r in runs], "set": list(row.overrides),
                  "runs": runs}
         rows.append(entry)
-    command = f"stocfl reproduce {table.name} --seeds {','.join(map(str, seeds))}" + (" --quick" if quick else "")
+    own = [r for r in table.rows if r.seeds is not None] if per_row else []
+    command = f"stocfl reproduce {table.name}" + ("" if own else f" --seeds {','.join(map(str, seeds))}") + \
+        (" --quick" if quick else "")
+    seeds_line = (f"; seeds {','.join(map(str, seeds))}"
+                  + "".join(f", {r.name}: {','.join(map(str, r.seeds))}" for r in own)) if own else ""
     doc = {"table": table.name, "title": table.title, "source": table.source,
            "config": str(table.config.relative_to(table.config.parents[1])), "command": command, "seeds": seeds,
+           **({"row_seeds": {r.name: list(r.seeds) for r in own}} if own else {}),
            "quick": quick, "machine": f"{_processors(results)}, {_threads(results)}, {_torch(results)}",
            "date": time.strftime("%Y-%m-%d"), "notes": list(table.notes), "rows": rows}
     if quick:
         doc["notes"] = [f"--quick: {' '.join(table.quick)}; not the paper's setting", *doc["notes"]]
     write_atomic(out_json, json.dumps(doc, indent=2) + "\n")
     lines = [f"# {table.title}", "", f"Source: {table.source}.", "",
-             f"Command: `{command}` (config `{doc['config']}`), {doc['machine']}, {doc['date']}.", "",
+             f"Command: `{command}` (config `{doc['config']}`{seeds_line}), {doc['machine']}, {doc['date']}.", "",
              "| method | measure | paper | ours | difference | ours: authors' metric | clusters | ARI | "
              "wall time (s) | status |", "|---|---|---|---|---|---|---|---|---|---|"]
     for e in rows:
@@ -455,11 +465,24 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
         raise UserError("reproduce: --rerun runs rows again and --report runs nothing; pass one of them")
     table = load_table(name, root)
     chosen = select_rows(table, rows)
-    seeds = list(table.seeds) if seeds is None else seeds
+    asked = seeds
+
+    def seeds_of(row: Row) -> list[int]:
+        """--seeds for every row; else the row's own seeds, or the table's."""
+        return list(asked) if asked is not None else list(row.seeds or table.seeds)
+
+    def partly(row: Row, n_done: int, word: str) -> str:
+        """A row's status from its finished seeds and the word on the rest ("not run", ...)."""
+        total = len(seeds_of(row))
+        if n_done >= total:
+            return "done"
+        return f"{n_done} of {total} seeds done; {'the rest not run' if word == 'not run' else word}" if n_done else word
+
+    seeds = list(table.seeds) if asked is None else list(asked)
     runs = (root / "runs" / name) if runs is None else runs
     extra = list(table.quick) if quick else []
     configs = {(row.name, s): config.load(table.config, [*row.overrides, f"run.seed={s}", *extra], data_dir)
-               for row in table.rows for s in seeds}  # every config checked before the first long run
+               for row in table.rows for s in seeds_of(row)}  # every config checked before the first long run
     suffix = "-quick" if quick else ""
     out_md, out_json, out_png = table_files(name, quick, root)
     results: dict[str, list[dict[str, Any]]] = {}
@@ -468,10 +491,10 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
     shared: dict[tuple[str, ...], str] = {}  # rows of one config share its runs (a table's Global column)
     recorded = recorded_runs(table, out_json, configs, quick)
     for row in table.rows:  # the tables written while the first rows run keep what the later rows recorded
-        done = [recorded[(row.name, s)] for s in seeds if (row.name, s) in recorded]
+        done = [recorded[(row.name, s)] for s in seeds_of(row) if (row.name, s) in recorded]
         if done:
             results[row.name] = done
-            status[row.name] = "done" if len(done) == len(seeds) else "not run"
+            status[row.name] = partly(row, len(done), "not run")
 
     stems = {row.name: shared.setdefault(tuple(sorted(row.overrides)), slug(row.name)) for row in table.rows}
 
@@ -480,7 +503,7 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
 
     def idle(row: Row) -> str:
         """A row no process runs: stopped part-way, or not run."""
-        for s in seeds:
+        for s in seeds_of(row):
             if (row.name, s) not in recorded and (k := _done_rounds(run_dir_of(row.name, s))):
                 return f"stopped at round {k}"
         return "not run"
@@ -494,20 +517,20 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
             for other in table.rows:
                 if other.name == current or status.get(other.name, "").startswith(("done", "failed")):
                     continue
-                done = [recorded[(other.name, s)] for s in seeds if (other.name, s) in recorded]
+                done = [recorded[(other.name, s)] for s in seeds_of(other) if (other.name, s) in recorded]
                 if len(done) > len(results.get(other.name, [])):
                     results[other.name] = done
-                held = [(s, pid) for s in seeds if (pid := holder(run_dir_of(other.name, s)))]
-                status[other.name] = "done" if len(done) == len(seeds) else \
-                    f"running seed {held[0][0]} (pid {held[0][1]})" if held else idle(other)
-            return write_table(table, results, status, seeds, quick, out_md, out_json)
+                held = [(s, pid) for s in seeds_of(other) if (pid := holder(run_dir_of(other.name, s)))]
+                status[other.name] = partly(other, len(done), f"running seed {held[0][0]} (pid {held[0][1]})"
+                                            if held else idle(other))
+            return write_table(table, results, status, seeds, quick, out_md, out_json, per_row=asked is None)
 
     failed: list[str] = []
     for row in table.rows:
         row_failed = row_idle = ""  # this pass's word on the row: an earlier view of it may be stale
         runs_here = row.name in chosen and not report_only
         results.pop(row.name, None)
-        for s in seeds:
+        for s in seeds_of(row):
             if runs_here:
                 status[row.name] = f"running seed {s} (pid {os.getpid()})"
                 doc = write(row.name)
@@ -549,7 +572,7 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
             results.setdefault(row.name, []).append(result)
         if any(r.get("curves") for runs_ in results.values() for r in runs_):  # else the PNG drawn with them stays
             plot_curves(table, results, out_png)
-        status[row.name] = row_failed or row_idle or "done"
+        status[row.name] = row_failed or partly(row, len(results.get(row.name, [])), row_idle or "done")
         doc = write(row.name if runs_here else None)
     if failed:
         raise UserError(f"reproduce {name}: {len(failed)} run(s) failed, the table holds the rest ({out_md}); "
@@ -661,7 +684,9 @@ def listing(root: Path = ROOT) -> str:
         t = load_table(name, root)
         runs = len({tuple(sorted(r.overrides)) for r in t.rows})  # rows of one config share its runs
         rows = f"{len(t.rows)} rows, {runs} runs" if runs != len(t.rows) else f"{runs} runs"
-        lines.append(f"{name}: {t.title} ({rows} per seed; seeds {','.join(map(str, t.seeds))}; "
+        seeds = ",".join(map(str, t.seeds)) + "".join(f", {r.name}: {','.join(map(str, r.seeds))}"
+                                                     for r in t.rows if r.seeds is not None)
+        lines.append(f"{name}: {t.title} ({rows} per seed; seeds {seeds}; "
                      f"{_recorded(t, table_files(name, root=root)[1])})")
     return "\n".join(lines) or f"no tables in {root}"
 
