@@ -81,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
                          "resume its runs in reproductions/runs/TABLE/) and write reproductions/TABLE.md and .json.")
     rep.add_argument("table", nargs="?", help="table name (stocfl reproduce --list)")
     rep.add_argument("--list", action="store_true", help="list the tables")
-    rep.add_argument("--seeds", help="comma-separated seeds (default: the table's)")
+    rep.add_argument("--seeds", help="comma-separated seeds for every row (default: the table's, or a row's own)")
     rep.add_argument("--quick", action="store_true", help="the table's reduced setting (a smoke test, not the paper's)")
     rep.add_argument("--data-dir", type=_path, help="directory of the data sets (default: $STOCFL_DATA_DIR)")
     rep.add_argument("--runs", type=_path, help="directory of the run directories (default: reproductions/runs/TABLE)")
