@@ -234,7 +234,8 @@ def write_table(table: Table, results: dict[str, list[dict[str, Any]]], status: 
                      f"{', '.join(map(str, e['clusters'])) or '-'} | "
                      f"{', '.join(f'{a:.3f}' for a in e['ari'] if a is not None) or '-'} | "
                      f"{', '.join(f'{s:.0f}' for s in e['seconds']) or '-'} | {e['status'].replace('|', '/')} |")
-    lines += ["", "Accuracies in percent; every figure is the mean +- std over seeds (n = seeds finished).", "",
+    lines += ["", "Accuracies in percent; every figure is the mean +- std over seeds (n = seeds finished; the std "
+              "of the n values, numpy's ddof = 0).", "",
               "Notes:", ""]
     lines += [f"- {n}" for n in doc["notes"]]
     write_atomic(out_md, "\n".join(lines) + "\n")
@@ -476,7 +477,8 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
         total = len(seeds_of(row))
         if n_done >= total:
             return "done"
-        return f"{n_done} of {total} seeds done; {'the rest not run' if word == 'not run' else word}" if n_done else word
+        rest = "the rest not run" if word == "not run" else word
+        return f"{n_done} of {total} seeds done; {rest}" if n_done else word
 
     seeds = list(table.seeds) if asked is None else list(asked)
     runs = (root / "runs" / name) if runs is None else runs
