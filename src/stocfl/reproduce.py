@@ -188,6 +188,12 @@ def _stats(values: list[float], scale: float = 100.0) -> dict[str, Any]:
             "n": len(values)} if values else {}
 
 
+def _seeds_text(table: Table) -> str:
+    """The table's seeds, then each row's own: "0, FedAvg: 0,1,2"."""
+    return ",".join(map(str, table.seeds)) + "".join(f", {r.name}: {','.join(map(str, r.seeds))}"
+                                                     for r in table.rows if r.seeds is not None)
+
+
 def _cell(stats: dict[str, Any]) -> str:
     return f"{stats['mean']:.2f} +- {stats['std']:.2f} (n={stats['n']})" if stats else "-"
 
@@ -212,8 +218,7 @@ def write_table(table: Table, results: dict[str, list[dict[str, Any]]], status: 
     own = [r for r in table.rows if r.seeds is not None] if per_row else []
     command = f"stocfl reproduce {table.name}" + ("" if own else f" --seeds {','.join(map(str, seeds))}") + \
         (" --quick" if quick else "")
-    seeds_line = (f"; seeds {','.join(map(str, seeds))}"
-                  + "".join(f", {r.name}: {','.join(map(str, r.seeds))}" for r in own)) if own else ""
+    seeds_line = f"; seeds {_seeds_text(table)}" if own else ""
     doc = {"table": table.name, "title": table.title, "source": table.source,
            "config": str(table.config.relative_to(table.config.parents[1])), "command": command, "seeds": seeds,
            **({"row_seeds": {r.name: list(r.seeds) for r in own}} if own else {}),
@@ -686,9 +691,7 @@ def listing(root: Path = ROOT) -> str:
         t = load_table(name, root)
         runs = len({tuple(sorted(r.overrides)) for r in t.rows})  # rows of one config share its runs
         rows = f"{len(t.rows)} rows, {runs} runs" if runs != len(t.rows) else f"{runs} runs"
-        seeds = ",".join(map(str, t.seeds)) + "".join(f", {r.name}: {','.join(map(str, r.seeds))}"
-                                                     for r in t.rows if r.seeds is not None)
-        lines.append(f"{name}: {t.title} ({rows} per seed; seeds {seeds}; "
+        lines.append(f"{name}: {t.title} ({rows} per seed; seeds {_seeds_text(t)}; "
                      f"{_recorded(t, table_files(name, root=root)[1])})")
     return "\n".join(lines) or f"no tables in {root}"
 
