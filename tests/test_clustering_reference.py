@@ -290,3 +290,27 @@ def test_singletons_keep_psi_as_given_and_merges_never_modify_it():
     merged = cs.labels_[0]
     assert cs.sums_[merged].dtype == torch.float64
     assert torch.equal(cs.sums_[merged], kept[0].double() + kept[1].double())
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(scenarios(), st.sampled_from([2, 3, 20]))
+def test_tau_cuts_count_the_clusters_a_merge_at_their_tau_leaves(case, max_clusters):
+    """Each cut of the tau helper says how many clusters merging at its tau leaves: checked
+    against the reference merged from scratch at that tau."""
+    from stocfl.tau import merge_heights, suggest_tau, tau_cuts
+
+    psis = case[0]
+    if len(psis) < 3:
+        return
+    reps = torch.stack([p / p.norm() for p in psis])
+    cuts = tau_cuts(reps, max_clusters)
+    h = sorted(merge_heights(reps), reverse=True)
+    assert len(cuts) == min(len(h) - 1, max_clusters - 1)
+    assert [c.gap for c in cuts] == sorted((c.gap for c in cuts), reverse=True)
+    assert suggest_tau(reps, max_clusters) == cuts[0].tau
+    for cut in cuts:
+        ref = Reference(len(psis))
+        for i, p in enumerate(reps):
+            ref.add(i, p)
+        ref.merge(cut.tau, 0.0)
+        assert cut.clusters == len(ref.clusters), (cut, h)

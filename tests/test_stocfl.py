@@ -135,7 +135,8 @@ def test_auto_tau_needs_no_kept_representations_and_says_what_it_did():
     resumed.decode_state(tensors, meta)
     for a in (alg, resumed):
         diag = a.round(2, [1, 7, 9, 13, 20], ex.run)
-        assert diag["tau"] is not None and diag["tau_auto"] == "suggested from 7 representations"
+        assert diag["tau"] is not None and diag["tau_auto"].startswith("suggested from 7 representations: ")
+        assert f": {len(a.clusters)} clusters (gap " in diag["tau_auto"], diag["tau_auto"]
     arrival = [0, 5, 1, 7, 9, 13, 20]
     assert diag["tau"] == suggest_tau(torch.stack([_psi(ex, i) for i in arrival]))
     assert np.array_equal(alg.cluster_labels(), resumed.cluster_labels())

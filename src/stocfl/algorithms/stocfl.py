@@ -182,12 +182,16 @@ class StoCFL(Algorithm):
         """tau = "auto": suggested (``stocfl.tau``) from the first AUTO_TAU_MIN representations
         received, full size. Until then no cluster has merged, so each cluster's sum is one
         client's Psi and no per-client vector needs keeping."""
-        from stocfl.tau import suggest_tau
+        from stocfl.tau import tau_cuts
 
         ids = self.clusters.ids
         if len(ids) >= AUTO_TAU_MIN:
-            self.tau = suggest_tau(torch.stack([self.clusters.sums_[c].double() for c in ids]))
-            self.tau_note = f"suggested from {len(ids)} representations"
+            best, *others = tau_cuts(torch.stack([self.clusters.sums_[c].double() for c in ids]))
+            self.tau = best.tau
+            self.tau_note = f"suggested from {len(ids)} representations: {best.clusters} clusters (gap {best.gap:.3f})"
+            if others:  # a runner-up nearly as wide is a second reading of the same data
+                self.tau_note += (f"; next widest gap: tau {others[0].tau} for {others[0].clusters} clusters "
+                                  f"(gap {others[0].gap:.3f})")
         else:
             self.tau_note = f"waiting: {len(ids)} of {AUTO_TAU_MIN} representations, no merges yet"
 
