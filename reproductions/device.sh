@@ -10,8 +10,8 @@
 #   there: one call per part, each within the machine's warm time after the last:
 #            carry [".devdata/K"]      command: bash reproductions/device.sh load .devdata/K
 #          the last part's call goes on (carry the table's run directories too to resume them):
-#            ... && bash reproductions/device.sh run TABLE ROWS SECONDS
-#            runs `stocfl reproduce TABLE --rows R` for each row R of ROWS (1-3,5), side by side
+#            ... && bash reproductions/device.sh run TABLE ROWS SECONDS [--rerun]
+#            runs `stocfl reproduce TABLE --rows R [--rerun]` for each row R of ROWS (1-3,5), side by side
 #            (run.device = auto picks CUDA), stops them at their last checkpoint after SECONDS,
 #            and leaves one $OUT/RUN.tgz per run directory
 #   here:  reproductions/device.sh unpack FILES_AT TABLE
@@ -23,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 here=$PWD
 
-usage() { echo "usage: reproductions/device.sh stage DATA_DIR DATASET... | load PART | run TABLE ROWS SECONDS | unpack FILES_AT TABLE" >&2; exit 2; }
+usage() { echo "usage: reproductions/device.sh stage DATA_DIR DATASET... | load PART | run TABLE ROWS SECONDS [--rerun] | unpack FILES_AT TABLE" >&2; exit 2; }
 
 # Bytes a part may hold: the call's 64 MiB less the tracked tree and 4 MiB of slack.
 part_budget() {
@@ -85,7 +85,12 @@ expand_rows() {
 }
 
 run() {
-    local table=$1 rows=$2 seconds=$3 rc=0 out=${OUT:-.devdata}
+    local table=$1 rows=$2 seconds=$3 again=() rc=0 out=${OUT:-.devdata}
+    case "${4-}" in
+        "") ;;
+        --rerun) again=(--rerun) ;;  # rows the table records as done run again (their runs are not here)
+        *) usage ;;
+    esac
     export PYTHONPATH=$here/.devdata/site:$here/src PYTHONUNBUFFERED=1
     # Only the data sets that travelled are checked; a part that did not would fail here.
     (cd .devdata/data && grep -F "$(ls -d */ | sed 's|/$||;s|^|./|;s|$|/|')" SHA256SUMS | sha256sum -c --quiet) \
@@ -97,7 +102,7 @@ run() {
     rm -f .devdata/row*.log
     list=$(expand_rows "$rows")
     for row in $list; do
-        timeout -s TERM "$seconds" python3 -m stocfl reproduce "$table" --rows "$row" --data-dir .devdata/data --quiet \
+        timeout -s TERM "$seconds" python3 -m stocfl reproduce "$table" --rows "$row" --data-dir .devdata/data --quiet "${again[@]}" \
             > ".devdata/row$row.log" 2>&1 &
         pids+=("$!")
     done
@@ -139,7 +144,7 @@ verb=$1; shift
 case "$verb" in
     stage) [ $# -ge 2 ] || usage; stage "$@" ;;
     load) [ $# -eq 1 ] || usage; load "$1" ;;
-    run) [ $# -eq 3 ] || usage; run "$@" ;;
+    run) [ $# -eq 3 ] || [ $# -eq 4 ] || usage; run "$@" ;;
     unpack) [ $# -eq 2 ] || usage; unpack "$@" ;;
     *) usage ;;
 esac
