@@ -23,7 +23,7 @@ def test_fedavg_round_is_the_weighted_mean_of_local_models():
     ex = SequentialExecutor(FED, MODEL)
     alg = FedAvg(FedAvg.Params(), CTX)
     sampled = [1, 4, 7]
-    local = ex.run([alg.local_task(1, i) for i in sampled])
+    local = ex.run([alg.local_task(1, i, alg.w) for i in sampled])
     n = torch.tensor([float(FED.train_sizes[i]) for i in sampled])
     expected = sum(r.weights * k for r, k in zip(local, n)) / n.sum()
     alg.round(1, sampled, ex.run)
@@ -39,6 +39,44 @@ def test_fedprox_mu_zero_is_fedavg_and_mu_pulls_toward_w():
             alg.round(t, [0, 3, 5, 8], ex.run)
     assert torch.equal(a.global_model(), b.global_model())
     assert (c.global_model() - W0).norm() < (a.global_model() - W0).norm()
+
+
+def test_chain_is_one_sequential_pass_as_the_stocfl_authors_code_trains_w():
+    """chain = true: client j starts from client j-1's model (clients in sampled order), and w is
+    the weighted mean of the chain; FedProx's chain keeps its pull toward the round's w; a
+    chain of one client is FedAvg; StoCFL's w in a chain is FedAvg's in a chain, number for number."""
+    from stocfl.algorithms.stocfl import StoCFL
+
+    ex = SequentialExecutor(FED, MODEL)
+    sampled = [1, 4, 7]
+    for alg in (FedAvg(FedAvg.Params(chain=True), CTX), FedProx(FedProx.Params(mu=2.0, chain=True), CTX)):
+        start, models = W0, []
+        for i in sampled:
+            (r,) = ex.run([alg.local_task(1, i, start)])
+            models.append(r.weights)
+            start = r.weights
+        n = [float(FED.train_sizes[i]) for i in sampled]
+        expected = sum(m * k for m, k in zip(models, n)) / sum(n)
+        alg.round(1, sampled, ex.run)
+        assert torch.allclose(alg.global_model(), expected, atol=1e-6)
+        plain = FedAvg(FedAvg.Params(), CTX).local_task(1, 4, models[0])
+        same = torch.equal(ex.run([plain])[0].weights, models[1])  # FedProx's pull is toward W0, not models[0]
+        assert same if alg.name == "fedavg" else not same
+    one, chain = FedAvg(FedAvg.Params(), CTX), FedAvg(FedAvg.Params(chain=True), CTX)
+    for t, i in enumerate([3, 8, 3], 1):
+        one.round(t, [i], ex.run)
+        chain.round(t, [i], ex.run)
+    assert torch.equal(one.global_model(), chain.global_model())
+    sto, avg = StoCFL(StoCFL.Params(chain=True), CTX), FedAvg(FedAvg.Params(chain=True), CTX)
+    plain_sto = StoCFL(StoCFL.Params(), CTX)
+    for alg in (sto, avg, plain_sto):
+        alg.round(1, [0, 2, 9, 4, 6], ex.run)
+    assert torch.equal(sto.global_model(), avg.global_model())
+    assert not torch.allclose(sto.global_model(), plain_sto.global_model(), atol=1e-4)
+    assert all(torch.equal(sto.theta[k], plain_sto.theta[k]) for k in plain_sto.theta)  # same w to pull toward
+    sto.round(2, [1, 2, 9, 5, 11], ex.run)
+    avg.round(2, [1, 2, 9, 5, 11], ex.run)
+    assert torch.equal(sto.global_model(), avg.global_model())
 
 
 # Where a method has not yet left FedAvg, it must be FedAvg: same tasks, same seeds, same mean.

@@ -427,6 +427,24 @@ def test_every_committed_table_loads_and_its_rows_are_valid_configs(name):
             assert row.at_round is None or row.at_round <= cfg.run.rounds, (row.name, extra)
 
 
+@pytest.mark.parametrize("name", sorted(tables()))
+def test_every_run_a_committed_table_records_still_has_its_rows_digest(name):
+    # a new config key that enters the digest at its default would make a fresh clone run every
+    # recorded row again (runner.ADDED_KEYS keeps a key at its default out of the digest)
+    from stocfl.reproduce import table_files
+    from stocfl.runner import config_digest
+
+    table = load_table(name)
+    path = table_files(name)[1]
+    if not path.exists():
+        pytest.skip(f"{name} has not been run")
+    entries = {e["name"]: e for e in json.loads(path.read_text())["rows"]}
+    for row in table.rows:
+        for rec in entries.get(row.name, {}).get("runs", []):
+            cfg = config.load(table.config, [*row.overrides, f"run.seed={rec['seed']}"])
+            assert rec["digest"] == config_digest(cfg), (row.name, rec["seed"])
+
+
 def test_a_reproduction_stopped_mid_table_keeps_the_later_rows_recorded_in_its_files(tmp_path):
     import shutil
 

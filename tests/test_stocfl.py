@@ -145,8 +145,38 @@ def test_auto_tau_needs_no_kept_representations_and_says_what_it_did():
     assert float((u @ u.T - 4 * torch.eye(len(u), dtype=torch.float64)).max()) <= alg.tau + 1e-9
 
 
-def _psi(ex, client):
-    alg = StoCFL(StoCFLParams(), CTX)
+def test_tau_suggested_is_from_full_size_psi_where_all_fit_else_says_sketched(monkeypatch):
+    """summary's tau_suggested is the helper's on the clients' full-size Psi (the same number
+    tau = "auto" would give on them) while N x dim(Psi) fits; past that it is sketched and says so,
+    and a resumed run keeps the size its kept Psi had."""
+    import stocfl.algorithms.stocfl as mod
+
+    ex = SequentialExecutor(FED, MODEL)
+    params = StoCFLParams(anchor="init")  # Psi of the MLP's weights: more than PLOT_DIM numbers
+    sent = W0.numel()
+    assert sent > mod.PLOT_DIM
+    alg = _run(StoCFL(params, CTX), ex)
+    seen = sorted(alg.reps)
+    out = alg.summary([])
+    assert out["tau_suggested"] == suggest_tau(torch.stack([_psi(ex, i, params) for i in seen]))
+    assert out["tau_suggested_from"] == f"Psi of {len(seen)} clients"
+    monkeypatch.setattr(mod, "KEEP_FULL_NUMBERS", FED.n_clients * sent - 1)
+    small = StoCFL(params, CTX)
+    small.round(1, SAMPLES[0], ex.run)
+    assert {len(v) for v in small.reps.values()} == {mod.PLOT_DIM}
+    tensors, meta = small.encode_state()
+    monkeypatch.setattr(mod, "KEEP_FULL_NUMBERS", 2**24)  # a resumed run keeps the size it began with
+    resumed = StoCFL(params, CTX)
+    resumed.decode_state(tensors, meta)
+    for t, s in enumerate(SAMPLES[1:], 2):
+        resumed.round(t, s, ex.run)
+    assert {len(v) for v in resumed.reps.values()} == {mod.PLOT_DIM}
+    assert resumed.summary([])["tau_suggested_from"] == (
+        f"Psi of {len(seen)} clients, sketched from {sent} to {mod.PLOT_DIM} numbers (an estimate)")
+
+
+def _psi(ex, client, params=None):
+    alg = StoCFL(params or StoCFLParams(), CTX)
     return ex.run([alg.represent_task(client)])[0].psi.double()
 
 

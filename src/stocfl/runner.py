@@ -386,7 +386,8 @@ EXTENDABLE = ("run.rounds", "run.eval_every", "run.tensorboard")
 
 # Keys added after checkpoints began to store a digest of the whole config, with the default
 # that reproduces the behaviour before them.
-ADDED_KEYS = {"run.tensorboard": False, "algorithm.cluster_start": "global", "algorithm.cluster_warmup": 0}
+ADDED_KEYS = {"run.tensorboard": False, "algorithm.cluster_start": "global", "algorithm.cluster_warmup": 0,
+              "algorithm.chain": False}
 
 
 def config_digest(cfg: Config, core: bool = False) -> str:

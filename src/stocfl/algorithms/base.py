@@ -161,6 +161,20 @@ class Algorithm:
         w = [r.n_samples for r in results] if weights is None else weights
         return self.ctx.aggregator([r.weights for r in results], w, start)
 
+    def chain(self, clients: list[int], task: Callable[[int, torch.Tensor], Train], start: torch.Tensor,
+              run: RunTasks) -> torch.Tensor:
+        """A model trained in a chain, as the StoCFL authors' code trains its global model: each
+        client in turn trains from what the client before it returned (``task(client, start)``),
+        and the result is the aggregate of the chain's models. Not FedAvg: a round is one
+        sequential pass over its clients' data, so its clients cannot train at once."""
+        results, starts = [], []
+        for i in clients:
+            (r,) = run([task(i, start)])
+            results.append(r)
+            starts.append(start)
+            start = r.weights
+        return self.aggregate(results, starts)
+
     def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
         """One communication round with the sampled clients; returns diagnostics to log."""
         raise NotImplementedError

@@ -6,18 +6,33 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from pydantic import Field
 
 from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks
+
+CHAIN = ("train w in a chain, as the StoCFL authors' code does (Table 1): each sampled client, in client order, "
+         "trains from the previous one's result and w <- the mean of the chain; not the paper's method")
+
+
+class FedAvgParams(Params):
+    chain: bool = Field(False, description=CHAIN)
 
 
 class FedAvg(Algorithm):
     """Federated averaging.
 
     Server model w. Each round every sampled client i runs E epochs of local SGD from w; the
-    server sets w <- sum_i |D_i| w_i / sum_i |D_i|. No parameters beyond ``[train]``.
+    server sets w <- sum_i |D_i| w_i / sum_i |D_i|.
+
+    Parameters
+    ----------
+    chain : bool, default False
+        Train w as the StoCFL authors' code does: client j of the round (in client order)
+        starts from client j-1's model, and w <- the weighted mean of the chain's models.
     """
 
     name = "fedavg"
+    Params = FedAvgParams
 
     @dataclass
     class State:
@@ -27,12 +42,14 @@ class FedAvg(Algorithm):
         super().__init__(params, ctx)
         self.state = self.State(ctx.init_weights.clone())
 
-    def local_task(self, round_: int, client: int):
-        return self.local_training(round_, client, self.w)
+    def local_task(self, round_: int, client: int, start: torch.Tensor):
+        return self.local_training(round_, client, start)
 
     def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
-        results = run([self.local_task(round_, i) for i in sampled])
-        self.w = self.aggregate(results, self.w)
+        if self.params.chain:
+            self.w = self.chain(sampled, lambda i, start: self.local_task(round_, i, start), self.w, run)
+        else:
+            self.w = self.aggregate(run([self.local_task(round_, i, self.w) for i in sampled]), self.w)
         return {}
 
     def global_model(self) -> torch.Tensor:

@@ -5,11 +5,10 @@ from __future__ import annotations
 from pydantic import Field
 
 from stocfl.bounds import MAX_WEIGHT
-from stocfl.algorithms.base import Params
-from stocfl.algorithms.fedavg import FedAvg
+from stocfl.algorithms.fedavg import FedAvg, FedAvgParams
 
 
-class FedProxParams(Params):
+class FedProxParams(FedAvgParams):
     mu: float = Field(0.01, ge=0, le=MAX_WEIGHT, description="proximal weight mu: local loss + (mu/2)||w_i - w||^2")
 
 
@@ -25,5 +24,5 @@ class FedProx(FedAvg):
     name = "fedprox"
     Params = FedProxParams
 
-    def local_task(self, round_: int, client: int):
-        return self.local_training(round_, client, self.w, prox_center=self.w, prox_weight=self.params.mu)
+    def local_task(self, round_: int, client: int, start):
+        return self.local_training(round_, client, start, prox_center=self.w, prox_weight=self.params.mu)

@@ -33,6 +33,7 @@ from pydantic import ConfigDict, Field, field_validator
 
 from stocfl.bounds import MAX_COUNT, MAX_EPOCHS, MAX_LR, MAX_WEIGHT
 from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks
+from stocfl.algorithms.fedavg import CHAIN
 from stocfl.clustering import ClusterSet, valid_representation
 from stocfl.models import linear_anchor_weights
 from stocfl.algorithms.representation import Represent, Represented, count_sketch
@@ -40,7 +41,8 @@ from stocfl.aggregation import weighted_mean
 from stocfl.tasks import task_seed
 
 log = logging.getLogger("stocfl")
-PLOT_DIM = 1024  # per-client vectors kept for plots are sketched to at most this many numbers
+PLOT_DIM = 1024  # per-client vectors too many to keep at full size are sketched to this many numbers
+KEEP_FULL_NUMBERS = 2**24  # kept Psi stay full size while N x dim(Psi) is at most this (64 MiB in float32)
 AUTO_TAU_MIN = 3  # tau = "auto" waits for this many representations
 
 
@@ -68,8 +70,10 @@ class StoCFLParams(Params):
         0.0, ge=0, lt=0.5, description="merge check against crafted Psi: a merge must also hold with this fraction "
         "of the two clusters' most influential members left out (at least 1); 0 = off. Keeps every client's Psi"
     )
+    chain: bool = Field(False, description=CHAIN)
     keep_representations: bool = Field(
-        True, description=f"keep each client's Psi (sketched to <= {PLOT_DIM} dims) for plots and the tau helper"
+        True, description=f"keep each client's Psi for plots and the tau helper (full size while N x dim(Psi) <= "
+        f"{KEEP_FULL_NUMBERS}, else sketched to {PLOT_DIM} numbers)"
     )
 
     model_config = ConfigDict(populate_by_name=True)
@@ -107,6 +111,8 @@ class StoCFL(Algorithm):
     leave_out : float in [0, 0.5), default 0 (off)
         The merge check (``stocfl.clustering``): a merge must also hold with the
         max(1, floor(leave_out * members)) most influential members of the pair left out.
+    chain : bool, default False
+        Train w as the authors' code does (``FedAvg``'s ``chain``), not as the paper states.
     """
 
     name = "stocfl"
@@ -171,12 +177,21 @@ class StoCFL(Algorithm):
             fresh.append(self.clusters.add(i, r.psi))
             accepted.append(i)
             if self.params.keep_representations:
-                self.reps[i] = r.psi if r.psi.numel() <= PLOT_DIM else count_sketch(r.psi, PLOT_DIM, 1)
+                self.reps[i] = self._kept(r.psi)
         if self.tau is None:
             self.decide_tau()
             if self.tau is None:
                 return accepted, 0  # no merges until tau is decided: clusters stay singletons
         return accepted, self.clusters.merge_greedy(fresh, self.tau, self._merge_models, leave_out=self.params.leave_out)
+
+    def _kept(self, psi: torch.Tensor) -> torch.Tensor:
+        """Psi as kept for plots and ``tau_suggested``: full size where all N fit, else sketched
+        (an estimate: cosines move by about 1/sqrt(PLOT_DIM)). A resumed run keeps its size."""
+        if self.reps:
+            full = next(iter(self.reps.values())).numel() == psi.numel()
+        else:
+            full = self.ctx.n_clients * psi.numel() <= KEEP_FULL_NUMBERS
+        return psi if full or psi.numel() <= PLOT_DIM else count_sketch(psi, PLOT_DIM, 1)
 
     def decide_tau(self) -> None:
         """tau = "auto": suggested (``stocfl.tau``) from the first AUTO_TAU_MIN representations
@@ -206,10 +221,13 @@ class StoCFL(Algorithm):
         start = {k: self.model_of(k) for k in sorted({int(labels[i]) for i in members})}
         tasks = [self.local_training(round_, i, start[int(labels[i])], prox_center=self.w, prox_weight=self.params.lam)
                  for i in members]
-        tasks += [self.local_training(round_, i, self.w) for i in sampled]
+        if not self.params.chain:
+            tasks += [self.local_training(round_, i, self.w) for i in sampled]
         results = run(tasks)
         thetas, ws = results[: len(members)], results[len(members):]
-        if ws:
+        if self.params.chain:
+            self.w = self.chain(sampled, lambda i, start: self.local_training(round_, i, start), self.w, run)
+        elif ws:
             self.w = self.aggregate(ws, self.w)
         for k in start:
             mine = [r for i, r in zip(members, thetas) if labels[i] == k]
@@ -270,7 +288,11 @@ class StoCFL(Algorithm):
         if len(self.reps) >= 3:
             from stocfl.tau import suggest_tau
 
-            out["tau_suggested"] = suggest_tau(self.representations()[1])
+            ids, reps = self.representations()
+            out["tau_suggested"] = suggest_tau(reps)
+            sent = self.params.dim or self.anchor.numel()
+            out["tau_suggested_from"] = f"Psi of {len(ids)} clients" + (
+                "" if reps.shape[1] == sent else f", sketched from {sent} to {reps.shape[1]} numbers (an estimate)")
         return out
 
     def representations(self):
