@@ -13,8 +13,9 @@ def test_defaults_validate_and_resolve():
     cfg = config.load()
     d = cfg.to_dict()
     assert set(d) == {"run", "scenario", "model", "train", "aggregation", "algorithm"}
-    assert d["algorithm"] == {"name": "fedavg"}
-    assert config.load(overrides=["algorithm.name=fedprox"]).to_dict()["algorithm"] == {"name": "fedprox", "mu": 0.01}
+    assert d["algorithm"] == {"name": "fedavg", "chain": False}
+    assert config.load(overrides=["algorithm.name=fedprox"]).to_dict()["algorithm"] == {"name": "fedprox", "chain": False,
+                                                                                        "mu": 0.01}
 
 
 def test_an_algorithm_parameter_set_before_the_name_is_kept_and_the_files_are_dropped(tmp_path):

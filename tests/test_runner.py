@@ -39,7 +39,7 @@ def test_run_writes_results(tmp_path, capsys):
     assert 0 < rows[-1]["label_cos_all"] <= 1 and rows[-1]["label_cos_all"] == summary["label_cos_all"]
     assert (out / "accuracy.png").stat().st_size > 1000 and (out / "checkpoint.safetensors").exists()
     resolved = config.load(out / "config.toml")
-    assert resolved.run.rounds == 6 and resolved.to_dict()["algorithm"] == {"name": "fedavg"}
+    assert resolved.run.rounds == 6 and resolved.to_dict()["algorithm"] == {"name": "fedavg", "chain": False}
     assert main(["run", "--quiet", "--out", str(out)]) == 2  # never overwrite a run
 
 
@@ -185,7 +185,8 @@ def test_tensorboard_without_a_results_directory_is_refused_in_one_line():
 
 @pytest.mark.parametrize("base, key, other", [([], "run.tensorboard", "true"),
                                                (["algorithm.name=flhc"], "algorithm.cluster_start", "updates"),
-                                               (["algorithm.name=cfl"], "algorithm.cluster_warmup", "5")])
+                                               (["algorithm.name=cfl"], "algorithm.cluster_warmup", "5"),
+                                               (["algorithm.name=stocfl"], "algorithm.chain", "true")])
 def test_a_config_key_added_later_leaves_an_older_runs_digest_as_it_was(base, key, other):
     """Checkpoints and reproduction tables store a digest of the whole config; a key added
     since must not change an older run's digest while it is at its default."""
@@ -199,6 +200,7 @@ def test_a_config_key_added_later_leaves_an_older_runs_digest_as_it_was(base, ke
     d["run"].pop("tensorboard")  # every added key at its default, as a run written before them
     d["algorithm"].pop("cluster_start", None)
     d["algorithm"].pop("cluster_warmup", None)
+    d["algorithm"].pop("chain", None)
     assert config_digest(cfg) == hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
     assert config_digest(config.load(overrides=[*base, f"{key}={other}"])) != config_digest(cfg)
 
