@@ -427,6 +427,33 @@ def test_every_committed_table_loads_and_its_rows_are_valid_configs(name):
             assert row.at_round is None or row.at_round <= cfg.run.rounds, (row.name, extra)
 
 
+def papers_text() -> str | None:
+    """The papers' text (../shared/papers), with the '+-' of its renderings made one form."""
+    for d in (Path(__file__).resolve().parents[2] / "shared" / "papers", Path("/work/shared/papers")):
+        if d.is_dir() and list(d.glob("*.txt")):
+            text = "\n".join(f.read_text(errors="replace") for f in sorted(d.glob("*.txt")))
+            return re.sub(r"\s*±\s*(plus-or-minus\\pm)?\s*", "±", text)
+    return None
+
+
+@pytest.mark.parametrize("name", sorted(tables()))
+def test_every_papers_number_a_committed_table_prints_is_in_the_papers_text(name):
+    # the paper column is printed beside ours as the paper's: a slip in copying it would make
+    # every difference in that row wrong; a mean with its std must appear as the pair "mean±std"
+    text = papers_text()
+    if text is None:
+        pytest.skip("the papers' text not found (../shared/papers)")
+    for row in load_table(name).rows:
+        if row.paper is None:
+            continue
+        mean, std = row.paper
+        if std:
+            assert f"{mean:.2f}±{std:.2f}" in text, (row.name, mean, std)
+        else:
+            assert any(re.search(rf"(?<![\d.]){re.escape(form)}(?![\d])", text)
+                       for form in {f"{mean:.2f}", f"{mean:g}"}), (row.name, mean)
+
+
 @pytest.mark.parametrize("name", sorted(tables()))
 def test_every_run_a_committed_table_records_still_has_its_rows_digest(name):
     # a new config key that enters the digest at its default would make a fresh clone run every
