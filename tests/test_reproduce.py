@@ -164,6 +164,28 @@ def test_a_fresh_clone_reuses_the_runs_its_table_records_and_reruns_a_changed_co
     assert [len(r["runs"][0]["curves"]["accuracy"][0]) for r in longer["rows"]] == [3, 3]
 
 
+def test_a_call_with_other_seeds_keeps_the_runs_the_table_records_for_the_rest(tmp_path):
+    # --seeds 1 shows seed 1, but a fresh clone must still find seed 0's runs in TABLE.json:
+    # losing them would make the next call run them again (hours, for the papers' tables)
+    import shutil
+
+    root = tiny_root(tmp_path)
+    first = reproduce("tiny", root=root, progress=False, log=lambda m: None)
+    shutil.rmtree(root / "runs")  # a fresh clone: the table is the only record of seed 0
+    one = reproduce("tiny", seeds=[1], root=root, progress=False, log=lambda m: None, rows="2")
+    assert [r["seeds"] for r in one["rows"]] == [[], [1]]  # the table shows the seeds asked
+    assert [[k["seed"] for k in r.get("other_runs", [])] for r in one["rows"]] == [[0], [0]]
+    shutil.rmtree(root / "runs")
+    ran: list[str] = []
+    again = reproduce("tiny", root=root, progress=False, log=ran.append)
+    assert not ran and not (root / "runs").exists()  # seed 0 read back from the table, nothing ran
+    assert [(r["ours"], r["runs"]) for r in again["rows"]] == [(r["ours"], r["runs"]) for r in first["rows"]]
+    assert [[k["seed"] for k in r.get("other_runs", [])] for r in again["rows"]] == [[], [1]]
+    both = reproduce("tiny", seeds=[0, 1], root=root, progress=False, log=ran.append, report_only=True)
+    assert [r["seeds"] for r in both["rows"]] == [[0], [0, 1]] and not ran
+    assert all("other_runs" not in r for r in both["rows"])
+
+
 def test_a_row_that_cannot_run_here_is_marked_and_the_others_still_run(tmp_path):
     root = tiny_root(tmp_path)
     (root / "tiny.toml").write_text(TABLE.replace('set = ["algorithm.name=fedavg"]',
@@ -467,7 +489,8 @@ def test_every_run_a_committed_table_records_still_has_its_rows_digest(name):
         pytest.skip(f"{name} has not been run")
     entries = {e["name"]: e for e in json.loads(path.read_text())["rows"]}
     for row in table.rows:
-        for rec in entries.get(row.name, {}).get("runs", []):
+        entry = entries.get(row.name, {})
+        for rec in [*entry.get("runs", []), *entry.get("other_runs", [])]:
             cfg = config.load(table.config, [*row.overrides, f"run.seed={rec['seed']}"])
             assert rec["digest"] == config_digest(cfg), (row.name, rec["seed"])
 

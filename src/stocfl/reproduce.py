@@ -199,9 +199,12 @@ def _cell(stats: dict[str, Any]) -> str:
 
 
 def write_table(table: Table, results: dict[str, list[dict[str, Any]]], status: dict[str, str], seeds: list[int],
-                quick: bool, out_md: Path, out_json: Path, per_row: bool = False) -> dict[str, Any]:
+                quick: bool, out_md: Path, out_json: Path, per_row: bool = False,
+                kept: dict[tuple[str, int], dict[str, Any]] | None = None) -> dict[str, Any]:
     """TABLE.json and TABLE.md from the runs finished so far; ``per_row``: the rows that declare
-    their own seeds ran those (no --seeds was given)."""
+    their own seeds ran those (no --seeds was given). ``kept``: recorded runs of seeds this table
+    does not show, written on as each row's ``other_runs`` so that a call with those seeds (or
+    on a fresh clone) reuses them."""
     rows = []
     for row in table.rows:
         runs = results.get(row.name, [])
@@ -214,6 +217,9 @@ def write_table(table: Table, results: dict[str, list[dict[str, Any]]], status: 
                  "clusters": [r["n_clusters"] for r in runs], "ari": [r["ari"] for r in runs],
                  "seconds": [r["seconds"] for r in runs], "seeds": [r["seed"] for r in runs], "set": list(row.overrides),
                  "runs": runs}
+        other = sorted((rec for (name, _), rec in (kept or {}).items() if name == row.name), key=lambda r: r["seed"])
+        if other:
+            entry["other_runs"] = other
         rows.append(entry)
     own = [r for r in table.rows if r.seeds is not None] if per_row else []
     command = f"stocfl reproduce {table.name}" + ("" if own else f" --seeds {','.join(map(str, seeds))}") + \
@@ -488,15 +494,24 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
     seeds = list(table.seeds) if asked is None else list(asked)
     runs = (root / "runs" / name) if runs is None else runs
     extra = list(table.quick) if quick else []
-    configs = {(row.name, s): config.load(table.config, [*row.overrides, f"run.seed={s}", *extra], data_dir)
-               for row in table.rows for s in seeds_of(row)}  # every config checked before the first long run
+    configs: dict[tuple[str, int], config.Config] = {}
+
+    def config_of(row: Row, s: int) -> config.Config:
+        if (row.name, s) not in configs:
+            configs[(row.name, s)] = config.load(table.config, [*row.overrides, f"run.seed={s}", *extra], data_dir)
+        return configs[(row.name, s)]
+
+    for row in table.rows:  # every config asked is checked before the first long run
+        for s in seeds_of(row):
+            config_of(row, s)
     suffix = "-quick" if quick else ""
     out_md, out_json, out_png = table_files(name, quick, root)
     results: dict[str, list[dict[str, Any]]] = {}
     status: dict[str, str] = {}
     doc: dict[str, Any] = {}
     shared: dict[tuple[str, ...], str] = {}  # rows of one config share its runs (a table's Global column)
-    recorded = recorded_runs(table, out_json, configs, quick)
+    by_name = {row.name: row for row in table.rows}
+    recorded = recorded_runs(table, out_json, config_of, quick)  # every seed's, not only those asked
     for row in table.rows:  # the tables written while the first rows run keep what the later rows recorded
         done = [recorded[(row.name, s)] for s in seeds_of(row) if (row.name, s) in recorded]
         if done:
@@ -520,7 +535,7 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
         merged and written under the table's lock, so no process writes back a stale view. A
         row another process is running says so (its run directory's lock names the pid)."""
         with exclusive(root, wait=True, lock=f".{out_json.stem}.lock"):
-            recorded.update(recorded_runs(table, out_json, configs, quick))
+            recorded.update(recorded_runs(table, out_json, config_of, quick))
             for other in table.rows:
                 if other.name == current or status.get(other.name, "").startswith(("done", "failed")):
                     continue
@@ -530,7 +545,9 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
                 held = [(s, pid) for s in seeds_of(other) if (pid := holder(run_dir_of(other.name, s)))]
                 status[other.name] = partly(other, len(done), f"running seed {held[0][0]} (pid {held[0][1]})"
                                             if held else idle(other))
-            return write_table(table, results, status, seeds, quick, out_md, out_json, per_row=asked is None)
+            kept = {key: rec for key, rec in recorded.items() if key[1] not in seeds_of(by_name[key[0]])}
+            return write_table(table, results, status, seeds, quick, out_md, out_json, per_row=asked is None,
+                               kept=kept)
 
     failed: list[str] = []
     for row in table.rows:
@@ -587,10 +604,11 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
     return doc
 
 
-def recorded_runs(table: Table, path: Path, configs: dict[tuple[str, int], config.Config],
+def recorded_runs(table: Table, path: Path, config_of: Callable[[Row, int], config.Config],
                   quick: bool) -> dict[tuple[str, int], dict[str, Any]]:
-    """The runs ``path`` (the table's JSON) records as finished for the configs asked, by
-    (row, seed). A run is reused only when its config's digest is the one asked for. Tables
+    """The runs ``path`` (the table's JSON) records as finished, by (row, seed), whichever seeds
+    the call that wrote it showed (``other_runs`` keeps the rest). A run is reused only when its
+    digest is that of the row's config at its seed (``config_of``). Tables
     written before runs were recorded hold each row's mean over seeds; a row finished with one
     seed and the same overrides is read from it, its config file trusted unchanged, and kept
     with that config's digest from then on."""
@@ -608,14 +626,23 @@ def recorded_runs(table: Table, path: Path, configs: dict[tuple[str, int], confi
         if not isinstance(entry, dict) or entry.get("set") != list(row.overrides):
             continue
         if "runs" in entry:
-            for rec in entry["runs"]:
-                key = (row.name, rec.get("seed"))
-                if key in configs and rec.get("digest") == config_digest(configs[key]) \
-                        and rec.get("authors", "group") == row.authors:
-                    found[key] = rec
+            for rec in [*entry["runs"], *(entry.get("other_runs") or [])]:
+                seed = rec.get("seed") if isinstance(rec, dict) else None
+                if not isinstance(seed, int) or isinstance(seed, bool):
+                    continue
+                try:
+                    digest = config_digest(config_of(row, seed))
+                except UserError:  # a seed no config takes: not a run of this table
+                    continue
+                if rec.get("digest") == digest and rec.get("authors", "group") == row.authors:
+                    found[(row.name, seed)] = rec
             continue
         ours, seeds = entry.get("ours") or {}, entry.get("seeds") or []
-        if ours.get("n") != 1 or len(seeds) != 1 or (row.name, seeds[0]) not in configs:
+        if ours.get("n") != 1 or len(seeds) != 1 or not isinstance(seeds[0], int) or isinstance(seeds[0], bool):
+            continue
+        try:
+            cfg = config_of(row, seeds[0])
+        except UserError:
             continue
         theirs = entry.get("authors_metric") or {}
         rec = {k: None for k in ("accuracy", "global_accuracy", "heldout_accuracy", "macro_accuracy", "ari")}
@@ -623,8 +650,7 @@ def recorded_runs(table: Table, path: Path, configs: dict[tuple[str, int], confi
                     "authors_metric": theirs["mean"] / 100.0 if theirs else None,
                     "n_clusters": (entry.get("clusters") or [None])[0], "seconds": (entry.get("seconds") or [0.0])[0],
                     "seed": seeds[0], "threads": int(threads.group(1)) if threads else None,
-                    "rounds": configs[(row.name, seeds[0])].run.rounds,
-                    "digest": config_digest(configs[(row.name, seeds[0])]), "curves": None})
+                    "rounds": cfg.run.rounds, "digest": config_digest(cfg), "curves": None})
         if row.metric != "ari" and entry.get("ari"):
             rec["ari"] = entry["ari"][0]
         found[(row.name, seeds[0])] = rec
