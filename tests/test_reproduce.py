@@ -186,6 +186,24 @@ def test_a_call_with_other_seeds_keeps_the_runs_the_table_records_for_the_rest(t
     assert all("other_runs" not in r for r in both["rows"])
 
 
+def test_a_recorded_run_that_fails_when_run_again_stays_recorded(tmp_path, data_dir):
+    import shutil
+
+    root = tiny_root(tmp_path)
+    (root / "tiny.toml").write_text(TABLE.replace('set = ["algorithm.name=fedavg"]',
+                                                  'set = ["algorithm.name=fedavg", "scenario.dataset=mnist"]'))
+    first = reproduce("tiny", root=root, progress=False, log=lambda m: None, data_dir=str(data_dir))
+    shutil.rmtree(root / "runs")
+    with pytest.raises(UserError, match=r"1 run\(s\) failed"):  # run again where the data are not
+        reproduce("tiny", root=root, progress=False, log=lambda m: None, rows="1", rerun=True,
+                  data_dir=str(tmp_path / "no-data"))
+    doc = json.loads((root / "tiny.json").read_text())
+    assert doc["rows"][0]["status"].startswith("failed") and doc["rows"][0]["other_runs"] == first["rows"][0]["runs"]
+    again = reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)
+    assert [(r["ours"], r["runs"], r["status"]) for r in again["rows"]] == \
+        [(r["ours"], r["runs"], "done") for r in first["rows"]]
+
+
 def test_a_row_that_cannot_run_here_is_marked_and_the_others_still_run(tmp_path):
     root = tiny_root(tmp_path)
     (root / "tiny.toml").write_text(TABLE.replace('set = ["algorithm.name=fedavg"]',

@@ -203,8 +203,8 @@ def write_table(table: Table, results: dict[str, list[dict[str, Any]]], status: 
                 kept: dict[tuple[str, int], dict[str, Any]] | None = None) -> dict[str, Any]:
     """TABLE.json and TABLE.md from the runs finished so far; ``per_row``: the rows that declare
     their own seeds ran those (no --seeds was given). ``kept``: recorded runs of seeds this table
-    does not show, written on as each row's ``other_runs`` so that a call with those seeds (or
-    on a fresh clone) reuses them."""
+    does not show, written on as each row's ``other_runs`` so that a later call (or a fresh
+    clone) reuses them."""
     rows = []
     for row in table.rows:
         runs = results.get(row.name, [])
@@ -545,7 +545,10 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
                 held = [(s, pid) for s in seeds_of(other) if (pid := holder(run_dir_of(other.name, s)))]
                 status[other.name] = partly(other, len(done), f"running seed {held[0][0]} (pid {held[0][1]})"
                                             if held else idle(other))
-            kept = {key: rec for key, rec in recorded.items() if key[1] not in seeds_of(by_name[key[0]])}
+            # a recorded run this view does not show (another seed, or one run again that failed
+            # or has not finished) stays recorded until a finished run of its seed replaces it
+            kept = {key: rec for key, rec in recorded.items()
+                    if key[1] not in {r["seed"] for r in results.get(key[0], [])}}
             return write_table(table, results, status, seeds, quick, out_md, out_json, per_row=asked is None,
                                kept=kept)
 
