@@ -510,7 +510,6 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
     status: dict[str, str] = {}
     doc: dict[str, Any] = {}
     shared: dict[tuple[str, ...], str] = {}  # rows of one config share its runs (a table's Global column)
-    by_name = {row.name: row for row in table.rows}
     recorded = recorded_runs(table, out_json, config_of, quick)  # every seed's, not only those asked
     for row in table.rows:  # the tables written while the first rows run keep what the later rows recorded
         done = [recorded[(row.name, s)] for s in seeds_of(row) if (row.name, s) in recorded]
