@@ -4,6 +4,7 @@ the numbers of a run in one go, and the tables carry the paper's numbers beside 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -467,6 +468,7 @@ def test_every_committed_table_loads_and_its_rows_are_valid_configs(name):
             assert row.at_round is None or row.at_round <= cfg.run.rounds, (row.name, extra)
 
 
+@functools.cache
 def papers_text() -> str | None:
     """The papers' text (../shared/papers), with the '+-' of its renderings made one form."""
     for d in (Path(__file__).resolve().parents[2] / "shared" / "papers", Path("/work/shared/papers")):

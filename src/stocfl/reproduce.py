@@ -546,8 +546,8 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
                                             if held else idle(other))
             # a recorded run this view does not show (another seed, or one run again that failed
             # or has not finished) stays recorded until a finished run of its seed replaces it
-            kept = {key: rec for key, rec in recorded.items()
-                    if key[1] not in {r["seed"] for r in results.get(key[0], [])}}
+            shown = {(row_name, r["seed"]) for row_name, runs_ in results.items() for r in runs_}
+            kept = {key: rec for key, rec in recorded.items() if key not in shown}
             return write_table(table, results, status, seeds, quick, out_md, out_json, per_row=asked is None,
                                kept=kept)
 
@@ -622,6 +622,16 @@ def recorded_runs(table: Table, path: Path, config_of: Callable[[Row, int], conf
     if doc.get("table") != table.name or bool(doc.get("quick")) != quick:
         return {}
     found: dict[tuple[str, int], dict[str, Any]] = {}
+
+    def config_at(row: Row, seed: Any) -> config.Config | None:
+        """The row's config at a recorded seed; None for a value no config takes."""
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            return None
+        try:
+            return config_of(row, seed)
+        except UserError:
+            return None
+
     threads = re.search(r"(\d+) torch thread", str(doc.get("machine", "")))
     for row in table.rows:
         entry = entries.get(row.name)
@@ -629,22 +639,13 @@ def recorded_runs(table: Table, path: Path, config_of: Callable[[Row, int], conf
             continue
         if "runs" in entry:
             for rec in [*entry["runs"], *(entry.get("other_runs") or [])]:
-                seed = rec.get("seed") if isinstance(rec, dict) else None
-                if not isinstance(seed, int) or isinstance(seed, bool):
-                    continue
-                try:
-                    digest = config_digest(config_of(row, seed))
-                except UserError:  # a seed no config takes: not a run of this table
-                    continue
-                if rec.get("digest") == digest and rec.get("authors", "group") == row.authors:
-                    found[(row.name, seed)] = rec
+                cfg = config_at(row, rec.get("seed")) if isinstance(rec, dict) else None
+                if cfg is not None and rec.get("digest") == config_digest(cfg) \
+                        and rec.get("authors", "group") == row.authors:
+                    found[(row.name, rec["seed"])] = rec
             continue
         ours, seeds = entry.get("ours") or {}, entry.get("seeds") or []
-        if ours.get("n") != 1 or len(seeds) != 1 or not isinstance(seeds[0], int) or isinstance(seeds[0], bool):
-            continue
-        try:
-            cfg = config_of(row, seeds[0])
-        except UserError:
+        if ours.get("n") != 1 or len(seeds) != 1 or (cfg := config_at(row, seeds[0])) is None:
             continue
         theirs = entry.get("authors_metric") or {}
         rec = {k: None for k in ("accuracy", "global_accuracy", "heldout_accuracy", "macro_accuracy", "ari")}
