@@ -8,6 +8,7 @@ import functools
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -185,6 +186,43 @@ def test_a_call_with_other_seeds_keeps_the_runs_the_table_records_for_the_rest(t
     both = reproduce("tiny", seeds=[0, 1], root=root, progress=False, log=ran.append, report_only=True)
     assert [r["seeds"] for r in both["rows"]] == [[0], [0, 1]] and not ran
     assert all("other_runs" not in r for r in both["rows"])
+
+
+def test_a_seed_given_twice_is_refused_not_counted_twice(tmp_path, capsys):
+    # --seeds 0,0 showed seed 0's one run as n = 2 with a std of 0
+    root = tiny_root(tmp_path)
+    with pytest.raises(UserError, match=r"seeds \[0, 0\]: give distinct seeds"):
+        reproduce("tiny", seeds=[0, 0], root=root, progress=False, log=lambda m: None, report_only=True)
+    assert not (root / "tiny.json").exists()
+    assert main(["reproduce", "stocfl-tau-study", "--seeds", "0,1,0", "--report"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "stocfl: error: --seeds '0,1,0': seed 0 is given twice; give distinct seeds, e.g. 0,1,2"]
+    (root / "tiny.toml").write_text(TABLE.replace("seeds = [0]", "seeds = [1, 1]"))
+    with pytest.raises(UserError, match=r"tiny.toml: seeds = \[1, 1\]; give distinct seeds"):
+        load_table("tiny", root)
+
+
+def test_the_tables_date_is_its_runs_days_not_the_day_it_is_written_again(tmp_path):
+    import calendar
+    import shutil
+
+    root = tiny_root(tmp_path)
+    reproduce("tiny", root=root, progress=False, log=lambda m: None)
+    for name, day in (("fedavg-seed0", "2026-01-05"), ("stocfl-seed0", "2026-01-02")):
+        t = calendar.timegm(time.strptime(day + " 12", "%Y-%m-%d %H"))
+        os.utime(root / "runs" / "tiny" / name / "summary.json", (t, t))
+    doc = reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)
+    assert doc["date"] == "2026-01-02 to 2026-01-05"
+    assert ", 2026-01-02 to 2026-01-05." in (root / "tiny.md").read_text().splitlines()[4]
+    shutil.rmtree(root / "runs")  # a fresh clone: the dates come from the table
+    assert reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)["date"] == doc["date"]
+    old = json.loads((root / "tiny.json").read_text())  # written before runs had dates: the table's day stays
+    old["date"] = "2025-12-31"
+    for row in old["rows"]:
+        for run in row["runs"]:
+            del run["date"]
+    (root / "tiny.json").write_text(json.dumps(old))
+    assert reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)["date"] == "2025-12-31"
 
 
 def test_a_recorded_run_that_fails_when_run_again_stays_recorded(tmp_path, data_dir):

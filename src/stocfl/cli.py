@@ -209,9 +209,13 @@ def _compare(args) -> int:
 
 def _seeds(text: str) -> list[int]:
     try:
-        return [int(x) for x in text.split(",")]
+        seeds = [int(x) for x in text.split(",")]
     except ValueError:
         raise UserError(f"--seeds {text!r}: expected comma-separated integers, e.g. 0,1,2") from None
+    twice = sorted({s for s in seeds if seeds.count(s) > 1})
+    if twice:
+        raise UserError(f"--seeds {text!r}: seed {twice[0]} is given twice; give distinct seeds, e.g. 0,1,2")
+    return seeds
 
 
 def _reproduce(args) -> int:

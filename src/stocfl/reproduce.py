@@ -109,6 +109,8 @@ def load_table(name: str, root: Path = ROOT) -> Table:
     except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as err:
         raise UserError(f"{path}: not a reproduction table ({type(err).__name__}: {err}); it needs title, source, "
                         f"config and [[run]] entries with name, set and paper") from None
+    if not table.seeds or len(set(table.seeds)) != len(table.seeds):
+        raise UserError(f"{path}: seeds = {list(table.seeds)}; give distinct seeds, e.g. [0, 1, 2]")
     if len({r.name for r in rows}) != len(rows):
         raise UserError(f"{path}: two [[run]] entries share a name; give each row its own")
     for r in rows:
@@ -229,7 +231,7 @@ def write_table(table: Table, results: dict[str, list[dict[str, Any]]], status: 
            "config": str(table.config.relative_to(table.config.parents[1])), "command": command, "seeds": seeds,
            **({"row_seeds": {r.name: list(r.seeds) for r in own}} if own else {}),
            "quick": quick, "machine": f"{_processors(results)}, {_threads(results)}, {_torch(results)}",
-           "date": time.strftime("%Y-%m-%d"), "notes": list(table.notes), "rows": rows}
+           "date": _dates(results), "notes": list(table.notes), "rows": rows}
     if quick:
         doc["notes"] = [f"--quick: {' '.join(table.quick)}; not the paper's setting", *doc["notes"]]
     write_atomic(out_json, json.dumps(doc, indent=2) + "\n")
@@ -264,6 +266,15 @@ def _processors(results: dict[str, list[dict[str, Any]]]) -> str:
     return "; ".join(named) + (f"; {platform.machine()} ({unknown} run(s) recorded no processor)" if unknown else "")
 
 
+def _dates(results: dict[str, list[dict[str, Any]]]) -> str:
+    """The days the shown runs finished, first to last (today where none has): the table's date
+    does not move when it is written again from the same runs."""
+    days = sorted({r["date"] for runs in results.values() for r in runs if r.get("date")})
+    if not days:
+        return time.strftime("%Y-%m-%d")
+    return days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}"
+
+
 def _torch(results: dict[str, list[dict[str, Any]]]) -> str:
     """The torch versions the finished runs ran (each run's summary records its own; a run
     recorded before that is taken to have run this process's)."""
@@ -280,6 +291,11 @@ def _threads(results: dict[str, list[dict[str, Any]]]) -> str:
     if not used:
         return "no run finished"
     return f"{'/'.join(map(str, used))} torch thread{'s' if used != [1] else ''} per run"
+
+
+def _finished(run_dir: Path) -> str:
+    """The day a finished run wrote its summary (UTC)."""
+    return time.strftime("%Y-%m-%d", time.gmtime((run_dir / "summary.json").stat().st_mtime))
 
 
 def _done_rounds(run_dir: Path) -> int:
@@ -475,6 +491,9 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
     e.g. to draw the curves of a run recorded without them); a run directory is still reused."""
     if rerun and report_only:
         raise UserError("reproduce: --rerun runs rows again and --report runs nothing; pass one of them")
+    if seeds is not None and (not seeds or len(set(seeds)) != len(seeds)):
+        raise UserError(f"reproduce: seeds {list(seeds)}: give distinct seeds, e.g. [0, 1, 2] (each is one run a row; "
+                        f"a seed given twice would count its run twice)")
     table = load_table(name, root)
     chosen = select_rows(table, rows)
     asked = seeds
@@ -592,7 +611,7 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
                       "macro_accuracy": summary.get("macro_accuracy", _macro_from_clients(run_dir))}
             if row.at_round is not None:
                 result.update(authors_metric=None, **{row.metric: _at_round(run_dir, row)})
-            result.update(rounds=summary["rounds"], authors=row.authors,
+            result.update(rounds=summary["rounds"], authors=row.authors, date=_finished(run_dir),
                           digest=config_digest(config.validate(read_config(run_dir, data_dir))),
                           curves=run_curves(table, run_dir))
             results.setdefault(row.name, []).append(result)
@@ -642,7 +661,8 @@ def recorded_runs(table: Table, path: Path, config_of: Callable[[Row, int], conf
                 cfg = config_at(row, rec.get("seed")) if isinstance(rec, dict) else None
                 if cfg is not None and rec.get("digest") == config_digest(cfg) \
                         and rec.get("authors", "group") == row.authors:
-                    found[(row.name, rec["seed"])] = rec
+                    # recorded before runs had dates: the table was written that day or after
+                    found[(row.name, rec["seed"])] = rec if rec.get("date") else {**rec, "date": doc.get("date")}
             continue
         ours, seeds = entry.get("ours") or {}, entry.get("seeds") or []
         if ours.get("n") != 1 or len(seeds) != 1 or (cfg := config_at(row, seeds[0])) is None:
@@ -653,7 +673,8 @@ def recorded_runs(table: Table, path: Path, config_of: Callable[[Row, int], conf
                     "authors_metric": theirs["mean"] / 100.0 if theirs else None,
                     "n_clusters": (entry.get("clusters") or [None])[0], "seconds": (entry.get("seconds") or [0.0])[0],
                     "seed": seeds[0], "threads": int(threads.group(1)) if threads else None,
-                    "rounds": cfg.run.rounds, "digest": config_digest(cfg), "curves": None})
+                    "rounds": cfg.run.rounds, "digest": config_digest(cfg), "curves": None,
+                    "date": doc.get("date")})
         if row.metric != "ari" and entry.get("ari"):
             rec["ari"] = entry["ari"][0]
         found[(row.name, seeds[0])] = rec
