@@ -335,6 +335,21 @@ def test_the_compare_table_lists_every_finished_run_in_its_directory(tmp_path):
     assert "| stocfl | 2 |" in md and "| fedavg | 1 |" in md
 
 
+def test_a_compare_directory_holds_runs_of_one_setting(tmp_path):
+    # its table lists every run there: another lr or fewer rounds would be averaged under one label
+    from stocfl.compare import compare
+
+    compare(None, ["fedavg"], [0], tmp_path, BASE, progress=False)
+    with pytest.raises(UserError, match=r"fedavg-seed0 holds a run of another setting \(train.lr: 0.1 there, 0.5 "
+                                        r"asked\) and the table lists every run in"):
+        compare(None, ["fedavg"], [1], tmp_path, [*BASE, "train.lr=0.5"], progress=False)
+    with pytest.raises(UserError, match=r"fedavg-seed0 holds a run of another setting \(run.rounds: 2 there, 3"):
+        compare(None, ["stocfl"], [0], tmp_path, [*BASE, "run.rounds=3"], progress=False)
+    assert sorted(p.name for p in tmp_path.glob("*-seed*")) == ["fedavg-seed0"]  # refused before running
+    rows = compare(None, ["fedavg", "stocfl"], [0, 1], tmp_path, [*BASE, "run.rounds=3"], progress=False)
+    assert [(r["algorithm"], r["seeds"]) for r in rows] == [("fedavg", 2), ("stocfl", 2)]  # asked: extended
+
+
 SWEEP = """
 title = "clusters against tau"
 source = "a test"

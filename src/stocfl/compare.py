@@ -55,6 +55,36 @@ def run_or_reuse(cfg: config.Config, out: Path, data_dir: str | None, progress: 
     return Experiment.create(cfg, out).run(progress=progress)
 
 
+def check_directory(out: Path, asked: dict[str, config.Config], seeds: list[int], data_dir: str | None) -> None:
+    """The table lists every finished run in ``out``, so every run there must be of this
+    comparison's setting: an asked algorithm's runs of other seeds its config at their seed, any
+    other algorithm's runs this config but for the algorithm. Else mean +- std would mix settings
+    (another lr, fewer rounds) under one label; refused in one line. The runs this call makes or
+    resumes are checked by ``run_or_reuse``."""
+    if not asked:
+        return
+    first = next(iter(asked.values()))
+    for d in sorted(out.glob("*-seed*")) if out.is_dir() else []:
+        m = re.fullmatch(r"(.+)-seed(\d+)", d.name)
+        if not m or not (d / "config.toml").exists() or (m.group(1) in asked and int(m.group(2)) in seeds):
+            continue
+        label = m.group(1)
+        held = _setting(config.validate(read_config(d, data_dir)).to_dict(), label in asked)
+        want = _setting((asked.get(label) or first).to_dict(), label in asked)
+        if held != want:
+            raise UserError(f"{d} holds a run of another setting ({_differences(held, want)}) and the table lists "
+                            f"every run in {out}: remove it or choose another output directory")
+
+
+def _setting(cfg: dict[str, Any], with_algorithm: bool) -> dict[str, Any]:
+    """A resolved config less what runs of one comparison may differ in: the seed, the data
+    directory, the evaluation schedule and, between algorithms, the algorithm."""
+    out = {s: {k: v for k, v in sec.items() if f"{s}.{k}" not in ("run.seed", "run.eval_every", "run.tensorboard",
+                                                                 "scenario.data_dir")}
+           for s, sec in cfg.items() if with_algorithm or s != "algorithm"}
+    return out
+
+
 def _differences(held: dict[str, Any], asked: dict[str, Any]) -> str:
     keys = [f"{s}.{k}: {held.get(s, {}).get(k)!r} there, {v!r} asked" for s, sec in asked.items()
             for k, v in sec.items() if k != "data_dir" and held.get(s, {}).get(k) != v]
@@ -77,6 +107,7 @@ def compare(cfg_path, specs: list[str], seeds: list[int], out: Path, overrides: 
             data_dir: str | None = None, progress: bool = True) -> list[dict[str, Any]]:
     parsed = [parse_spec(s) for s in specs]
     checked = [config.load(cfg_path, [*overrides, *algo], data_dir) for _, algo in parsed]  # before any long run
+    check_directory(out, dict(zip([label for label, _ in parsed], checked)), seeds, data_dir)
     for label, algo in parsed:
         for seed in seeds:
             cfg = config.load(cfg_path, [*overrides, *algo, f"run.seed={seed}"], data_dir)
