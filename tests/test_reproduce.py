@@ -345,6 +345,8 @@ def test_a_compare_directory_holds_runs_of_one_setting(tmp_path):
         compare(None, ["fedavg"], [1], tmp_path, [*BASE, "train.lr=0.5"], progress=False)
     with pytest.raises(UserError, match=r"fedavg-seed0 holds a run of another setting \(run.rounds: 2 there, 3"):
         compare(None, ["stocfl"], [0], tmp_path, [*BASE, "run.rounds=3"], progress=False)
+    with pytest.raises(UserError, match=r"--algo 'fedavg ' is given twice \(one row, fedavg\); give each algorithm once"):
+        compare(None, ["fedavg ", "stocfl", "fedavg"], [0], tmp_path, BASE, progress=False)  # was two equal rows
     assert sorted(p.name for p in tmp_path.glob("*-seed*")) == ["fedavg-seed0"]  # refused before running
     rows = compare(None, ["fedavg", "stocfl"], [0, 1], tmp_path, [*BASE, "run.rounds=3"], progress=False)
     assert [(r["algorithm"], r["seeds"]) for r in rows] == [("fedavg", 2), ("stocfl", 2)]  # asked: extended

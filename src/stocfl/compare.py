@@ -106,6 +106,10 @@ def finished_runs(out: Path) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
 def compare(cfg_path, specs: list[str], seeds: list[int], out: Path, overrides: list[str] = (),
             data_dir: str | None = None, progress: bool = True) -> list[dict[str, Any]]:
     parsed = [parse_spec(s) for s in specs]
+    labels = [label for label, _ in parsed]
+    if len(set(labels)) != len(labels):
+        twice = next(spec for spec, label in zip(specs, labels) if labels.count(label) > 1)
+        raise UserError(f"--algo {twice!r} is given twice (one row, {parse_spec(twice)[0]}); give each algorithm once")
     checked = [config.load(cfg_path, [*overrides, *algo], data_dir) for _, algo in parsed]  # before any long run
     check_directory(out, dict(zip([label for label, _ in parsed], checked)), seeds, data_dir)
     for label, algo in parsed:
