@@ -8,7 +8,9 @@ import time
 import pytest
 
 from stocfl import config, report
+from stocfl.build import build_federation
 from stocfl.cli import main
+from stocfl.errors import UserError
 from stocfl.runner import Experiment
 
 KEYS = {"algorithm", "scenario", "seed", "rounds_done", "accuracy", "global_accuracy", "n_clusters", "ari", "nmi",
@@ -100,6 +102,32 @@ def test_placing_new_clients_on_a_run_without_clusters_says_what_it_means(tmp_pa
     rows, summary = place_clients(tmp_path / "r")
     assert len(rows) >= 3 and all(r["cluster"] == 0 and r["cosine"] is None and not r["would_open_new"] for r in rows)
     assert summary["placement"] == "one global model: a new client uses it (cluster 0)"
+
+
+def test_placing_counts_each_held_out_client_once_and_only_those(tmp_path):
+    # a client given twice counted twice in the accuracy; a client the run trained on was placed as new
+    from stocfl.newclients import place_clients
+
+    cfg = config.load(overrides=["scenario.n_clients=8", "scenario.holdout=0.5", "run.rounds=1"])
+    Experiment.create(cfg, tmp_path / "r").run(progress=False)
+    rows, _ = place_clients(tmp_path / "r")
+    held = [r["client"] for r in rows]
+    assert len(held) == 4
+    with pytest.raises(UserError, match=f"client {held[0]} is given twice; give each client once"):
+        place_clients(tmp_path / "r", clients=[held[0], held[0]])
+    trained = min(set(range(8)) - set(held))
+    with pytest.raises(UserError, match=f"client {trained} took part in training, so it is not new; choose among "
+                                        f"the held-out clients {','.join(map(str, held))}, or"):
+        place_clients(tmp_path / "r", clients=[trained])
+    new, _ = place_clients(tmp_path / "r", ["run.seed=5"], clients=[trained])  # a new federation's client is new
+    assert [r["client"] for r in new] == [trained]
+
+
+def test_a_holdout_that_rounds_to_no_client_is_refused_not_ignored():
+    # 0.25 of each rotation's 2 clients rounds to 0: the run trained every client and had none to place
+    with pytest.raises(UserError, match=r"scenario.holdout = 0.25 holds out no client \(it rounds to 0 of each "
+                                        r"group's 2 clients\)"):
+        build_federation(config.load(overrides=["scenario.n_clients=8", "scenario.holdout=0.25"]))
 
 
 def test_clients_csv_holds_each_clients_accuracy_and_the_summary_its_spread(tmp_path):

@@ -48,15 +48,27 @@ def place_clients(run_dir: str | Path, overrides: list[str] = (), clients: list[
         executor = make_executor(exp.engine, fed, exp.model, exp.cfg)
         chosen = clients if clients is not None else list(range(fed.n_clients))
     else:
-        chosen = clients if clients is not None else fed.heldout_clients
-        if not chosen:
-            raise UserError(f"{out} has no held-out clients (scenario.holdout = 0); pass new clients' data with "
-                            "--set scenario.KEY=VALUE or --set run.seed=N")
+        held = fed.heldout_clients
+        if not held:
+            raise UserError(f"{out} has no held-out clients (scenario.holdout = {exp.cfg.scenario.holdout}); pass new "
+                            "clients' data with --set scenario.KEY=VALUE or --set run.seed=N")
+        chosen = clients if clients is not None else held
+        trained = [i for i in chosen if 0 <= i < fed.n_clients and i not in set(held)]
+        if trained:
+            raise UserError(f"client {trained[0]} took part in training, so it is not new; choose among the held-out "
+                            f"clients {_ids(held)}, or pass new clients' data with --set")
     bad_ids = [i for i in chosen if not 0 <= i < fed.n_clients]
     if bad_ids:
         raise UserError(f"client {bad_ids[0]} does not exist; the federation has clients 0..{fed.n_clients - 1}")
+    twice = [i for i in dict.fromkeys(chosen) if list(chosen).count(i) > 1]
+    if twice:
+        raise UserError(f"client {twice[0]} is given twice; give each client once (each counts once in the accuracy)")
     run = checked(executor.run, fed)
     placed = exp.algorithm.place_new(list(chosen), run)
     results = run([Evaluate(p.client, p.weights) for p in placed])
     rows = placement_rows(placed, results, fed.groups, exp.algorithm)
     return rows, summarize_placements(rows, exp.algorithm.placement)
+
+
+def _ids(ids: list[int], shown: int = 10) -> str:
+    return ",".join(map(str, ids[:shown])) + (f",... ({len(ids)} in all)" if len(ids) > shown else "")

@@ -286,6 +286,10 @@ def _holdout(fed: Federation, fraction: float, rng: np.random.Generator) -> np.n
         out[members[: int(round(fraction * len(members)))]] = True
     if out.all():
         raise UserError(f"config: scenario.holdout = {fraction} leaves no client to train; lower it")
+    if not out.any():
+        sizes = sorted({int((groups == g).sum()) for g in np.unique(groups)})
+        raise UserError(f"config: scenario.holdout = {fraction} holds out no client (it rounds to 0 of each group's "
+                        f"{'/'.join(map(str, sizes))} clients); raise it, or give each group more clients")
     return out
 
 
