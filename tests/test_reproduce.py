@@ -200,6 +200,9 @@ def test_a_seed_given_twice_is_refused_not_counted_twice(tmp_path, capsys):
     (root / "tiny.toml").write_text(TABLE.replace("seeds = [0]", "seeds = [1, 1]"))
     with pytest.raises(UserError, match=r"tiny.toml: seeds = \[1, 1\]; give distinct seeds"):
         load_table("tiny", root)
+    (root / "tiny.toml").write_text(TABLE.replace('"algorithm.name=fedavg"]', '"algorithm.name=fedavg", "run.seed=3"]'))
+    with pytest.raises(UserError, match=r"row 'FedAvg' sets run.seed, which each seed's run sets itself"):
+        load_table("tiny", root)  # it was silently replaced by each seed's own
 
 
 def test_the_tables_date_is_its_runs_days_not_the_day_it_is_written_again(tmp_path):

@@ -120,6 +120,9 @@ def load_table(name: str, root: Path = ROOT) -> Table:
             raise UserError(f"{path}: row {r.name!r} has authors = {r.authors!r}; use one of {', '.join(AUTHORS)}")
         if r.seeds is not None and (not r.seeds or len(set(r.seeds)) != len(r.seeds)):
             raise UserError(f"{path}: row {r.name!r} has seeds = {list(r.seeds)}; give distinct seeds, e.g. [0, 1, 2]")
+        if any(o.split("=", 1)[0].strip() == "run.seed" for o in r.overrides):
+            raise UserError(f"{path}: row {r.name!r} sets run.seed, which each seed's run sets itself; give the row "
+                            f"seeds = [...] instead")
         if r.at_round is not None and r.at_round < 1:
             raise UserError(f"{path}: row {r.name!r} reads round {r.at_round}; rounds count from 1")
         if table.sweep and sweep_value(r, table.sweep) is None:
