@@ -121,6 +121,9 @@ def test_placing_counts_each_held_out_client_once_and_only_those(tmp_path):
         place_clients(tmp_path / "r", clients=[trained])
     new, _ = place_clients(tmp_path / "r", ["run.seed=5"], clients=[trained])  # a new federation's client is new
     assert [r["client"] for r in new] == [trained]
+    for same in (["run.seed=0"], ["scenario.test_per_client=3"]):  # the run's own clients: the same train data
+        with pytest.raises(UserError, match=r"builds the run's own clients \(the same train data\), which it"):
+            place_clients(tmp_path / "r", same)
 
 
 def test_a_holdout_that_rounds_to_no_client_is_refused_not_ignored():

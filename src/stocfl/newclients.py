@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from stocfl import config as config_mod
 from stocfl.errors import UserError
 from stocfl.executors import make_executor
@@ -42,6 +44,10 @@ def place_clients(run_dir: str | Path, overrides: list[str] = (), clients: list[
             parts, value = config_mod.parse_override(item)
             raw.setdefault(parts[0], {})[parts[-1]] = value
         fed = build_federation(config_mod.validate(raw))
+        if _same_train_data(fed, exp.fed):
+            raise UserError(f"--set {' '.join(overrides)} builds the run's own clients (the same train data), which it "
+                            f"trained on; change run.seed or how the scenario splits the data (without --set, the "
+                            f"run's held-out clients are placed)")
         if fed.input_shape != exp.fed.input_shape or fed.n_classes != exp.fed.n_classes:
             raise UserError(f"the new clients' data ({fed.input_shape}, {fed.n_classes} classes) does not fit the "
                             f"run's model ({exp.fed.input_shape}, {exp.fed.n_classes} classes)")
@@ -72,3 +78,11 @@ def place_clients(run_dir: str | Path, overrides: list[str] = (), clients: list[
 
 def _ids(ids: list[int], shown: int = 10) -> str:
     return ",".join(map(str, ids[:shown])) + (f",... ({len(ids)} in all)" if len(ids) > shown else "")
+
+
+
+def _same_train_data(a, b) -> bool:
+    return (a.x_train.shape == b.x_train.shape and torch.equal(torch.as_tensor(a.train_offsets),
+                                                               torch.as_tensor(b.train_offsets))
+            and torch.equal(torch.as_tensor(a.y_train), torch.as_tensor(b.y_train))
+            and torch.equal(torch.as_tensor(a.x_train), torch.as_tensor(b.x_train)))
