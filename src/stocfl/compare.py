@@ -79,10 +79,9 @@ def check_directory(out: Path, asked: dict[str, config.Config], seeds: list[int]
 def _setting(cfg: dict[str, Any], with_algorithm: bool) -> dict[str, Any]:
     """A resolved config less what runs of one comparison may differ in: the seed, the data
     directory, the evaluation schedule and, between algorithms, the algorithm."""
-    out = {s: {k: v for k, v in sec.items() if f"{s}.{k}" not in ("run.seed", "run.eval_every", "run.tensorboard",
-                                                                 "scenario.data_dir")}
-           for s, sec in cfg.items() if with_algorithm or s != "algorithm"}
-    return out
+    free = ("run.seed", "run.eval_every", "run.tensorboard", "scenario.data_dir")
+    return {s: {k: v for k, v in sec.items() if f"{s}.{k}" not in free}
+            for s, sec in cfg.items() if with_algorithm or s != "algorithm"}
 
 
 def _differences(held: dict[str, Any], asked: dict[str, Any]) -> str:
@@ -111,7 +110,7 @@ def compare(cfg_path, specs: list[str], seeds: list[int], out: Path, overrides: 
         twice = next(spec for spec, label in zip(specs, labels) if labels.count(label) > 1)
         raise UserError(f"--algo {twice!r} is given twice (one row, {parse_spec(twice)[0]}); give each algorithm once")
     checked = [config.load(cfg_path, [*overrides, *algo], data_dir) for _, algo in parsed]  # before any long run
-    check_directory(out, dict(zip([label for label, _ in parsed], checked)), seeds, data_dir)
+    check_directory(out, dict(zip(labels, checked)), seeds, data_dir)
     for label, algo in parsed:
         for seed in seeds:
             cfg = config.load(cfg_path, [*overrides, *algo, f"run.seed={seed}"], data_dir)

@@ -19,6 +19,7 @@ from stocfl.executors import make_executor
 from stocfl.build import build_federation, checked, read_config
 from stocfl.results import placement_rows, summarize_placements
 from stocfl.runner import Experiment
+from stocfl.scenarios import Federation
 from stocfl.tasks import Evaluate
 
 NEW_DATA_KEYS = ("scenario.", "run.seed")
@@ -55,11 +56,12 @@ def place_clients(run_dir: str | Path, overrides: list[str] = (), clients: list[
         chosen = clients if clients is not None else list(range(fed.n_clients))
     else:
         held = fed.heldout_clients
+        held_set = set(held)
         if not held:
             raise UserError(f"{out} has no held-out clients (scenario.holdout = {exp.cfg.scenario.holdout}); pass new "
                             "clients' data with --set scenario.KEY=VALUE or --set run.seed=N")
         chosen = clients if clients is not None else held
-        trained = [i for i in chosen if 0 <= i < fed.n_clients and i not in set(held)]
+        trained = [i for i in chosen if 0 <= i < fed.n_clients and i not in held_set]
         if trained:
             raise UserError(f"client {trained[0]} took part in training, so it is not new; choose among the held-out "
                             f"clients {_ids(held)}, or pass new clients' data with --set")
@@ -80,8 +82,7 @@ def _ids(ids: list[int], shown: int = 10) -> str:
     return ",".join(map(str, ids[:shown])) + (f",... ({len(ids)} in all)" if len(ids) > shown else "")
 
 
-
-def _same_train_data(a, b) -> bool:
+def _same_train_data(a: Federation, b: Federation) -> bool:
     return (a.x_train.shape == b.x_train.shape and torch.equal(torch.as_tensor(a.train_offsets),
                                                                torch.as_tensor(b.train_offsets))
             and torch.equal(torch.as_tensor(a.y_train), torch.as_tensor(b.y_train))

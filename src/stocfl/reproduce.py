@@ -655,6 +655,7 @@ def recorded_runs(table: Table, path: Path, config_of: Callable[[Row, int], conf
             return None
 
     threads = re.search(r"(\d+) torch thread", str(doc.get("machine", "")))
+    written = str(doc.get("date") or "").split(" to ")[-1] or None  # the (last) day the table was written
     for row in table.rows:
         entry = entries.get(row.name)
         if not isinstance(entry, dict) or entry.get("set") != list(row.overrides):
@@ -665,7 +666,7 @@ def recorded_runs(table: Table, path: Path, config_of: Callable[[Row, int], conf
                 if cfg is not None and rec.get("digest") == config_digest(cfg) \
                         and rec.get("authors", "group") == row.authors:
                     # recorded before runs had dates: the table was written that day or after
-                    found[(row.name, rec["seed"])] = rec if rec.get("date") else {**rec, "date": doc.get("date")}
+                    found[(row.name, rec["seed"])] = rec if rec.get("date") else {**rec, "date": written}
             continue
         ours, seeds = entry.get("ours") or {}, entry.get("seeds") or []
         if ours.get("n") != 1 or len(seeds) != 1 or (cfg := config_at(row, seeds[0])) is None:
@@ -676,8 +677,7 @@ def recorded_runs(table: Table, path: Path, config_of: Callable[[Row, int], conf
                     "authors_metric": theirs["mean"] / 100.0 if theirs else None,
                     "n_clusters": (entry.get("clusters") or [None])[0], "seconds": (entry.get("seconds") or [0.0])[0],
                     "seed": seeds[0], "threads": int(threads.group(1)) if threads else None,
-                    "rounds": cfg.run.rounds, "digest": config_digest(cfg), "curves": None,
-                    "date": doc.get("date")})
+                    "rounds": cfg.run.rounds, "digest": config_digest(cfg), "curves": None, "date": written})
         if row.metric != "ari" and entry.get("ari"):
             rec["ari"] = entry["ari"][0]
         found[(row.name, seeds[0])] = rec
