@@ -50,6 +50,14 @@ def test_bench_peers_runs_the_cases_asked_and_refuses_bad_options_in_one_line(tm
     assert "unknown case 'nope'; choose among a_rotated_mnist_480x50_mlp2048" in capsys.readouterr().err
     assert main(["bench", "--peers", "--data-dir", str(tmp_path), "--repeats", "0"]) == 2
     assert "--repeats must be a whole number >= 1, got 0" in capsys.readouterr().err
+    # without --peers they were ignored, and a bad --out failed after minutes of timing
+    assert main(["bench", "--data-dir", str(tmp_path), "--case", "c_digits_500x10"]) == 2
+    assert "--case and --repeats choose what --peers times" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    assert main(["bench", "--quick", "--out", str(tmp_path / "file" / "bench.json")]) == 2
+    assert capsys.readouterr().err.startswith(f"stocfl: error: --out {tmp_path / 'file' / 'bench.json'}: cannot make")
+    assert main(["bench", "--quick", "--out", str(tmp_path)]) == 2
+    assert "not a file this process can write" in capsys.readouterr().err
     # the digits case needs no data: stocfl and the naive loop, once each
     got = bench_peers(str(tmp_path), 100.0, 1, quick=True, repeats=1, only=["stocfl", "naive"],
                       cases=["c_digits_500x10"], log=lambda m: None)

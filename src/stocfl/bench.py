@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -174,6 +175,9 @@ def flower_overhead(rounds: int = 5) -> dict:
 
 
 def main(args) -> int:
+    if not getattr(args, "peers", False) and (getattr(args, "case", None) or getattr(args, "repeats", None) is not None):
+        raise UserError("stocfl bench: --case and --repeats choose what --peers times; add --peers, or leave them out")
+    _check_out(getattr(args, "out", None))  # before minutes of timing, not after
     threads = set_threads(0)
     root = resolve_data_dir(args.data_dir)
     if root is None and Path("../shared/data/mnist").is_dir():
@@ -209,6 +213,19 @@ def main(args) -> int:
     except ImportError:
         result["flower_sim"] = "Flower not installed (pip install 'flwr[simulation]>=1.41,<1.43')"
     return _emit(result, args.out)
+
+
+def _check_out(out: str | None) -> None:
+    if not out:
+        return
+    path = Path(out)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"--out {out}: cannot make its directory ({err.strerror}: {err.filename}); choose another "
+                        f"path") from None
+    if path.is_dir() or not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UserError(f"--out {out}: not a file this process can write; choose another path")
 
 
 def _emit(result: dict, out: str | None) -> int:

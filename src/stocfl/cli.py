@@ -113,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
                        "pfl-research and Flower's simulation (peers from the [bench] extra; a missing one is skipped)")
     bench.add_argument("--case", action="append", help="with --peers: only this case (repeatable; default: all of "
                        "a_rotated_mnist_480x50_mlp2048, b_cifar10_1000x50_cnn, c_digits_500x10)")
-    bench.add_argument("--repeats", type=int, default=3, help="with --peers: repetitions of each system but Flower "
+    bench.add_argument("--repeats", type=int, help="with --peers: repetitions of each system but Flower "
                        "(default 3; the figure is their median)")
     return p
 
