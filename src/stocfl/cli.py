@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from stocfl.errors import UserError
+from stocfl.errors import UserError, first_repeated
 
 
 class _Parser(argparse.ArgumentParser):
@@ -212,9 +212,8 @@ def _seeds(text: str) -> list[int]:
         seeds = [int(x) for x in text.split(",")]
     except ValueError:
         raise UserError(f"--seeds {text!r}: expected comma-separated integers, e.g. 0,1,2") from None
-    twice = sorted({s for s in seeds if seeds.count(s) > 1})
-    if twice:
-        raise UserError(f"--seeds {text!r}: seed {twice[0]} is given twice; give distinct seeds, e.g. 0,1,2")
+    if (k := first_repeated(seeds)) is not None:
+        raise UserError(f"--seeds {text!r}: seed {seeds[k]} is given twice; give distinct seeds, e.g. 0,1,2")
     return seeds
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from stocfl import config, report
-from stocfl.errors import UserError
+from stocfl.errors import UserError, first_repeated
 from stocfl.files import save_figure, write_atomic
 from stocfl.build import read_config
 from stocfl.runner import Experiment, config_digest, finished_summary
@@ -106,9 +106,8 @@ def compare(cfg_path, specs: list[str], seeds: list[int], out: Path, overrides: 
             data_dir: str | None = None, progress: bool = True) -> list[dict[str, Any]]:
     parsed = [parse_spec(s) for s in specs]
     labels = [label for label, _ in parsed]
-    if len(set(labels)) != len(labels):
-        twice = next(spec for spec, label in zip(specs, labels) if labels.count(label) > 1)
-        raise UserError(f"--algo {twice!r} is given twice (one row, {parse_spec(twice)[0]}); give each algorithm once")
+    if (k := first_repeated(labels)) is not None:
+        raise UserError(f"--algo {specs[k]!r} is given twice (one row, {labels[k]}); give each algorithm once")
     checked = [config.load(cfg_path, [*overrides, *algo], data_dir) for _, algo in parsed]  # before any long run
     check_directory(out, dict(zip(labels, checked)), seeds, data_dir)
     for label, algo in parsed:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from stocfl import config as config_mod
-from stocfl.errors import UserError
+from stocfl.errors import UserError, first_repeated
 from stocfl.executors import make_executor
 from stocfl.build import build_federation, checked, read_config
 from stocfl.results import placement_rows, summarize_placements
@@ -68,9 +68,8 @@ def place_clients(run_dir: str | Path, overrides: list[str] = (), clients: list[
     bad_ids = [i for i in chosen if not 0 <= i < fed.n_clients]
     if bad_ids:
         raise UserError(f"client {bad_ids[0]} does not exist; the federation has clients 0..{fed.n_clients - 1}")
-    twice = [i for i in dict.fromkeys(chosen) if list(chosen).count(i) > 1]
-    if twice:
-        raise UserError(f"client {twice[0]} is given twice; give each client once (each counts once in the accuracy)")
+    if (k := first_repeated(chosen)) is not None:
+        raise UserError(f"client {chosen[k]} is given twice; give each client once (each counts once in the accuracy)")
     run = checked(executor.run, fed)
     placed = exp.algorithm.place_new(list(chosen), run)
     results = run([Evaluate(p.client, p.weights) for p in placed])

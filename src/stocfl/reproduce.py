@@ -36,7 +36,7 @@ import torch
 from stocfl import config
 from stocfl.build import read_config
 from stocfl.compare import run_or_reuse
-from stocfl.errors import UserError
+from stocfl.errors import UserError, first_repeated
 from stocfl.files import exclusive, holder, write_atomic
 from stocfl.runner import Experiment, client_models_in_parts, config_digest, finished_summary
 from stocfl.tasks import evaluate_pooled
@@ -109,7 +109,7 @@ def load_table(name: str, root: Path = ROOT) -> Table:
     except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as err:
         raise UserError(f"{path}: not a reproduction table ({type(err).__name__}: {err}); it needs title, source, "
                         f"config and [[run]] entries with name, set and paper") from None
-    if not table.seeds or len(set(table.seeds)) != len(table.seeds):
+    if not table.seeds or first_repeated(table.seeds) is not None:
         raise UserError(f"{path}: seeds = {list(table.seeds)}; give distinct seeds, e.g. [0, 1, 2]")
     if len({r.name for r in rows}) != len(rows):
         raise UserError(f"{path}: two [[run]] entries share a name; give each row its own")
@@ -118,7 +118,7 @@ def load_table(name: str, root: Path = ROOT) -> Table:
             raise UserError(f"{path}: row {r.name!r} has metric {r.metric!r}; use one of {', '.join(METRICS)}")
         if r.authors not in AUTHORS:
             raise UserError(f"{path}: row {r.name!r} has authors = {r.authors!r}; use one of {', '.join(AUTHORS)}")
-        if r.seeds is not None and (not r.seeds or len(set(r.seeds)) != len(r.seeds)):
+        if r.seeds is not None and (not r.seeds or first_repeated(r.seeds) is not None):
             raise UserError(f"{path}: row {r.name!r} has seeds = {list(r.seeds)}; give distinct seeds, e.g. [0, 1, 2]")
         if any(o.split("=", 1)[0].strip() == "run.seed" for o in r.overrides):
             raise UserError(f"{path}: row {r.name!r} sets run.seed, which each seed's run sets itself; give the row "
@@ -494,7 +494,7 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
     e.g. to draw the curves of a run recorded without them); a run directory is still reused."""
     if rerun and report_only:
         raise UserError("reproduce: --rerun runs rows again and --report runs nothing; pass one of them")
-    if seeds is not None and (not seeds or len(set(seeds)) != len(seeds)):
+    if seeds is not None and (not seeds or first_repeated(seeds) is not None):
         raise UserError(f"reproduce: seeds {list(seeds)}: give distinct seeds, e.g. [0, 1, 2] (each is one run a row; "
                         f"a seed given twice would count its run twice)")
     table = load_table(name, root)
