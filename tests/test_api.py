@@ -113,6 +113,13 @@ def test_registered_names_work_from_a_toml_config(tmp_path):
     (lambda t, s: stocfl.Federation.from_arrays(t, s, groups=[0, 1]), "groups must be 8 integers"),
     (lambda t, s: stocfl.Federation.from_arrays([(t[0][0], -t[0][1] - 1)] + t[1:], s), "negative"),
     (lambda t, s: stocfl.Federation.from_arrays([t[0][0]] + t[1:], s), "must be a pair"),
+    (lambda t, s: stocfl.Federation.from_arrays(t, s, n_classes="10"), "n_classes = '10'; expected an integer"),
+    (lambda t, s: stocfl.Federation.from_arrays(t, s, n_classes=10.5), "n_classes = 10.5"),  # was truncated to 10
+    (lambda t, s: stocfl.Federation.from_arrays(t, s, holdout=[-1]), "holdout must be client ids in 0..7"),
+    (lambda t, s: _from_items(t, s, label=lambda y: y + 0.5), "labels must be whole numbers"),  # was truncated
+    (lambda t, s: _from_items(t, s, label=lambda y: [y, y]), "item 0's label has shape (2,)"),
+    (lambda t, s: _from_items(t, s, label=lambda y: "cat"), "not arrays of numbers"),
+    (lambda t, s: _from_items(t, s, item=lambda x, y: (x, y, 0)), "item 0 is not a pair (x, y)"),
     (lambda t, s: stocfl.run({"run": {"rounds": 0}}), "config: run.rounds"),
     (lambda t, s: stocfl.run({"algorithm": {"name": "stocfl", "tau": 3}}), "config: algorithm.tau"),
     (lambda t, s: stocfl.run(42), "config: expected a TOML path"),
@@ -127,6 +134,12 @@ def test_bad_input_is_one_user_error_line(make, message):
     with pytest.raises(stocfl.UserError) as err:
         make(train, test)
     assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def _from_items(train, test, label=lambda y: y, item=lambda x, y: (x, y)):
+    """from_datasets over plain lists of items, each label as ``label`` makes it."""
+    return stocfl.Federation.from_datasets([[item(x[j], label(int(y[j]))) for j in range(len(y))] for x, y in train],
+                                           [[item(x[j], int(y[j])) for j in range(len(y))] for x, y in test])
 
 
 def test_from_datasets_equals_from_arrays():

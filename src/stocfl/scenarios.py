@@ -129,6 +129,10 @@ class Federation:
             raise UserError(f"Federation.from_arrays: clients' inputs have different shapes {sorted(shapes)}; "
                             f"every client's inputs must share one shape")
         top = max(int(y.max()) for *_, y in parts if len(y)) + 1
+        if n_classes is not None and (isinstance(n_classes, bool) or not isinstance(n_classes, (int, np.integer))
+                                      or n_classes < 2):
+            raise UserError(f"Federation.from_arrays: n_classes = {n_classes!r}; expected an integer >= 2, or None "
+                            f"for the largest label + 1")
         k = top if n_classes is None else int(n_classes)
         if top > k:
             bad = next((split, i) for split, i, _, y in parts if len(y) and int(y.max()) >= k)
@@ -151,6 +155,8 @@ class Federation:
             mask = np.zeros(n, dtype=bool)
             try:
                 h = np.asarray(holdout)
+                if h.size and h.dtype != bool and (not np.issubdtype(h.dtype, np.integer) or (h < 0).any()):
+                    raise ValueError("not client ids")  # a negative id would count from the end
                 mask[h if h.dtype == bool else list(h)] = True
             except (IndexError, ValueError, TypeError):
                 raise UserError(f"Federation.from_arrays: holdout must be client ids in 0..{n - 1} or a mask of "
@@ -172,10 +178,21 @@ class Federation:
                 raise UserError(f"Federation.from_datasets: {what}: cannot read its items ({err})") from None
             if not items:
                 return torch.zeros(0, 1), torch.zeros(0, dtype=torch.long)
-            xs = [torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x) for x, _ in items]
+            if (j := next((j for j, it in enumerate(items) if not isinstance(it, (tuple, list)) or len(it) != 2),
+                          None)) is not None:
+                raise UserError(f"Federation.from_datasets: {what}: item {j} is not a pair (x, y)")
+            try:
+                xs = [torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x) for x, _ in items]
+                ys = [torch.as_tensor(np.asarray(y) if not isinstance(y, torch.Tensor) else y) for _, y in items]
+            except (TypeError, ValueError) as err:
+                raise UserError(f"Federation.from_datasets: {what}: not arrays of numbers ({err})") from None
             if len({tuple(x.shape) for x in xs}) != 1:
                 raise UserError(f"Federation.from_datasets: {what}: items of different shapes")
-            return torch.stack(xs), torch.as_tensor([int(y) for _, y in items])
+            if (j := next((j for j, y in enumerate(ys) if y.numel() != 1), None)) is not None:
+                raise UserError(f"Federation.from_datasets: {what}: item {j}'s label has shape {tuple(ys[j].shape)}; "
+                                f"expected one number")
+            # stacked as given, so that from_arrays refuses a label such as 1.7 instead of truncating it
+            return torch.stack(xs), torch.stack([y.reshape(()) for y in ys])
 
         train = [arrays(d, f"client {i} train") for i, d in enumerate(train)]
         test = [arrays(d, f"client {i} test") for i, d in enumerate(test)]
