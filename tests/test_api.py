@@ -11,8 +11,10 @@ import torch
 from torch import nn
 
 import stocfl
+from stocfl.algorithms.fedavg import FedAvg
 from stocfl.cli import main
 from stocfl.data import load_dataset
+from stocfl.tasks import Train, Trained
 
 
 def rotated_clients(n_per_group=4, per_client=30, test=20):
@@ -127,6 +129,15 @@ def test_registered_names_work_from_a_toml_config(tmp_path):
     (lambda t, s: stocfl.run(None, federation=stocfl.Federation.from_arrays(t, s),
                              model=nn.Sequential(nn.Flatten(), nn.Linear(10, 10))), "does not fit"),
     (lambda t, s: stocfl.register_model("auto", lambda *a: None), "identifier other than 'auto'"),
+    # a user's "fedavg" (or "mlp", "digits", ...) would be reported under the built-in's name
+    (lambda t, s: stocfl.register_model("mlp", lambda *a: None), "register_model: 'mlp' is built in"),
+    (lambda t, s: stocfl.register_dataset("digits", lambda d: None), "register_dataset: 'digits' is built in"),
+    (lambda t, s: stocfl.register_scenario("rotated", lambda *a: None), "register_scenario: 'rotated' is built in"),
+    (lambda t, s: stocfl.register_algorithm(type("Mine", (FedAvg,), {"name": "fedavg"})), "'fedavg' is built in"),
+    (lambda t, s: stocfl.register_engine(stocfl.Engine("batched", "mine", executor=lambda *a: None)),
+     "register_engine: 'batched' is built in"),
+    (lambda t, s: stocfl.register_task(Train, Trained, lambda data, task: None), "register_task: 'Train' is built in"),
+    (lambda t, s: stocfl.register_task(int, Trained, lambda data, task: None), "must be dataclasses"),
     (lambda t, s: stocfl.run({"scenario": {"dataset": "nope"}}), "config: scenario.dataset: unknown data set"),
 ])
 def test_bad_input_is_one_user_error_line(make, message):

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stocfl.errors import UserError
+from stocfl.errors import UserError, refuse_builtin
 
 LAYOUT = {
     "mnist": "mnist/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz (the official IDX files)",
@@ -74,6 +74,7 @@ def register_dataset(name: str, loader: Callable[[Path | None], Any], needs_data
     directory, or None when none is set and ``needs_data_dir`` is False."""
     if not isinstance(name, str) or not name.isidentifier():
         raise UserError(f"register_dataset: name {name!r} must be an identifier, e.g. 'my_data'")
+    refuse_builtin("register_dataset", name, name in DATASETS and DATASETS[name][2])
     if not callable(loader):
         raise UserError(f"register_dataset({name!r}): loader must be a function data_dir -> Dataset or arrays")
     DATASETS[name] = (loader, needs_data_dir, False)

@@ -11,6 +11,14 @@ def first_repeated(items: Sequence[Hashable]) -> int | None:
     return next((k for k, x in enumerate(items) if counts[x] > 1), None)
 
 
+def refuse_builtin(register: str, name: str, builtin: bool) -> None:
+    """A user's registration may not replace a built-in: its results would be reported under
+    the built-in's name (a "fedavg" row that is not FedAvg)."""
+    if builtin:
+        raise UserError(f"{register}: {name!r} is built in; register yours under another name (a built-in keeps "
+                        f"its meaning in every config and table)")
+
+
 class UserError(Exception):
     """Bad input (config, data, a client's reply). The message names the problem and the fix.
 

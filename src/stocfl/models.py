@@ -65,15 +65,17 @@ MODELS: dict[str, ModelFactory] = {
     "cifar_cnn": _cifar_cnn,
     "digits_mlp": lambda shape, k, hidden: mlp(math.prod(shape), 32, k),
 }
+BUILTIN_MODELS = frozenset(MODELS)
 
 
 def register_model(name: str, factory: ModelFactory) -> None:
     """Make model ``name`` usable by name (``model.name``) in this process: ``factory(input_shape,
     n_classes, hidden)`` returns a fresh ``nn.Module`` (``hidden`` is ``model.hidden``)."""
-    from stocfl.errors import UserError
+    from stocfl.errors import UserError, refuse_builtin
 
     if not isinstance(name, str) or not name.isidentifier() or name == "auto":
         raise UserError(f"register_model: name {name!r} must be an identifier other than 'auto'")
+    refuse_builtin("register_model", name, name in BUILTIN_MODELS)
     if not callable(factory):
         raise UserError(f"register_model({name!r}): factory must be a function (input_shape, n_classes, hidden) -> "
                         f"nn.Module")

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from stocfl.data import Dataset, load_dataset
-from stocfl.errors import UserError
+from stocfl.errors import UserError, refuse_builtin
 
 LABEL_GROUPS = ((0, 1, 2), (3, 4), (5, 6), (7, 8, 9))
 SHIFTS = (0, 3, 6, 9)
@@ -236,6 +236,7 @@ def register_scenario(name: str, builder: ScenarioBuilder) -> None:
     :class:`Federation` (e.g. from :meth:`Federation.from_arrays`)."""
     if not isinstance(name, str) or not name.isidentifier():
         raise UserError(f"register_scenario: name {name!r} must be an identifier, e.g. 'my_split'")
+    refuse_builtin("register_scenario", name, name in BUILTIN_SCENARIOS)
     if not callable(builder):
         raise UserError(f"register_scenario({name!r}): builder must be a function returning a Federation")
     SCENARIOS[name] = builder

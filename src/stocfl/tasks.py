@@ -12,13 +12,13 @@ representation beside StoCFL (``stocfl.algorithms.representation``).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Callable, Literal, TypeVar
 
 import numpy as np
 import torch
 
-from stocfl.errors import UserError
+from stocfl.errors import UserError, refuse_builtin
 from stocfl.models import FlatModel
 from stocfl.optim import Optimizer
 from stocfl.training import local_sgd
@@ -207,12 +207,19 @@ class TaskKind:
 
 
 KINDS: dict[type, TaskKind] = {}
+BUILTIN_MESSAGES = ("train", "evaluate", "query.represent")  # the tasks of the built-in algorithms
 
 
 def register_task(task: type, result: type, run: Callable[[ClientData, Any], Any], message: str | None = None,
                   check: Callable | None = None, batched: Callable | None = None) -> TaskKind:
     """Register a task kind (see :class:`TaskKind`). ``task`` and ``result`` are dataclasses; a
     task has a field ``client``. ``message`` defaults to ``query.<task name in lower case>``."""
+    if not (isinstance(task, type) and is_dataclass(task) and isinstance(result, type) and is_dataclass(result)):
+        raise UserError(f"register_task: task and result must be dataclasses, got {task!r} and {result!r}")
+    if not callable(run):
+        raise UserError(f"register_task({task.__name__}): run must be a function (client_data, task) -> result")
+    if task in KINDS:
+        refuse_builtin("register_task", task.__name__, KINDS[task].message in BUILTIN_MESSAGES)
     names = {f.name for f in fields(task)}
     if "client" not in names:
         raise UserError(f"register_task: {task.__name__} needs a field 'client' (the client that runs it)")

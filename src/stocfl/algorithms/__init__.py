@@ -11,9 +11,10 @@ from stocfl.algorithms.flhc import FLHC
 from stocfl.algorithms.ifca import IFCA
 from stocfl.algorithms.fedprox import FedProx
 from stocfl.algorithms.stocfl import StoCFL
-from stocfl.errors import UserError
+from stocfl.errors import UserError, refuse_builtin
 
 ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedAvg, FedProx, StoCFL, Ditto, IFCA, CFL, FLHC, FeSEM)}
+BUILTIN_ALGORITHMS = frozenset(ALGORITHMS)
 
 
 def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
@@ -25,6 +26,7 @@ def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not name.isidentifier():
         raise UserError(f"register_algorithm: {cls.__name__}.name must be an identifier, e.g. 'my_algorithm'")
+    refuse_builtin("register_algorithm", name, name in BUILTIN_ALGORITHMS and ALGORITHMS[name] is not cls)
     ALGORITHMS[name] = cls
     return cls
 

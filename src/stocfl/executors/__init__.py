@@ -10,7 +10,7 @@ from typing import Any, Callable
 import torch
 
 from stocfl.devices import resolve_device
-from stocfl.errors import UserError
+from stocfl.errors import UserError, refuse_builtin
 from stocfl.executors.base import Executor
 from stocfl.executors.batched import BatchedExecutor
 from stocfl.executors.parallel import ParallelExecutor
@@ -58,6 +58,7 @@ class Engine:
 
 
 ENGINES: dict[str, Engine] = {}
+BUILTIN_ENGINES = ("auto", "sequential", "parallel", "batched", "lowrank", "flower-sim")
 
 
 def register_engine(engine: Engine) -> Engine:
@@ -66,6 +67,7 @@ def register_engine(engine: Engine) -> Engine:
         raise UserError(f"register_engine: expected an Engine with a name such as 'my-engine', got {engine!r}")
     if (engine.executor is None) == (engine.launch is None):
         raise UserError(f"register_engine: engine {engine.name!r} needs exactly one of executor and launch")
+    refuse_builtin("register_engine", engine.name, engine.name in BUILTIN_ENGINES and engine.name in ENGINES)
     ENGINES[engine.name] = engine
     return engine
 
