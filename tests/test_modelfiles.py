@@ -64,3 +64,39 @@ def test_bad_export_requests_are_refused_in_one_line(tmp_path, capsys):
     stocfl.export_models(out)
     with pytest.raises(stocfl.UserError, match="cluster 3 is not among the exported models"):
         stocfl.load_model(out, cluster=3)
+    (out / "export" / "global.safetensors").write_bytes(b"abc")  # truncated
+    with pytest.raises(stocfl.UserError, match="global.safetensors: cannot load it into model"):
+        stocfl.load_model(out)
+    for text in ("{bad", "[]", '{"models": 3}'):
+        (out / "export" / "models.json").write_text(text)
+        with pytest.raises(stocfl.UserError, match="is not an index stocfl export wrote"):
+            stocfl.load_model(out, cluster=0)
+
+
+def test_an_export_into_the_directory_of_an_earlier_one_removes_its_files_that_it_does_not_write(tmp_path):
+    models = tmp_path / "models"
+    ifca, fedavg = tmp_path / "ifca", tmp_path / "fedavg"
+    Experiment.create(config.load(overrides=["algorithm.name=ifca", "algorithm.n_models=3", "scenario.n_clients=6",
+                                             "run.rounds=1"]), ifca).run(progress=False)
+    Experiment.create(config.load(overrides=["scenario.n_clients=6", "run.rounds=1"]), fedavg).run(progress=False)
+    stocfl.export_models(ifca, models)
+    (models / "notes.txt").write_text("the user's")
+    assert (models / "cluster_2.safetensors").is_file()
+    stocfl.export_models(fedavg, models)  # FedAvg has no cluster models: IFCA's three would be left as if its own
+    assert sorted(p.name for p in models.iterdir()) == ["global.safetensors", "models.json", "notes.txt"]
+
+
+def test_a_model_registered_in_the_runs_process_must_be_registered_again_to_load(tmp_path):
+    from torch import nn
+
+    from stocfl import models
+
+    stocfl.register_model("tiny_for_export", lambda shape, k, hidden: nn.Sequential(nn.Flatten(), nn.Linear(64, k)))
+    out = tmp_path / "r"
+    stocfl.run({"model": {"name": "tiny_for_export"}, "run": {"rounds": 1}}, out=out)
+    stocfl.export_models(out)
+    factory = models.MODELS.pop("tiny_for_export")  # as in a new process
+    with pytest.raises(stocfl.UserError, match="must be registered again before loading"):
+        stocfl.load_model(out)
+    stocfl.register_model("tiny_for_export", factory)
+    assert isinstance(stocfl.load_model(out)[1], nn.Linear)

@@ -55,6 +55,8 @@ def export_models(run_dir: str | Path, out: str | Path | None = None, data_dir: 
         entries.append(entry)
         weights[name] = models[k]
     out.mkdir(parents=True, exist_ok=True)
+    for stale in _exported_files(out) - set(weights):  # an earlier export's clusters, numbered otherwise
+        (out / stale).unlink(missing_ok=True)
     for name, w in weights.items():
         meta = {"stocfl": json.dumps({"run": str(run_dir.resolve()), "round": exp.round, "file": name})}
         write_atomic(out / name, to_bytes({n: t.contiguous() for n, t in model.state_dict(w).items()}, metadata=meta))
@@ -73,6 +75,15 @@ def export_models(run_dir: str | Path, out: str | Path | None = None, data_dir: 
     return out
 
 
+def _exported_files(out: Path) -> set[str]:
+    """The model files an earlier export into ``out`` listed (none if there is no readable index)."""
+    try:
+        entries = json.loads((out / INDEX).read_text())["models"]
+        return {e["file"] for e in entries if Path(e["file"]).name == e["file"] and e["file"].endswith(".safetensors")}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+
+
 def load_model(path: str | Path, cluster: int | None = None) -> torch.nn.Module:
     """The run's ``nn.Module`` with the weights of cluster ``cluster`` (numbered as in
     clusters.csv) or, with None, of the global model. ``path``: an export directory, or a run
@@ -82,17 +93,30 @@ def load_model(path: str | Path, cluster: int | None = None) -> torch.nn.Module:
         path = path / "export"
     if not (path / INDEX).is_file():
         raise UserError(f"{path} holds no exported models ({INDEX}); write them with 'stocfl export RUN_DIR'")
-    index = json.loads((path / INDEX).read_text())
-    spec = index.get("module")
+    again = f"write them again with 'stocfl export RUN_DIR --out {path}'"
+    try:
+        index = json.loads((path / INDEX).read_text())
+        spec, entries = index.get("module"), index["models"]
+        files = {e.get("cluster"): e["file"] for e in entries} if cluster is not None else {None: "global.safetensors"}
+        have = sorted(e["cluster"] for e in entries if e.get("cluster") is not None)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise UserError(f"{path / INDEX} is not an index stocfl export wrote; {again}") from None
     if spec is None:
         raise UserError(f"{path}: the run's model was given in Python; load the state_dict files into that module")
-    files = {e.get("cluster"): e["file"] for e in index["models"]} if cluster is not None else {None: "global.safetensors"}
     if cluster not in files:
-        have = sorted(e["cluster"] for e in index["models"] if e.get("cluster") is not None)
         raise UserError(f"cluster {cluster} is not among the exported models of {path} (clusters: "
                         f"{', '.join(map(str, have)) or 'none'}); omit cluster for the global model")
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    module = build_module(spec["name"], tuple(spec["input_shape"]), spec["n_classes"], spec["hidden"])
-    module.load_state_dict(load_file(str(path / files[cluster])))
+    try:
+        module = build_module(spec["name"], tuple(spec["input_shape"]), spec["n_classes"], spec["hidden"])
+    except ValueError as err:  # a model registered in the run's process but not in this one
+        raise UserError(f"{path}: {err}; a model registered with stocfl.register_model must be registered again "
+                        f"before loading") from None
+    try:
+        module.load_state_dict(load_file(str(path / files[cluster])))
+    except (OSError, RuntimeError, ValueError, SafetensorError) as err:  # missing or truncated, or another model
+        raise UserError(f"{path / files[cluster]}: cannot load it into model {spec['name']!r} "
+                        f"({str(err).splitlines()[0]}); {again}") from None
     return module.eval()
