@@ -4,6 +4,8 @@ its algorithm on the sequential, batched and Flower-codec paths and by name from
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 import torch
@@ -100,3 +102,56 @@ def test_the_readme_extending_example_runs_as_written():
     assert result.summary["algorithm"] == "label_sets" and result.summary["dataset"] == "my_digits"
     assert result.summary["ari"] == 1.0 and result.summary["n_clusters"] == 4, result.summary
     assert "2.running_var" in result.models["global"]  # the BatchNorm model was used
+
+
+class _FedAvgLike(stocfl.Algorithm):
+    """A correct user algorithm (FedAvg in a few lines) that each case below breaks in one place."""
+
+    name = "fedavg_like"
+
+    @dataclass
+    class State:
+        w: torch.Tensor
+
+    def __init__(self, params, ctx):
+        super().__init__(params, ctx)
+        self.state = self.State(ctx.init_weights.clone())
+
+    def round(self, round_, sampled, run):
+        self.w = self.aggregate(run([self.local_training(round_, i, self.w) for i in sampled]), self.w)
+        return {"trained": len(sampled)}
+
+    def global_model(self):
+        return self.w
+
+
+stocfl.register_algorithm(_FedAvgLike)
+
+
+@pytest.mark.parametrize("override, message", [
+    # each one printed a wrong figure (a user's "accuracy" as the run's, or the accuracy of the
+    # first clients only) or stopped with a traceback
+    ({"round": lambda self, r, s, run: {"accuracy": 1.0}}, "round(1) returned 'accuracy', a figure the runner"),
+    ({"round": lambda self, r, s, run: {"ari": 1.0}}, "returned 'ari', a figure the runner measures"),
+    ({"round": lambda self, r, s, run: None}, "round(1) returned a value of type NoneType"),
+    ({"round": lambda self, r, s, run: {"x": np.int64(3)}}, "diagnostics that are not JSON"),
+    ({"client_models": lambda self, clients, run: [self.w]}, "client_models() returned 1 models for"),
+    ({"client_models": lambda self, clients, run: [self.w[:5]] * len(clients)}, "client_models() gave client 0"),
+    ({"global_model": lambda self: self.w[:10]}, "global_model() returned a torch.float32 tensor of shape (10,)"),
+    ({"global_model": lambda self: self.w.numpy()}, "global_model() returned a value of type ndarray"),
+    ({"cluster_models": lambda self: {"a": self.w}}, "cluster_models() has key 'a'"),
+    ({"cluster_models": lambda self: {0: self.w.double()}}, "cluster_models()[0] is a torch.float64 tensor"),
+    ({"cluster_labels": lambda self: np.zeros(3, dtype=np.int64)}, "cluster_labels() returned an array of int64 of"),
+    ({"cluster_labels": lambda self: [0] * self.ctx.n_clients}, "cluster_labels() returned a value of type list"),
+])
+def test_a_user_algorithms_faulty_output_is_one_user_error_naming_the_method(override, message):
+    stocfl.register_algorithm(type("Faulty", (_FedAvgLike,), {**override, "name": "faulty"}))
+    with pytest.raises(stocfl.UserError) as err:
+        stocfl.run({"algorithm": {"name": "faulty"}, "run": {"rounds": 2}})
+    assert message in str(err.value) and "'faulty'" in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_the_correct_user_algorithm_the_faulty_ones_break_runs():
+    result = stocfl.run({"algorithm": {"name": "fedavg_like"}, "run": {"rounds": 2}})
+    fedavg = stocfl.run({"algorithm": {"name": "fedavg"}, "run": {"rounds": 2}})
+    assert result.metrics[-1]["trained"] == 4 and result.summary["accuracy"] == fedavg.summary["accuracy"]

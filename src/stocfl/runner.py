@@ -58,6 +58,74 @@ def client_models_in_parts(algorithm, clients: list[int], run):
         yield part, algorithm.client_models(part, run)
 
 
+def _weights_problem(w: Any, like: torch.Tensor) -> str | None:
+    if not isinstance(w, torch.Tensor):
+        return f"a value of type {type(w).__name__}"
+    if w.shape != like.shape or w.dtype != like.dtype:
+        return f"a {w.dtype} tensor of shape {tuple(w.shape)}"
+    return None
+
+
+def check_outputs(algorithm) -> None:
+    """What an algorithm (a user's too) hands the runner for an evaluation, checked before any
+    figure is made from it: the global and cluster models are flat weights like w_0, the
+    labels one integer per client."""
+    name, like = algorithm.name, algorithm.ctx.init_weights
+    expected = f"expected a {like.dtype} tensor of shape {tuple(like.shape)}, the flat weights (as ctx.init_weights)"
+    if (bad := _weights_problem(algorithm.global_model(), like)) is not None:
+        raise UserError(f"algorithm {name!r}: global_model() returned {bad}; {expected}")
+    models = algorithm.cluster_models()
+    if not isinstance(models, dict):
+        raise UserError(f"algorithm {name!r}: cluster_models() returned a value of type {type(models).__name__}; expected a dict "
+                        f"cluster id -> weights")
+    for k, w in models.items():
+        if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 0:
+            raise UserError(f"algorithm {name!r}: cluster_models() has key {k!r}; expected cluster ids >= 0")
+        if (bad := _weights_problem(w, like)) is not None:
+            raise UserError(f"algorithm {name!r}: cluster_models()[{k}] is {bad}; {expected}")
+    check_labels(algorithm)
+
+
+def check_labels(algorithm) -> np.ndarray:
+    labels, n = algorithm.cluster_labels(), algorithm.ctx.n_clients
+    if not isinstance(labels, np.ndarray) or labels.shape != (n,) or not np.issubdtype(labels.dtype, np.integer) \
+            or (labels < -1).any():
+        what = (f"an array of {labels.dtype} of shape {labels.shape}" if isinstance(labels, np.ndarray)
+                else f"a value of type {type(labels).__name__}")
+        raise UserError(f"algorithm {algorithm.name!r}: cluster_labels() returned {what}; expected a numpy integer "
+                        f"array of shape ({n},): each client's cluster id, -1 for not placed")
+    return labels
+
+
+def check_client_models(algorithm, clients: list[int], models: Any) -> None:
+    like = algorithm.ctx.init_weights
+    if not isinstance(models, (list, tuple)) or len(models) != len(clients):
+        got = f"{len(models)} models" if isinstance(models, (list, tuple)) else f"a {type(models).__name__}"
+        raise UserError(f"algorithm {algorithm.name!r}: client_models() returned {got} for {len(clients)} clients; "
+                        f"expected a list of one model per client")
+    for i, w in zip(clients, models):
+        if (bad := _weights_problem(w, like)) is not None:
+            raise UserError(f"algorithm {algorithm.name!r}: client_models() gave client {i} {bad}; expected a "
+                            f"{like.dtype} tensor of shape {tuple(like.shape)}")
+
+
+def check_diagnostics(algorithm, t: int, diag: Any, measured: dict[str, Any]) -> None:
+    """A round's diagnostics go into metrics.jsonl beside the runner's figures: they may not
+    replace one (a user's "accuracy" would be reported as the run's) and must be JSON."""
+    name = algorithm.name
+    if not isinstance(diag, dict) or not all(isinstance(k, str) for k in diag):
+        raise UserError(f"algorithm {name!r}: round({t}) returned a value of type {type(diag).__name__}; expected a dict of "
+                        f"diagnostics with string keys ({{}} for none)")
+    if clash := sorted(set(diag) & (set(measured) | {"seconds"})):
+        raise UserError(f"algorithm {name!r}: round({t}) returned {clash[0]!r}, a figure the runner measures "
+                        f"itself; give the algorithm's own figure another name")
+    try:
+        report.json_line(diag)
+    except (TypeError, ValueError) as err:
+        raise UserError(f"algorithm {name!r}: round({t}) returned diagnostics that are not JSON ({err}); return "
+                        f"numbers, strings, lists and dicts (a numpy array: .tolist())") from None
+
+
 def _refuse_a_run_in(out: Path) -> None:
     if (out / "config.toml").exists():
         raise UserError(f"{out} already holds a run; continue it with 'stocfl resume {out}' or pick another --out")
@@ -263,10 +331,13 @@ class Experiment:
         by test size; and of the global model on the same clients, after round ``round_`` (the
         last one done by default). Clients that fail to answer are left out of this evaluation
         (and logged)."""
+        check_outputs(self.algorithm)
+
         def attempt(clients):
             res, gres, used = [], [], {}
             gw = self.algorithm.global_model()  # once: IFCA's is the mean of its models, formed anew per call
             for part, models in client_models_in_parts(self.algorithm, clients, self.run_tasks):
+                check_client_models(self.algorithm, part, models)
                 tasks = [Evaluate(i, w) for i, w in zip(part, models)]
                 if all(w is gw for w in models):
                     r = self.run_tasks(tasks)
@@ -313,8 +384,9 @@ class Experiment:
                                    "dropped": len(dropped), "dropped_clients": dropped}
             if t % r.eval_every == 0 or t == r.rounds:
                 row.update(self.evaluate(t))
-            row.update(report.clustering_scores(self.algorithm.cluster_labels(), self.fed.groups, self.fed.participants,
+            row.update(report.clustering_scores(check_labels(self.algorithm), self.fed.groups, self.fed.participants,
                                                 self.label_dists))
+            check_diagnostics(self.algorithm, t, diag, row)
             row.update(diag)
             row["seconds"] = time.perf_counter() - t0
             self.elapsed += row["seconds"]
