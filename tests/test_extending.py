@@ -12,6 +12,7 @@ import torch
 from pydantic import Field
 
 import stocfl
+from stocfl.algorithms.base import Placement
 from stocfl.executors import BatchedExecutor, SequentialExecutor
 from stocfl.flower.loopback import LoopbackExecutor
 
@@ -143,11 +144,14 @@ stocfl.register_algorithm(_FedAvgLike)
     ({"cluster_models": lambda self: {0: self.w.double()}}, "cluster_models()[0] is a torch.float64 tensor"),
     ({"cluster_labels": lambda self: np.zeros(3, dtype=np.int64)}, "cluster_labels() returned an array of int64 of"),
     ({"cluster_labels": lambda self: [0] * self.ctx.n_clients}, "cluster_labels() returned a value of type list"),
+    ({"place_new": lambda self, clients, run: []}, "place_new() must return one Placement per client asked"),
+    ({"place_new": lambda self, clients, run: [Placement(i, 0, None, False, self.w[:3]) for i in clients]},
+     "place_new() gave client"),
 ])
 def test_a_user_algorithms_faulty_output_is_one_user_error_naming_the_method(override, message):
     stocfl.register_algorithm(type("Faulty", (_FedAvgLike,), {**override, "name": "faulty"}))
-    with pytest.raises(stocfl.UserError) as err:
-        stocfl.run({"algorithm": {"name": "faulty"}, "run": {"rounds": 2}})
+    with pytest.raises(stocfl.UserError) as err:  # (held-out clients: placed by place_new at the end)
+        stocfl.run({"algorithm": {"name": "faulty"}, "run": {"rounds": 2}, "scenario": {"holdout": 0.25}})
     assert message in str(err.value) and "'faulty'" in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 

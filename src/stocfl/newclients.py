@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from stocfl import config as config_mod
+from stocfl.algorithms.checks import check_placements
 from stocfl.errors import UserError, first_repeated
 from stocfl.executors import make_executor
 from stocfl.build import build_federation, checked, read_config
@@ -72,6 +73,7 @@ def place_clients(run_dir: str | Path, overrides: list[str] = (), clients: list[
         raise UserError(f"client {chosen[k]} is given twice; give each client once (each counts once in the accuracy)")
     run = checked(executor.run, fed)
     placed = exp.algorithm.place_new(list(chosen), run)
+    check_placements(exp.algorithm, list(chosen), placed)
     results = run([Evaluate(p.client, p.weights) for p in placed])
     rows = placement_rows(placed, results, fed.groups, exp.algorithm)
     return rows, summarize_placements(rows, exp.algorithm.placement)

@@ -15,6 +15,7 @@ import torch
 
 from stocfl import report
 from stocfl.algorithms import Algorithm
+from stocfl.algorithms.checks import check_placements
 from stocfl.config import Config
 from stocfl.devices import describe, resolve_device
 from stocfl.scenarios import Federation
@@ -50,6 +51,7 @@ def place_heldout(algorithm: Algorithm, fed: Federation, run) -> list[dict[str, 
 
     def attempt(clients):
         placed = algorithm.place_new(clients, run)
+        check_placements(algorithm, clients, placed)
         return placed, run([Evaluate(p.client, p.weights) for p in placed])
 
     _, (placed, res) = without_dropped(fed.heldout_clients, attempt, "held-out clients' placement")

@@ -28,6 +28,7 @@ import torch
 
 from stocfl import checkpoint, config as config_mod, report
 from stocfl.algorithms import algorithm_class
+from stocfl.algorithms.checks import check_client_models, check_diagnostics, check_labels, check_outputs
 from stocfl.build import (build_context, build_federation, build_model, checked, pin_data_dir, read_config,
                           sample_size)
 from stocfl.config import Config
@@ -56,74 +57,6 @@ def client_models_in_parts(algorithm, clients: list[int], run):
     for a in range(0, len(clients), step):
         part = clients[a:a + step]
         yield part, algorithm.client_models(part, run)
-
-
-def _weights_problem(w: Any, like: torch.Tensor) -> str | None:
-    if not isinstance(w, torch.Tensor):
-        return f"a value of type {type(w).__name__}"
-    if w.shape != like.shape or w.dtype != like.dtype:
-        return f"a {w.dtype} tensor of shape {tuple(w.shape)}"
-    return None
-
-
-def check_outputs(algorithm) -> None:
-    """What an algorithm (a user's too) hands the runner for an evaluation, checked before any
-    figure is made from it: the global and cluster models are flat weights like w_0, the
-    labels one integer per client."""
-    name, like = algorithm.name, algorithm.ctx.init_weights
-    expected = f"expected a {like.dtype} tensor of shape {tuple(like.shape)}, the flat weights (as ctx.init_weights)"
-    if (bad := _weights_problem(algorithm.global_model(), like)) is not None:
-        raise UserError(f"algorithm {name!r}: global_model() returned {bad}; {expected}")
-    models = algorithm.cluster_models()
-    if not isinstance(models, dict):
-        raise UserError(f"algorithm {name!r}: cluster_models() returned a value of type {type(models).__name__}; expected a dict "
-                        f"cluster id -> weights")
-    for k, w in models.items():
-        if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 0:
-            raise UserError(f"algorithm {name!r}: cluster_models() has key {k!r}; expected cluster ids >= 0")
-        if (bad := _weights_problem(w, like)) is not None:
-            raise UserError(f"algorithm {name!r}: cluster_models()[{k}] is {bad}; {expected}")
-    check_labels(algorithm)
-
-
-def check_labels(algorithm) -> np.ndarray:
-    labels, n = algorithm.cluster_labels(), algorithm.ctx.n_clients
-    if not isinstance(labels, np.ndarray) or labels.shape != (n,) or not np.issubdtype(labels.dtype, np.integer) \
-            or (labels < -1).any():
-        what = (f"an array of {labels.dtype} of shape {labels.shape}" if isinstance(labels, np.ndarray)
-                else f"a value of type {type(labels).__name__}")
-        raise UserError(f"algorithm {algorithm.name!r}: cluster_labels() returned {what}; expected a numpy integer "
-                        f"array of shape ({n},): each client's cluster id, -1 for not placed")
-    return labels
-
-
-def check_client_models(algorithm, clients: list[int], models: Any) -> None:
-    like = algorithm.ctx.init_weights
-    if not isinstance(models, (list, tuple)) or len(models) != len(clients):
-        got = f"{len(models)} models" if isinstance(models, (list, tuple)) else f"a {type(models).__name__}"
-        raise UserError(f"algorithm {algorithm.name!r}: client_models() returned {got} for {len(clients)} clients; "
-                        f"expected a list of one model per client")
-    for i, w in zip(clients, models):
-        if (bad := _weights_problem(w, like)) is not None:
-            raise UserError(f"algorithm {algorithm.name!r}: client_models() gave client {i} {bad}; expected a "
-                            f"{like.dtype} tensor of shape {tuple(like.shape)}")
-
-
-def check_diagnostics(algorithm, t: int, diag: Any, measured: dict[str, Any]) -> None:
-    """A round's diagnostics go into metrics.jsonl beside the runner's figures: they may not
-    replace one (a user's "accuracy" would be reported as the run's) and must be JSON."""
-    name = algorithm.name
-    if not isinstance(diag, dict) or not all(isinstance(k, str) for k in diag):
-        raise UserError(f"algorithm {name!r}: round({t}) returned a value of type {type(diag).__name__}; expected a dict of "
-                        f"diagnostics with string keys ({{}} for none)")
-    if clash := sorted(set(diag) & (set(measured) | {"seconds"})):
-        raise UserError(f"algorithm {name!r}: round({t}) returned {clash[0]!r}, a figure the runner measures "
-                        f"itself; give the algorithm's own figure another name")
-    try:
-        report.json_line(diag)
-    except (TypeError, ValueError) as err:
-        raise UserError(f"algorithm {name!r}: round({t}) returned diagnostics that are not JSON ({err}); return "
-                        f"numbers, strings, lists and dicts (a numpy array: .tolist())") from None
 
 
 def _refuse_a_run_in(out: Path) -> None:
