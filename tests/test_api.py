@@ -74,6 +74,33 @@ def test_a_custom_federation_run_on_disk_resumes_from_python_only(tmp_path, caps
     assert again.summary["rounds_done"] == 3
 
 
+def test_a_python_run_resumes_only_on_the_same_federation_and_model(tmp_path):
+    from stocfl import config
+    from stocfl.runner import Experiment
+
+    train, test, groups = rotated_clients()
+    def module(seed):
+        torch.manual_seed(seed)
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+    cfg = {"algorithm": {"name": "stocfl"}, "run": {"rounds": 4, "sample_rate": 0.5}}
+    whole = stocfl.run(cfg, federation=stocfl.Federation.from_arrays(train, test, groups), model=module(0))
+    Experiment.create(config.validate(cfg), tmp_path / "r", federation=stocfl.Federation.from_arrays(train, test, groups),
+                      module=module(0)).run(progress=False, stop_after=2)
+    # other data, another w_0, another architecture: each continued the run silently on what it was given
+    other = [(x[..., ::-1].copy(), y) for x, y in train]  # mirrored images
+    for fed, m, message in [(stocfl.Federation.from_arrays(other, test, groups), module(0), "the federation given"),
+                            (stocfl.Federation.from_arrays(train, test, groups, holdout=[0]), module(0), "federation"),
+                            (stocfl.Federation.from_arrays(train, test, groups), module(1), "initial weights w_0"),
+                            (stocfl.Federation.from_arrays(train, test, groups),
+                             nn.Sequential(nn.Flatten(), nn.Linear(64, 4), nn.Linear(4, 10)), "the model given")]:
+        with pytest.raises(stocfl.UserError, match=message):
+            stocfl.resume(tmp_path / "r", federation=fed, model=m)
+    # the same arrays and the same seeded module, built anew (as in a new process): the run it would have been
+    again = stocfl.resume(tmp_path / "r", federation=stocfl.Federation.from_arrays(train, test, groups), model=module(0))
+    strip = lambda rs: [{k: v for k, v in r.items() if k != "seconds"} for r in rs]  # noqa: E731
+    assert strip(again.metrics) == strip(whole.metrics)
+
+
 def test_registered_names_work_from_a_toml_config(tmp_path):
     train, test, groups = rotated_clients()
 

@@ -155,6 +155,7 @@ class Experiment:
                 cfg = extended(cfg, overrides, meta["round"] if has_checkpoint else 0, out)
         exp = cls(cfg, out, executor, federation, module, loss)
         if has_checkpoint:
+            exp.check_given(meta)
             exp.load_checkpoint()
         return exp
 
@@ -204,10 +205,38 @@ class Experiment:
             "config_sha256": self.config_sha256,
             "config_core_sha256": config_digest(self.cfg, core=True),
             "metrics_sha256": self.metrics_chain,
-            **({"custom_data": True} if self.federation is not None else {}),
-            **({"custom_model": True} if self.module is not None else {}),
+            **({"custom_data": True, "data_sha256": self.given_digests()["data_sha256"]}
+               if self.federation is not None else {}),
+            **({"custom_model": True, "model_sha256": self.given_digests()["model_sha256"]}
+               if self.module is not None else {}),
             **({"custom_loss": True} if self.loss is not None else {}),
         })
+
+    def given_digests(self) -> dict[str, str | None]:
+        """What identifies the federation and model given in Python (computed once): the sha256
+        of the data, and of the model's parameter names, shapes and initial weights."""
+        if not hasattr(self, "_given"):
+            model = None
+            if self.module is not None:  # w_0 counts too: StoCFL's Psi and FeSEM's start use it in later rounds
+                h = hashlib.sha256()
+                for k, v in self.module.state_dict().items():
+                    h.update(f"{k} {tuple(v.shape)} {v.dtype};".encode())
+                    h.update(v.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+                model = h.hexdigest()
+            self._given = {"data_sha256": None if self.federation is None else self.federation.digest(),
+                           "model_sha256": model}
+        return self._given
+
+    def check_given(self, meta: dict[str, Any]) -> None:
+        """A run started on a federation or model given in Python continues only on the same."""
+        mine = self.given_digests()
+        if meta.get("data_sha256") not in (None, mine["data_sha256"]):
+            raise UserError(f"{self.out}: the federation given is not the one the run started on (its data, clients or "
+                            f"classes differ); pass the same Federation to stocfl.resume, or start a new run")
+        if meta.get("model_sha256") not in (None, mine["model_sha256"]):
+            raise UserError(f"{self.out}: the model given is not the one the run started on (its parameters' names, "
+                            f"shapes or initial weights w_0 differ); pass the same nn.Module, initialised with the "
+                            f"same seed, to stocfl.resume, or start a new run")
 
     def load_checkpoint(self) -> None:
         tensors, meta = checkpoint.load(self.out / CHECKPOINT)

@@ -25,6 +25,7 @@ writers                one client per real writer (FEMNIST)                     
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -95,6 +96,18 @@ class Federation:
         counts = np.bincount(cell, minlength=self.n_clients * self.n_classes).reshape(self.n_clients, -1).astype(float)
         norms = np.linalg.norm(counts, axis=1, keepdims=True)
         return np.divide(counts, norms, out=np.zeros_like(counts), where=norms > 0)
+
+    def digest(self) -> str:
+        """sha256 of what the clients hold (inputs, labels, who holds which, the classes, the
+        held-out clients): a run started on a federation given in Python resumes only on the
+        same one."""
+        h = hashlib.sha256(f"{self.n_classes} {self.input_shape}".encode())
+        for arr in (self.train_offsets, self.test_offsets, self.heldout):
+            h.update(b"-" if arr is None else np.ascontiguousarray(arr, dtype=np.int64).tobytes())
+        for t in (self.y_train, self.y_test, self.x_train, self.x_test):
+            for part in t.detach().cpu().reshape(len(t), -1).split(8192):  # a part at a time: no copy of it all
+                h.update(part.contiguous().numpy().tobytes())
+        return h.hexdigest()
 
     def train_data(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         a, b = self.train_offsets[i], self.train_offsets[i + 1]
