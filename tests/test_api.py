@@ -209,6 +209,10 @@ def test_a_users_loss_trains_and_evaluates_on_both_executors(tmp_path, capsys):
     assert seq.metrics[-1]["accuracy"] == bat.metrics[-1]["accuracy"]
     stocfl.run(cfg, loss=smooth, out=tmp_path / "r")
     assert main(["resume", str(tmp_path / "r")]) == 2 and "loss=" in capsys.readouterr().err
+    with pytest.raises(stocfl.UserError, match="the loss given is not the one the run started on"):
+        stocfl.resume(tmp_path / "r", loss=plain_ce, overrides=["run.rounds=4"])  # continued with cross-entropy
+    again = lambda logits, y: F.cross_entropy(logits, y, reduction="none", label_smoothing=0.2)  # noqa: E731
+    assert stocfl.resume(tmp_path / "r", loss=again, overrides=["run.rounds=4"]).summary["rounds_done"] == 4
     for bad, message in [(lambda logits, y: logits.sum(), "one value per sample"),
                          (lambda logits, y: 1 / 0, "ZeroDivisionError"), ("ce", "expected a function")]:
         with pytest.raises(stocfl.UserError, match=message):

@@ -209,7 +209,7 @@ class Experiment:
                if self.federation is not None else {}),
             **({"custom_model": True, "model_sha256": self.given_digests()["model_sha256"]}
                if self.module is not None else {}),
-            **({"custom_loss": True} if self.loss is not None else {}),
+            **({"custom_loss": True, "loss_probe": self.given_digests()["loss_probe"]} if self.loss is not None else {}),
         })
 
     def given_digests(self) -> dict[str, str | None]:
@@ -223,8 +223,14 @@ class Experiment:
                     h.update(f"{k} {tuple(v.shape)} {v.dtype};".encode())
                     h.update(v.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
                 model = h.hexdigest()
+            probe = None
+            if self.loss is not None:  # a function has no digest: its values on four train samples at w_0 stand in
+                with torch.no_grad():
+                    x, y = self.fed.x_train[:4], self.fed.y_train[:4]
+                    w0 = self.algorithm.ctx.init_weights
+                    probe = [float(v) for v in self.model.per_sample_loss(self.model.forward(w0, x), y)]
             self._given = {"data_sha256": None if self.federation is None else self.federation.digest(),
-                           "model_sha256": model}
+                           "model_sha256": model, "loss_probe": probe}
         return self._given
 
     def check_given(self, meta: dict[str, Any]) -> None:
@@ -237,6 +243,11 @@ class Experiment:
             raise UserError(f"{self.out}: the model given is not the one the run started on (its parameters' names, "
                             f"shapes or initial weights w_0 differ); pass the same nn.Module, initialised with the "
                             f"same seed, to stocfl.resume, or start a new run")
+        probe, mine_probe = meta.get("loss_probe"), mine["loss_probe"]
+        if probe is not None and mine_probe is not None and not np.allclose(probe, mine_probe, rtol=1e-4, atol=1e-6):
+            raise UserError(f"{self.out}: the loss given is not the one the run started on (on the same samples and "
+                            f"w_0 it gives {mine_probe[0]:.6g}, the run's gave {probe[0]:.6g}); pass the same loss to "
+                            f"stocfl.resume, or start a new run")
 
     def load_checkpoint(self) -> None:
         tensors, meta = checkpoint.load(self.out / CHECKPOINT)
