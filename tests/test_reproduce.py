@@ -350,6 +350,8 @@ def test_a_compare_directory_holds_runs_of_one_setting(tmp_path):
         compare(None, ["stocfl"], [0], tmp_path, [*BASE, "run.rounds=3"], progress=False)
     with pytest.raises(UserError, match=r"--algo 'fedavg ' is given twice \(one row, fedavg\); give each algorithm once"):
         compare(None, ["fedavg ", "stocfl", "fedavg"], [0], tmp_path, BASE, progress=False)  # was two equal rows
+    with pytest.raises(UserError, match=r"--set 'run.seed=5': a comparison's seeds are given with --seeds"):
+        compare(None, ["fedavg"], [0], tmp_path, [*BASE, "run.seed=5"], progress=False)  # was run at seed 0
     assert sorted(p.name for p in tmp_path.glob("*-seed*")) == ["fedavg-seed0"]  # refused before running
     rows = compare(None, ["fedavg", "stocfl"], [0, 1], tmp_path, [*BASE, "run.rounds=3"], progress=False)
     assert [(r["algorithm"], r["seeds"]) for r in rows] == [("fedavg", 2), ("stocfl", 2)]  # asked: extended

@@ -104,6 +104,10 @@ def finished_runs(out: Path) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
 
 def compare(cfg_path, specs: list[str], seeds: list[int], out: Path, overrides: list[str] = (),
             data_dir: str | None = None, progress: bool = True) -> list[dict[str, Any]]:
+    seeded = [o for o in overrides if o.split("=", 1)[0].strip() == "run.seed"]
+    if seeded:  # every run's seed is one of --seeds: this one would be overridden without a word
+        raise UserError(f"--set {seeded[0]!r}: a comparison's seeds are given with --seeds (e.g. --seeds 0,1,2), "
+                        f"not run.seed")
     parsed = [parse_spec(s) for s in specs]
     labels = [label for label, _ in parsed]
     if (k := first_repeated(labels)) is not None:
