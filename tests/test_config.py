@@ -44,6 +44,8 @@ def test_overrides_are_typed():
         (["algorithm.name=fedprox", "algorithm.mu=-1"], "algorithm.mu"),
         (["algorithm.name=fedavg", "algorithm.mu=0.1"], "unknown key 'algorithm.mu' for fedavg"),
         (["run.rounds"], "expected dotted.key=value"),
+        # a key of two types: pydantic's one error per type read "algorithm.tau.float: expected a number"
+        (["algorithm.name=stocfl", "algorithm.tau='0.5'"], 'algorithm.tau: expected a number or "auto" (got \'0.5\')'),
     ],
 )
 def test_bad_config_is_one_line_naming_the_key(overrides, expected):
@@ -60,6 +62,12 @@ def test_toml_file_errors(tmp_path):
         config.load(bad)
     with pytest.raises(UserError, match="not found"):
         config.load(tmp_path / "missing.toml")
+    (tmp_path / "dir.toml").mkdir()
+    with pytest.raises(UserError, match="dir.toml is a directory"):
+        config.load(tmp_path / "dir.toml")
+    bom = tmp_path / "bom.toml"  # as some Windows editors save it
+    bom.write_bytes(b"\xef\xbb\xbf[run]\nrounds = 7\n")
+    assert config.load(bom).run.rounds == 7
 
 
 def test_cli_bad_input_exits_2_with_one_line(tmp_path, capsys):

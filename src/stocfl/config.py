@@ -7,6 +7,7 @@ becomes one :class:`~stocfl.errors.UserError` line naming the key and what it mu
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -198,6 +199,13 @@ class Config(Section):
 def _one_line(err: ValidationError, prefix: tuple = ()) -> str:
     e = err.errors()[0]
     loc = prefix + tuple(str(p) for p in e["loc"])
+    if len(e["loc"]) > 1 and re.fullmatch(r"int|float|str|bool|none|(literal|list|dict|function-\w+)\[.*\]",
+                                         str(e["loc"][-1])):
+        # a key of several types (tau: a number or "auto"): pydantic names each type tried; say them together
+        members = [x for x in err.errors() if x["loc"][:-1] == e["loc"][:-1]]
+        wants = [x["ctx"]["expected"].replace("'", '"') if x["type"] == "literal_error"
+                 else _house_style(x).removeprefix("expected ") for x in members]
+        return f"config: {'.'.join(loc[:-1])}: expected {' or '.join(wants)} (got {e.get('input')!r})"
     key = ".".join(loc)
     if e["type"] == "extra_forbidden":
         allowed = _allowed_keys(loc[:-1])
@@ -288,9 +296,10 @@ def load(path: str | Path | None = None, overrides: list[str] = (), data_dir: st
     if path is not None:
         p = Path(path)
         if not p.is_file():
-            raise UserError(f"config file {p} not found; pass an existing TOML file (see configs/)")
+            what = "is a directory" if p.is_dir() else "not found"
+            raise UserError(f"config file {p} {what}; pass an existing TOML file (see configs/)")
         try:
-            raw = tomllib.loads(p.read_text())
+            raw = tomllib.loads(p.read_text(encoding="utf-8-sig"))  # -sig: a byte-order mark some editors write
         except tomllib.TOMLDecodeError as err:
             raise UserError(f"config file {p}: not valid TOML ({err}); fix the syntax") from None
         except UnicodeDecodeError:
