@@ -57,6 +57,10 @@ def test_node_config_names_the_clients_a_node_serves():
         served_clients({"client-ids": "8-12"}, 10)
     with pytest.raises(ValueError, match="client-id=<i>"):
         served_clients({}, 20)
+    with pytest.raises(ValueError, match=r"would serve clients \[-1\]"):  # served nobody, without a word
+        served_clients({"client-id": -1}, 20)
+    with pytest.raises(ValueError, match="num-partitions=0"):
+        served_clients({"partition-id": 0, "num-partitions": 0}, 20)
 
 
 def decode_result(task, result, client):

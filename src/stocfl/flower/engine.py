@@ -210,11 +210,13 @@ def served_clients(node_config: dict[str, Any], n_clients: int) -> list[int]:
         mine = [int(node_config["client-id"])]
     elif "partition-id" in node_config:
         k = int(node_config.get("num-partitions", n_clients))
+        if k < 1:
+            raise ValueError(f"node config num-partitions={k}: expected a number of partitions >= 1")
         mine = list(range(int(node_config["partition-id"]), n_clients, k))
     else:
         raise ValueError('node config names no client: start the SuperNode with --node-config "client-id=<i>" '
                          'or "client-ids=<i>-<j>"')
-    if not mine or max(mine) >= n_clients:
+    if not mine or min(mine) < 0 or max(mine) >= n_clients:  # a negative id served no client, without a word
         raise ValueError(f"this node would serve clients {mine}, but the federation has clients 0-{n_clients - 1}")
     return mine
 
