@@ -30,6 +30,11 @@ def test_missing_directory_and_files(tmp_path, monkeypatch):
     monkeypatch.delenv("STOCFL_DATA_DIR", raising=False)
     with pytest.raises(UserError, match="needs a data directory"):
         load_dataset("mnist")
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(UserError, match="a_file is a file, not a directory"):  # it said "does not exist"
+        load_dataset("mnist", tmp_path / "a_file")
+    with pytest.raises(UserError, match="nowhere does not exist"):
+        load_dataset("mnist", tmp_path / "nowhere")
     with pytest.raises(UserError, match=r"train-images-idx3-ubyte.gz is missing; expected layout"):
         load_dataset("mnist", tmp_path)
     monkeypatch.setenv("STOCFL_DATA_DIR", str(tmp_path))

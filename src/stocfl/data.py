@@ -93,7 +93,8 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None) -> Datase
             raise UserError(f"data set {name!r} needs a data directory: pass --data-dir DIR or set "
                             f"STOCFL_DATA_DIR{where}; 'digits' needs none")
         if not root.is_dir():
-            raise UserError(f"data directory {root} does not exist; pass --data-dir DIR or set STOCFL_DATA_DIR")
+            what = "is a file, not a directory" if root.exists() else "does not exist"
+            raise UserError(f"data directory {root} {what}; pass --data-dir DIR or set STOCFL_DATA_DIR")
         root = root.resolve()
     out = loader(root)
     return out if builtin else as_dataset(name, out)
