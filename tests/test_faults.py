@@ -70,3 +70,32 @@ def test_an_evaluation_without_a_client_says_so(tmp_path, caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert "round 4: evaluation: left out client 3: no reply" in lines, lines
     assert 3 not in exp.last_eval and summary["accuracy"] is not None
+    # said in the files too, not in the log alone: the row, the summary, and a note from the command line
+    rows = [json.loads(x) for x in (tmp_path / "fedavg" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["eval_left_out"] == [3] and all("eval_left_out" not in r for r in rows if r["accuracy"] is None)
+    assert summary["eval_left_out"] == [3]
+    assert json.loads((tmp_path / "fedavg" / "summary.json").read_text())["eval_left_out"] == [3]
+    assert summary["dropped_in_training"] == sum(r["dropped"] for r in rows) >= 1
+
+
+def test_a_run_whose_clients_all_answer_has_no_left_out_keys(tmp_path):
+    summary = _experiment(tmp_path, "fedavg", fail=[]).run(progress=False)
+    assert "eval_left_out" not in summary and "dropped_in_training" not in summary
+
+
+def test_held_out_clients_that_fail_are_named_and_an_empty_placement_has_no_accuracy():
+    from stocfl.results import summarize_placements
+
+    assert summarize_placements([], "x", [5, 7]) == {"clients": 0, "placement": "x", "accuracy": None,
+                                                     "would_open_new": 0, "left_out": [5, 7]}  # accuracy was 0.0
+
+
+def test_the_command_line_notes_clients_left_out_of_the_final_evaluation(tmp_path, capsys):
+    from stocfl.cli import _print_summary
+
+    summary = {k: None for k in ("algorithm", "scenario", "dataset", "rounds_done", "accuracy", "global_accuracy",
+                                 "n_clusters", "ari", "seconds")}
+    _print_summary(summary, tmp_path)
+    assert "note" not in capsys.readouterr().err
+    _print_summary({**summary, "eval_left_out": [3, 9]}, tmp_path)
+    assert "leave out 2 client(s) that failed to answer the last evaluation (clients 3,9;" in capsys.readouterr().err

@@ -285,7 +285,7 @@ def test_rows_runs_the_rows_named_and_the_table_keeps_the_others_finished_runs(t
     then = reproduce("tiny", root=root, progress=False, log=lambda m: None, rows="1-1")
     assert [r["status"] for r in then["rows"]] == ["done", "done"]  # row 2's run is reported, not rerun
     assert then["rows"][1]["ours"] == first["rows"][1]["ours"]
-    for bad in ("3", "0", "2-1", "x", "1,"):
+    for bad in ("3", "0", "2-1", "x", "1,", "1-"):  # "1-" ran row 1 alone
         with pytest.raises(UserError, match=r"--rows .* not a row number or range of tiny's rows 1 to 2 "
                                             r"\(1: FedAvg; 2: StoCFL\)"):
             reproduce("tiny", root=root, progress=False, log=lambda m: None, rows=bad)

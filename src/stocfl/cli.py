@@ -240,6 +240,10 @@ def _print_summary(summary: dict, out: Path) -> None:
             "seconds")
     print(json.dumps({k: summary[k] for k in keys}))
     print(f"results: {out.resolve()}")
+    if left := summary.get("eval_left_out"):
+        print(f"stocfl: note: the accuracies leave out {len(left)} client(s) that failed to answer the last evaluation "
+              f"(clients {','.join(map(str, left[:10]))}{',...' if len(left) > 10 else ''}; eval_left_out in "
+              f"summary.json)", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -612,6 +612,8 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
                       "torch": summary.get("torch"), "authors_metric": theirs,
                       "heldout_accuracy": summary.get("heldout", {}).get("accuracy"),
                       "macro_accuracy": summary.get("macro_accuracy", _macro_from_clients(run_dir))}
+            if summary.get("eval_left_out"):  # its figures cover fewer clients than the row's setting
+                result["eval_left_out"] = len(summary["eval_left_out"])
             if row.at_round is not None:
                 result.update(authors_metric=None, **{row.metric: _at_round(run_dir, row)})
             result.update(rounds=summary["rounds"], authors=row.authors, date=_finished(run_dir),
@@ -621,6 +623,8 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
         if any(r.get("curves") for runs_ in results.values() for r in runs_):  # else the PNG drawn with them stays
             plot_curves(table, results, out_png)
         status[row.name] = row_failed or partly(row, len(results.get(row.name, [])), row_idle or "done")
+        if left := sum(r.get("eval_left_out", 0) for r in results.get(row.name, [])):
+            status[row.name] += f" ({left} client(s) failed to answer the final evaluation: left out of its figures)"
         doc = write(row.name if runs_here else None)
     if failed:
         raise UserError(f"reproduce {name}: {len(failed)} run(s) failed, the table holds the rest ({out_md}); "
@@ -692,8 +696,8 @@ def select_rows(table: Table, rows: str | None) -> set[str]:
     listed = "; ".join(f"{i}: {n}" for i, n in enumerate(names, 1))
     chosen = set()
     for item in rows.split(","):
-        lo, _, hi = item.strip().partition("-")
-        if not (lo.isdigit() and (hi.isdigit() or not hi) and 1 <= int(lo) <= int(hi or lo) <= len(names)):
+        lo, dash, hi = item.strip().partition("-")
+        if not (lo.isdigit() and (hi.isdigit() or not dash) and 1 <= int(lo) <= int(hi or lo) <= len(names)):
             raise UserError(f"reproduce --rows {rows!r}: {item.strip()!r} is not a row number or range of "
                             f"{table.name}'s rows 1 to {len(names)} ({listed})")
         chosen.update(names[int(lo) - 1:int(hi or lo)])

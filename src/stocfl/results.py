@@ -40,22 +40,27 @@ def summarize(cfg: Config, fed: Federation, given_federation: bool, algorithm: A
         "label_cos_within": last.get("label_cos_within"), "label_cos_all": last.get("label_cos_all"),
         "seconds": round(elapsed, 3), "notes": fed.notes,
     }
+    if last_eval.get("eval_left_out"):  # clients that failed to answer the last evaluation: not in its figures
+        summary["eval_left_out"] = last_eval["eval_left_out"]
+    if dropped := sum(r.get("dropped", 0) for r in rows):
+        summary["dropped_in_training"] = dropped  # client-rounds whose training was left out of the round
     summary.update(algorithm.summary(rows))
     return summary
 
 
-def place_heldout(algorithm: Algorithm, fed: Federation, run) -> list[dict[str, Any]]:
-    """Held-out clients as new clients: placement and test accuracy with the chosen model."""
+def place_heldout(algorithm: Algorithm, fed: Federation, run) -> tuple[list[dict[str, Any]], list[int]]:
+    """Held-out clients as new clients: placement and test accuracy with the chosen model; and
+    the held-out clients that failed to answer (left out)."""
     if not fed.heldout_clients:
-        return []
+        return [], []
 
     def attempt(clients):
         placed = algorithm.place_new(clients, run)
         check_placements(algorithm, clients, placed)
         return placed, run([Evaluate(p.client, p.weights) for p in placed])
 
-    _, (placed, res) = without_dropped(fed.heldout_clients, attempt, "held-out clients' placement")
-    return placement_rows(placed, res, fed.groups, algorithm)
+    answered, (placed, res) = without_dropped(fed.heldout_clients, attempt, "held-out clients' placement")
+    return placement_rows(placed, res, fed.groups, algorithm), sorted(set(fed.heldout_clients) - set(answered))
 
 
 def client_spread(last_eval: dict) -> dict[str, float | None]:
@@ -157,11 +162,13 @@ def placement_rows(placed, results, groups, algorithm: Algorithm) -> list[dict[s
     return rows
 
 
-def summarize_placements(rows: list[dict[str, Any]], placement: str) -> dict[str, Any]:
+def summarize_placements(rows: list[dict[str, Any]], placement: str, left_out: list[int] = ()) -> dict[str, Any]:
     n = sum(r["test_samples"] for r in rows)
     out = {"clients": len(rows), "placement": placement,
-           "accuracy": sum(r["correct"] for r in rows) / n if n else 0.0,
+           "accuracy": sum(r["correct"] for r in rows) / n if n else None,  # no test sample: no accuracy, not 0
            "would_open_new": sum(bool(r["would_open_new"]) for r in rows)}
+    if left_out:
+        out["left_out"] = list(left_out)
     if rows and "in_true_group_cluster" in rows[0]:
         out["in_true_group_cluster"] = sum(r["in_true_group_cluster"] for r in rows) / len(rows)
     return out

@@ -299,7 +299,7 @@ class Experiment:
         if self.local is not None:
             self.local.load_state(*self.saved["local_bn"])
 
-    def evaluate(self, round_: int | None = None) -> dict[str, float]:
+    def evaluate(self, round_: int | None = None) -> dict[str, Any]:
         """Accuracy of the participating clients, each with the model it would use, weighted
         by test size; and of the global model on the same clients, after round ``round_`` (the
         last one done by default). Clients that fail to answer are left out of this evaluation
@@ -324,7 +324,11 @@ class Experiment:
         clients, (res, gres, self.last_used) = without_dropped(self.fed.participants, attempt, f"round {round_ or self.round}: evaluation")
         self.last_eval = dict(zip(clients, res))
         self.last_global = dict(zip(clients, gres))
-        return {"accuracy": _pooled(res), "global_accuracy": _pooled(gres)}
+        out: dict[str, Any] = {"accuracy": _pooled(res), "global_accuracy": _pooled(gres)}
+        left = sorted(set(self.fed.participants) - set(clients))
+        if left:  # the figures cover the others only: said in the row and the summary, not in the log alone
+            out["eval_left_out"] = left
+        return out
 
     def run(self, progress: bool = True, stop_after: int | None = None) -> dict[str, Any] | None:
         """Run to ``run.rounds`` and write the summary; with ``stop_after``, stop once that many
@@ -385,9 +389,9 @@ class Experiment:
         summary = summarize(self.cfg, self.fed, self.federation is not None, self.algorithm, self.rows, self.round,
                             self.engine, self.threads, self.elapsed)
         summary.update(client_spread(self.last_eval))
-        heldout = place_heldout(self.algorithm, self.fed, self.run_tasks)
-        if heldout:
-            summary["heldout"] = summarize_placements(heldout, self.algorithm.placement)
+        heldout, heldout_left = place_heldout(self.algorithm, self.fed, self.run_tasks)
+        if heldout or heldout_left:
+            summary["heldout"] = summarize_placements(heldout, self.algorithm.placement, heldout_left)
         if self.out is not None:
             write_results(self.out, summary, self.rows, self.algorithm, self.fed, self.last_eval, heldout,
                           self.last_global, self.last_used, self.cfg.run.seed)
