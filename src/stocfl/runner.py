@@ -209,7 +209,8 @@ class Experiment:
                if self.federation is not None else {}),
             **({"custom_model": True, "model_sha256": self.given_digests()["model_sha256"]}
                if self.module is not None else {}),
-            **({"custom_loss": True, "loss_probe": self.given_digests()["loss_probe"]} if self.loss is not None else {}),
+            **({"custom_loss": True, "loss_probe": self.given_digests()["loss_probe"]}
+               if self.loss is not None else {}),
         })
 
     def given_digests(self) -> dict[str, str | None]:

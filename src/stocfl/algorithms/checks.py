@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from stocfl import report
+from stocfl.algorithms.base import Placement
 from stocfl.errors import UserError
 
 
@@ -21,23 +22,26 @@ def _weights_problem(w: Any, like: torch.Tensor) -> str | None:
     return None
 
 
+def _expected(like: torch.Tensor) -> str:
+    return f"expected a {like.dtype} tensor of shape {tuple(like.shape)}, the flat weights (as ctx.init_weights)"
+
+
 def check_outputs(algorithm) -> None:
     """What an algorithm (a user's too) hands the runner for an evaluation, checked before any
     figure is made from it: the global and cluster models are flat weights like w_0, the
     labels one integer per client."""
     name, like = algorithm.name, algorithm.ctx.init_weights
-    expected = f"expected a {like.dtype} tensor of shape {tuple(like.shape)}, the flat weights (as ctx.init_weights)"
     if (bad := _weights_problem(algorithm.global_model(), like)) is not None:
-        raise UserError(f"algorithm {name!r}: global_model() returned {bad}; {expected}")
+        raise UserError(f"algorithm {name!r}: global_model() returned {bad}; {_expected(like)}")
     models = algorithm.cluster_models()
     if not isinstance(models, dict):
-        raise UserError(f"algorithm {name!r}: cluster_models() returned a value of type {type(models).__name__}; expected a dict "
-                        f"cluster id -> weights")
+        raise UserError(f"algorithm {name!r}: cluster_models() returned a value of type {type(models).__name__}; "
+                        f"expected a dict cluster id -> weights")
     for k, w in models.items():
         if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 0:
             raise UserError(f"algorithm {name!r}: cluster_models() has key {k!r}; expected cluster ids >= 0")
         if (bad := _weights_problem(w, like)) is not None:
-            raise UserError(f"algorithm {name!r}: cluster_models()[{k}] is {bad}; {expected}")
+            raise UserError(f"algorithm {name!r}: cluster_models()[{k}] is {bad}; {_expected(like)}")
     check_labels(algorithm)
 
 
@@ -60,8 +64,7 @@ def check_client_models(algorithm, clients: list[int], models: Any) -> None:
                         f"expected a list of one model per client")
     for i, w in zip(clients, models):
         if (bad := _weights_problem(w, like)) is not None:
-            raise UserError(f"algorithm {algorithm.name!r}: client_models() gave client {i} {bad}; expected a "
-                            f"{like.dtype} tensor of shape {tuple(like.shape)}")
+            raise UserError(f"algorithm {algorithm.name!r}: client_models() gave client {i} {bad}; {_expected(like)}")
 
 
 def check_diagnostics(algorithm, t: int, diag: Any, measured: dict[str, Any]) -> None:
@@ -69,8 +72,8 @@ def check_diagnostics(algorithm, t: int, diag: Any, measured: dict[str, Any]) ->
     replace one (a user's "accuracy" would be reported as the run's) and must be JSON."""
     name = algorithm.name
     if not isinstance(diag, dict) or not all(isinstance(k, str) for k in diag):
-        raise UserError(f"algorithm {name!r}: round({t}) returned a value of type {type(diag).__name__}; expected a dict of "
-                        f"diagnostics with string keys ({{}} for none)")
+        raise UserError(f"algorithm {name!r}: round({t}) returned a value of type {type(diag).__name__}; expected a "
+                        f"dict of diagnostics with string keys ({{}} for none)")
     if clash := sorted(set(diag) & (set(measured) | {"seconds"})):
         raise UserError(f"algorithm {name!r}: round({t}) returned {clash[0]!r}, a figure the runner measures "
                         f"itself; give the algorithm's own figure another name")
@@ -83,8 +86,6 @@ def check_diagnostics(algorithm, t: int, diag: Any, measured: dict[str, Any]) ->
 
 def check_placements(algorithm, clients: list[int], placed: Any) -> None:
     """``place_new(clients)``: one Placement per client, in order, with a model like w_0."""
-    from stocfl.algorithms.base import Placement
-
     name, like = algorithm.name, algorithm.ctx.init_weights
     if not isinstance(placed, (list, tuple)) or [getattr(p, "client", None) for p in placed] != list(clients):
         raise UserError(f"algorithm {name!r}: place_new() must return one Placement per client asked, in the order "
@@ -93,5 +94,4 @@ def check_placements(algorithm, clients: list[int], placed: Any) -> None:
         if not isinstance(p, Placement):
             raise UserError(f"algorithm {name!r}: place_new() returned a {type(p).__name__}; expected Placement")
         if (bad := _weights_problem(p.weights, like)) is not None:
-            raise UserError(f"algorithm {name!r}: place_new() gave client {p.client} {bad}; expected a {like.dtype} "
-                            f"tensor of shape {tuple(like.shape)}")
+            raise UserError(f"algorithm {name!r}: place_new() gave client {p.client} {bad}; {_expected(like)}")
