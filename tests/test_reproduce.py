@@ -647,3 +647,16 @@ def test_a_row_with_its_own_seeds_runs_those_and_is_done_only_when_all_are(tmp_p
                                                   'set = ["algorithm.name=fedavg"]\nseeds = [1, 1]'))
     with pytest.raises(UserError, match=r"row 'FedAvg' has seeds = \[1, 1\]; give distinct seeds"):
         load_table("tiny", root)
+
+
+def test_the_compare_table_says_when_a_figure_covers_fewer_seeds_or_clients():
+    from stocfl.compare import COLUMNS, markdown
+
+    row = {"algorithm": "x", "seeds": 2, "runs_with_clients_left_out": 0}
+    for col in COLUMNS:
+        row.update({f"{col}_mean": 0.5, f"{col}_std": 0.1, f"{col}_n": 2})
+    assert "(n=" not in markdown([row]) and "left out" not in markdown([row])
+    row.update(accuracy_n=1, runs_with_clients_left_out=1)  # one seed had no accuracy; one run left clients out
+    md = markdown([row])
+    assert "| x | 2 | 50.00 +- 10.00 (n=1) | 50.00 +- 10.00 |" in md
+    assert "x: in 1 of its runs, clients that failed to answer the last evaluation are left out" in md

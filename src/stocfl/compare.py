@@ -128,11 +128,13 @@ def compare(cfg_path, specs: list[str], seeds: list[int], out: Path, overrides: 
             metrics = [r for r in report.read_jsonl(run_dir / "metrics.jsonl") if r.get("accuracy") is not None]
             acc.append(([r["round"] for r in metrics], [r["accuracy"] for r in metrics]))
         curves[label] = acc
-        row: dict[str, Any] = {"algorithm": label, "seeds": len(summaries)}
+        row: dict[str, Any] = {"algorithm": label, "seeds": len(summaries),
+                               "runs_with_clients_left_out": sum(bool(s.get("eval_left_out")) for s in summaries)}
         for col in COLUMNS:
             vals = [s[col] for s in summaries if s.get(col) is not None]
             row[f"{col}_mean"] = float(np.mean(vals)) if vals else None
             row[f"{col}_std"] = float(np.std(vals)) if vals else None
+            row[f"{col}_n"] = len(vals)
         rows.append(row)
     out.mkdir(parents=True, exist_ok=True)
     report.write_csv(out / "compare.csv", rows)
@@ -143,16 +145,20 @@ def compare(cfg_path, specs: list[str], seeds: list[int], out: Path, overrides: 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     def cell(r, col, pct):
-        m, s = r[f"{col}_mean"], r[f"{col}_std"]
+        m, s, n = r[f"{col}_mean"], r[f"{col}_std"], r.get(f"{col}_n", r["seeds"])
         if m is None:
             return "n/a"
-        return f"{100 * m:.2f} +- {100 * s:.2f}" if pct else f"{m:.2f} +- {s:.2f}"
+        fewer = f" (n={n})" if n < r["seeds"] else ""  # a seed without this figure is not in its mean
+        return (f"{100 * m:.2f} +- {100 * s:.2f}" if pct else f"{m:.2f} +- {s:.2f}") + fewer
 
     head = "| algorithm | seeds | accuracy (%) | global accuracy (%) | ARI | clusters | seconds |\n|---|---|---|---|---|---|---|\n"
+    notes = "".join(f"\n{r['algorithm']}: in {r['runs_with_clients_left_out']} of its runs, clients that failed to "
+                    f"answer the last evaluation are left out of its figures (eval_left_out in their summary.json).\n"
+                    for r in rows if r.get("runs_with_clients_left_out"))
     return head + "".join(
         f"| {r['algorithm']} | {r['seeds']} | {cell(r, 'accuracy', True)} | {cell(r, 'global_accuracy', True)} | "
         f"{cell(r, 'ari', False)} | {cell(r, 'n_clusters', False)} | {cell(r, 'seconds', False)} |\n" for r in rows
-    )
+    ) + notes
 
 
 def setting(cfg: config.Config) -> str:
