@@ -217,3 +217,20 @@ def test_a_users_loss_trains_and_evaluates_on_both_executors(tmp_path, capsys):
                          (lambda logits, y: 1 / 0, "ZeroDivisionError"), ("ce", "expected a function")]:
         with pytest.raises(stocfl.UserError, match=message):
             stocfl.run(cfg, loss=bad)
+
+
+def test_a_run_resumes_only_on_the_data_it_started_on(tmp_path):
+    # a data directory holding another copy of the data set continued the run on it, without a word
+    from stocfl import config
+    from stocfl.runner import Experiment
+
+    digits = load_dataset("digits")
+    copy = {"x_train": digits.x_train.clone()}
+    stocfl.register_dataset("my_copy", lambda data_dir: (copy["x_train"], digits.y_train, digits.x_test, digits.y_test))
+    cfg = config.validate({"scenario": {"dataset": "my_copy"}, "run": {"rounds": 3}})
+    Experiment.create(cfg, tmp_path / "r").run(progress=False, stop_after=1)
+    copy["x_train"] = digits.x_train.flip(-1)  # another copy: the images mirrored
+    with pytest.raises(stocfl.UserError, match="differ from the data the run started on; point --data-dir"):
+        stocfl.resume(tmp_path / "r")
+    copy["x_train"] = digits.x_train.clone()
+    assert stocfl.resume(tmp_path / "r").summary["rounds_done"] == 3

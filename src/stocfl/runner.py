@@ -205,8 +205,8 @@ class Experiment:
             "config_sha256": self.config_sha256,
             "config_core_sha256": config_digest(self.cfg, core=True),
             "metrics_sha256": self.metrics_chain,
-            **({"custom_data": True, "data_sha256": self.given_digests()["data_sha256"]}
-               if self.federation is not None else {}),
+            "data_sha256": self.given_digests()["data_sha256"],
+            **({"custom_data": True} if self.federation is not None else {}),
             **({"custom_model": True, "model_sha256": self.given_digests()["model_sha256"]}
                if self.module is not None else {}),
             **({"custom_loss": True, "loss_probe": self.given_digests()["loss_probe"]}
@@ -214,8 +214,9 @@ class Experiment:
         })
 
     def given_digests(self) -> dict[str, str | None]:
-        """What identifies the federation and model given in Python (computed once): the sha256
-        of the data, and of the model's parameter names, shapes and initial weights."""
+        """What identifies the run's data (built from its config or given in Python), and the
+        model and loss given in Python (computed once): the sha256 of the data, and of the
+        model's parameter names, shapes and initial weights; the loss's values on four samples."""
         if not hasattr(self, "_given"):
             model = None
             if self.module is not None:  # w_0 counts too: StoCFL's Psi and FeSEM's start use it in later rounds
@@ -230,16 +231,20 @@ class Experiment:
                     x, y = self.fed.x_train[:4], self.fed.y_train[:4]
                     w0 = self.algorithm.ctx.init_weights
                     probe = [float(v) for v in self.model.per_sample_loss(self.model.forward(w0, x), y)]
-            self._given = {"data_sha256": None if self.federation is None else self.federation.digest(),
-                           "model_sha256": model, "loss_probe": probe}
+            self._given = {"data_sha256": self.fed.digest(), "model_sha256": model, "loss_probe": probe}
         return self._given
 
     def check_given(self, meta: dict[str, Any]) -> None:
-        """A run started on a federation or model given in Python continues only on the same."""
+        """A run continues only on the data it started on, and on the model and loss it was
+        given in Python (checkpoints written before these digests are taken as they are)."""
         mine = self.given_digests()
         if meta.get("data_sha256") not in (None, mine["data_sha256"]):
-            raise UserError(f"{self.out}: the federation given is not the one the run started on (its data, clients or "
-                            f"classes differ); pass the same Federation to stocfl.resume, or start a new run")
+            if self.federation is not None:
+                raise UserError(f"{self.out}: the federation given is not the one the run started on (its data, clients "
+                                f"or classes differ); pass the same Federation to stocfl.resume, or start a new run")
+            raise UserError(f"{self.out}: the data built from its config ({self.cfg.scenario.dataset} in "
+                            f"{self.cfg.scenario.data_dir or 'the package'}) differ from the data the run started on; "
+                            f"point --data-dir at the run's copy of the data set, or start a new run")
         if meta.get("model_sha256") not in (None, mine["model_sha256"]):
             raise UserError(f"{self.out}: the model given is not the one the run started on (its parameters' names, "
                             f"shapes or initial weights w_0 differ); pass the same nn.Module, initialised with the "
