@@ -153,6 +153,11 @@ def test_registered_names_work_from_a_toml_config(tmp_path):
     (lambda t, s: stocfl.run({"algorithm": {"name": "stocfl", "tau": 3}}), "config: algorithm.tau"),
     (lambda t, s: stocfl.run(42), "config: expected a TOML path"),
     (lambda t, s: stocfl.run(None, model="mlp"), "model: expected a torch.nn.Module"),
+    # the federation's clients replace [scenario]: these ran without holding out, on the federation's clients
+    (lambda t, s: stocfl.run({"scenario": {"holdout": 0.25}}, federation=stocfl.Federation.from_arrays(t, s)),
+     "scenario.holdout = 0.25 has no effect with a federation given in Python"),
+    (lambda t, s: stocfl.run({"scenario": {"n_clients": 100}}, federation=stocfl.Federation.from_arrays(t, s)),
+     "scenario.n_clients = 100 has no effect"),
     (lambda t, s: stocfl.run(None, federation=stocfl.Federation.from_arrays(t, s),
                              model=nn.Sequential(nn.Flatten(), nn.Linear(10, 10))), "does not fit"),
     (lambda t, s: stocfl.register_model("auto", lambda *a: None), "identifier other than 'auto'"),
