@@ -158,6 +158,8 @@ def test_registered_names_work_from_a_toml_config(tmp_path):
      "scenario.holdout = 0.25 has no effect with a federation given in Python"),
     (lambda t, s: stocfl.run({"scenario": {"n_clients": 100}}, federation=stocfl.Federation.from_arrays(t, s)),
      "scenario.n_clients = 100 has no effect"),
+    (lambda t, s: stocfl.run({"model": {"hidden": 64}}, model=nn.Sequential(nn.Flatten(), nn.Linear(64, 10))),
+     "model.hidden = 64 has no effect with a model given in Python, which replaces [model]"),
     (lambda t, s: stocfl.run(None, federation=stocfl.Federation.from_arrays(t, s),
                              model=nn.Sequential(nn.Flatten(), nn.Linear(10, 10))), "does not fit"),
     (lambda t, s: stocfl.register_model("auto", lambda *a: None), "identifier other than 'auto'"),

@@ -89,13 +89,14 @@ def run(config: Any = None, *, federation: Federation | None = None, model: torc
     cfg = as_config(config)
     if federation is not None and not isinstance(federation, Federation):
         raise UserError(f"federation: expected a stocfl.Federation, got {type(federation).__name__}")
-    if federation is not None:  # its clients replace [scenario]: a key set there would be ignored without a word
-        default = config_mod.ScenarioConfig()
-        for key, value in cfg.scenario.model_dump().items():
+    # a federation replaces [scenario] and a model [model]: a key set there would be ignored without a word
+    for given, what, section, default in ((federation, "a federation", "scenario", config_mod.ScenarioConfig()),
+                                          (model, "a model", "model", config_mod.ModelConfig())):
+        for key, value in getattr(cfg, section).model_dump().items() if given is not None else ():
             if key != "data_dir" and value != getattr(default, key):
                 how = " (hold clients out with Federation.from_arrays(..., holdout=...))" if key == "holdout" else ""
-                raise UserError(f"config: scenario.{key} = {value!r} has no effect with a federation given in Python, "
-                                f"whose clients replace [scenario]; remove it from the config{how}")
+                raise UserError(f"config: {section}.{key} = {value!r} has no effect with {what} given in Python, "
+                                f"which replaces [{section}]; remove it from the config{how}")
     if model is not None and not isinstance(model, torch.nn.Module):
         raise UserError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     if loss is not None and not callable(loss):
