@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from hypothesis import given, strategies as st
 
 from stocfl import config
 from stocfl.algorithms import ALGORITHMS
@@ -99,3 +100,23 @@ def test_the_command_line_notes_clients_left_out_of_the_final_evaluation(tmp_pat
     assert "note" not in capsys.readouterr().err
     _print_summary({**summary, "eval_left_out": [3, 9]}, tmp_path)
     assert "leave out 2 client(s) that failed to answer the last evaluation (clients 3,9;" in capsys.readouterr().err
+
+
+def test_a_log_line_groups_the_clients_that_failed_alike():
+    from stocfl.tasks import grouped_reasons
+
+    reasons = [f"client {i}: bad reply (loss = nan)" for i in (0, 1, 2, 5)] + ["client 3: no reply",
+                                                                             "client 9 (node 4): timeout"]
+    assert grouped_reasons(reasons) == ("4 clients (0-2,5): bad reply (loss = nan); client 3: no reply; "
+                                        "client 9 (node 4): timeout")
+
+
+@given(st.sets(st.integers(0, 60), min_size=1))
+def test_id_ranges_lists_exactly_the_ids(ids):
+    from stocfl.tasks import id_ranges
+
+    back = set()
+    for part in id_ranges(sorted(ids)).split(","):
+        lo, _, hi = part.partition("-")
+        back |= set(range(int(lo), int(hi or lo) + 1))
+    assert back == ids

@@ -293,8 +293,7 @@ class Experiment:
                 if not set(err.clients) <= set(present):
                     raise UserError(f"round {t}: clients outside the round failed ({err}); "
                                     f"resume with 'stocfl resume {self.out}'") from None
-                for reason in err.reasons:
-                    log.warning("round %d: dropped %s", t, reason)
+                log.warning("round %d: dropped %s", t, err.summary())
                 dropped += err.clients
                 self.restore_algorithm()
 

@@ -12,6 +12,7 @@ representation beside StoCFL (``stocfl.algorithms.representation``).
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Callable, Literal, TypeVar
 
@@ -153,6 +154,39 @@ class ClientsDropped(Exception):
         super().__init__(f"dropped clients {clients}: {'; '.join(reasons)}")
         self.clients, self.reasons = clients, reasons
 
+    def summary(self) -> str:
+        """The reasons on one line, clients that failed alike together: "40 clients (0-39): bad
+        reply (loss = nan, ...)" rather than forty copies of it."""
+        return grouped_reasons(self.reasons)
+
+
+def grouped_reasons(reasons: list[str]) -> str:
+    groups: dict[str, list[tuple[int, str]]] = {}
+    alone = []
+    for r in reasons:
+        m = re.fullmatch(r"client (\d+)(?: \(node \d+\))?: (.*)", r, re.S)
+        if m is None:
+            alone.append(r)
+        else:
+            groups.setdefault(m.group(2), []).append((int(m.group(1)), r))
+    said = [got[0][1] if len(got) == 1 else f"{len(got)} clients ({id_ranges([i for i, _ in got])}): {why}"
+            for why, got in groups.items()]
+    return "; ".join(said + alone)
+
+
+def id_ranges(ids: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8"."""
+    out, ids = [], sorted(ids)
+    start = prev = ids[0]
+    for i in ids[1:] + [None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ",".join(out)
+
 
 def without_dropped(clients: list[int], attempt: Callable[[list[int]], T], step: str) -> tuple[list[int], T]:
     """``attempt(clients)``, repeated without the clients that failed until none fails; returns
@@ -163,7 +197,7 @@ def without_dropped(clients: list[int], attempt: Callable[[list[int]], T], step:
         try:
             return clients, attempt(clients)
         except ClientsDropped as err:
-            log.warning("%s: left out %s", step, "; ".join(err.reasons))
+            log.warning("%s: left out %s", step, err.summary())
             clients = [i for i in clients if i not in err.clients]
 
 
