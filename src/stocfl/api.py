@@ -112,8 +112,10 @@ def resume(out: str | Path, *, federation: Federation | None = None, model: torc
            loss: Callable | None = None, data_dir: str | None = None, progress: bool = False,
            overrides: list[str] = ()) -> Result:
     """Continue the run in ``out`` (stopped or killed) to its end; ``federation``, ``model`` and
-    ``loss`` as given to :func:`run` when it was started with them. ``overrides``:
-    ``["run.rounds=N"]`` runs a finished run further (``run.eval_every`` may change too)."""
+    ``loss`` as given to :func:`run` when it was started with them: the same data, the same
+    module with the same initial weights, the same loss (the checkpoint's digests of them are
+    checked). ``overrides``: ``["run.rounds=N"]`` runs a finished run further
+    (``run.eval_every`` may change too)."""
     from stocfl.runner import Experiment
 
     exp = Experiment.resume(Path(out), data_dir, federation=federation, module=model, loss=loss,
