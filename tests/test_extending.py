@@ -14,6 +14,7 @@ from pydantic import Field
 import stocfl
 from stocfl.algorithms.base import Placement
 from stocfl.executors import BatchedExecutor, SequentialExecutor
+from stocfl.tasks import Train
 from stocfl.flower.loopback import LoopbackExecutor
 
 
@@ -159,3 +160,26 @@ def test_the_correct_user_algorithm_the_faulty_ones_break_runs():
     result = stocfl.run({"algorithm": {"name": "fedavg_like"}, "run": {"rounds": 2}})
     fedavg = stocfl.run({"algorithm": {"name": "fedavg"}, "run": {"rounds": 2}})
     assert result.metrics[-1]["trained"] == 4 and result.summary["accuracy"] == fedavg.summary["accuracy"]
+
+
+class _DropsOne(SequentialExecutor):
+    def run(self, tasks):
+        return super().run(tasks)[:-1]
+
+
+class _ShortBatchedPath(SequentialExecutor):
+    def fast_paths(self):
+        return {**super().fast_paths(), Train: lambda tasks: self.run_reference(Train, tasks)[:-1]}
+
+
+stocfl.register_engine(stocfl.Engine("drops_one", "a faulty engine", executor=lambda f, m, cfg: _DropsOne(f, m)))
+stocfl.register_engine(stocfl.Engine("short_path", "a faulty path", executor=lambda f, m, cfg: _ShortBatchedPath(f, m)))
+
+
+@pytest.mark.parametrize("engine, message", [
+    ("drops_one", r"the executor returned \d+ results for \d+ tasks"),  # was an IndexError
+    ("short_path", r"the Train tasks' batched path returned \d+ results for \d+ tasks"),  # was a client 'dropped'
+])
+def test_an_engine_that_returns_too_few_results_is_one_user_error(engine, message):
+    with pytest.raises(stocfl.UserError, match=message):
+        stocfl.run({"run": {"rounds": 1, "engine": engine}})

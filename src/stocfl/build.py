@@ -96,6 +96,11 @@ def checked(run, fed: Federation):
     def run_checked(tasks):
         out, why = [], {}
         results = run(tasks)
+        if not isinstance(results, (list, tuple)) or len(results) != len(tasks):  # a user's engine or batched path
+            got = f"{len(results)} results" if isinstance(results, (list, tuple)) else f"a {type(results).__name__}"
+            raise UserError(f"the executor returned {got} for {len(tasks)} tasks; an executor (and a task kind's "
+                            f"batched function) returns a list of one result per task, in order")
+        results = list(results)
         for k, t in enumerate(tasks):
             r, results[k] = results[k], None  # a raw result goes once checked: replies can be large (Psi)
             try:

@@ -9,6 +9,7 @@ from typing import Callable
 import torch
 
 from stocfl.devices import federation_on, move
+from stocfl.errors import UserError
 from stocfl.models import FlatModel
 from stocfl.scenarios import Federation
 from stocfl.tasks import ClientData, Evaluate, Evaluated, Result, Task, evaluate_pooled, kind_of
@@ -51,6 +52,9 @@ class Executor:
             if remote:
                 batch = [move(t, self.device, memo) for t in batch]
             results = fast[kind](batch) if kind in fast else self.run_reference(kind, batch)
+            if len(results) != len(batch):  # a user's batched function: its missing results were replies of None
+                raise UserError(f"the {kind.__name__} tasks' batched path returned {len(results)} results for "
+                                f"{len(batch)} tasks; it returns one result per task, in order")
             for k, r in zip(idx, results):
                 out[k] = move(r, cpu) if remote else r
         return out  # type: ignore[return-value]
