@@ -46,6 +46,7 @@ def check_outputs(algorithm) -> None:
 
 
 def check_labels(algorithm) -> np.ndarray:
+    """``cluster_labels()``: a numpy integer array of N, each a cluster id or -1; returned."""
     labels, n = algorithm.cluster_labels(), algorithm.ctx.n_clients
     if not isinstance(labels, np.ndarray) or labels.shape != (n,) or not np.issubdtype(labels.dtype, np.integer) \
             or (labels < -1).any():
@@ -57,6 +58,7 @@ def check_labels(algorithm) -> np.ndarray:
 
 
 def check_client_models(algorithm, clients: list[int], models: Any) -> None:
+    """``client_models(clients)``: one model like w_0 per client asked."""
     like = algorithm.ctx.init_weights
     if not isinstance(models, (list, tuple)) or len(models) != len(clients):
         got = f"{len(models)} models" if isinstance(models, (list, tuple)) else f"a {type(models).__name__}"
