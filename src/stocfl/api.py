@@ -89,16 +89,18 @@ def run(config: Any = None, *, federation: Federation | None = None, model: torc
     cfg = as_config(config)
     if federation is not None and not isinstance(federation, Federation):
         raise UserError(f"federation: expected a stocfl.Federation, got {type(federation).__name__}")
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise UserError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     # a federation replaces [scenario] and a model [model]: a key set there would be ignored without a word
-    for given, what, section, default in ((federation, "a federation", "scenario", config_mod.ScenarioConfig()),
-                                          (model, "a model", "model", config_mod.ModelConfig())):
-        for key, value in getattr(cfg, section).model_dump().items() if given is not None else ():
+    replaced = [(what, section, default) for given, what, section, default in (
+        (federation, "a federation", "scenario", config_mod.ScenarioConfig()),
+        (model, "a model", "model", config_mod.ModelConfig())) if given is not None]
+    for what, section, default in replaced:
+        for key, value in getattr(cfg, section).model_dump().items():
             if key != "data_dir" and value != getattr(default, key):
                 how = " (hold clients out with Federation.from_arrays(..., holdout=...))" if key == "holdout" else ""
                 raise UserError(f"config: {section}.{key} = {value!r} has no effect with {what} given in Python, "
                                 f"which replaces [{section}]; remove it from the config{how}")
-    if model is not None and not isinstance(model, torch.nn.Module):
-        raise UserError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     if loss is not None and not callable(loss):
         raise UserError(f"loss: expected a function loss(logits, y) -> per-sample values, got {type(loss).__name__}")
     if engine_of(cfg.run.engine).launch is not None:

@@ -241,9 +241,10 @@ def _print_summary(summary: dict, out: Path) -> None:
     print(json.dumps({k: summary[k] for k in keys}))
     print(f"results: {out.resolve()}")
     if left := summary.get("eval_left_out"):
+        from stocfl.tasks import id_ranges
+
         print(f"stocfl: note: the accuracies leave out {len(left)} client(s) that failed to answer the last evaluation "
-              f"(clients {','.join(map(str, left[:10]))}{',...' if len(left) > 10 else ''}; eval_left_out in "
-              f"summary.json)", file=sys.stderr)
+              f"(clients {id_ranges(left)}; eval_left_out in summary.json)", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

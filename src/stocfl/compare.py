@@ -145,7 +145,7 @@ def compare(cfg_path, specs: list[str], seeds: list[int], out: Path, overrides: 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     def cell(r, col, pct):
-        m, s, n = r[f"{col}_mean"], r[f"{col}_std"], r.get(f"{col}_n", r["seeds"])
+        m, s, n = r[f"{col}_mean"], r[f"{col}_std"], r[f"{col}_n"]
         if m is None:
             return "n/a"
         fewer = f" (n={n})" if n < r["seeds"] else ""  # a seed without this figure is not in its mean

@@ -14,6 +14,7 @@ Layout of a results directory::
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -205,39 +206,35 @@ class Experiment:
             "config_sha256": self.config_sha256,
             "config_core_sha256": config_digest(self.cfg, core=True),
             "metrics_sha256": self.metrics_chain,
-            "data_sha256": self.given_digests()["data_sha256"],
+            "data_sha256": self.digests["data_sha256"],
             **({"custom_data": True} if self.federation is not None else {}),
-            **({"custom_model": True, "model_sha256": self.given_digests()["model_sha256"]}
+            **({"custom_model": True, "model_sha256": self.digests["model_sha256"]}
                if self.module is not None else {}),
-            **({"custom_loss": True, "loss_probe": self.given_digests()["loss_probe"]}
+            **({"custom_loss": True, "loss_probe": self.digests["loss_probe"]}
                if self.loss is not None else {}),
         })
 
-    def given_digests(self) -> dict[str, str | None]:
+    @functools.cached_property
+    def digests(self) -> dict[str, Any]:
         """What identifies the run's data (built from its config or given in Python), and the
-        model and loss given in Python (computed once): the sha256 of the data, and of the
-        model's parameter names, shapes and initial weights; the loss's values on four samples."""
-        if not hasattr(self, "_given"):
-            model = None
-            if self.module is not None:  # w_0 counts too: StoCFL's Psi and FeSEM's start use it in later rounds
-                h = hashlib.sha256()
-                for k, v in self.module.state_dict().items():
-                    h.update(f"{k} {tuple(v.shape)} {v.dtype};".encode())
-                    h.update(v.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-                model = h.hexdigest()
-            probe = None
-            if self.loss is not None:  # a function has no digest: its values on four train samples at w_0 stand in
-                with torch.no_grad():
-                    x, y = self.fed.x_train[:4], self.fed.y_train[:4]
-                    w0 = self.algorithm.ctx.init_weights
-                    probe = [float(v) for v in self.model.per_sample_loss(self.model.forward(w0, x), y)]
-            self._given = {"data_sha256": self.fed.digest(), "model_sha256": model, "loss_probe": probe}
-        return self._given
+        model and loss given in Python: the sha256 of the data, and of the model's parameter
+        names and shapes with w_0 (StoCFL's Psi and FeSEM's start use w_0 in later rounds); a
+        loss, which has no digest, by its values on four train samples at w_0."""
+        w0 = self.algorithm.ctx.init_weights
+        model = probe = None
+        if self.module is not None:
+            layout = [(k, tuple(v.shape), str(v.dtype)) for k, v in self.module.state_dict().items()]
+            model = hashlib.sha256(repr(layout).encode() + w0.detach().cpu().numpy().tobytes()).hexdigest()
+        if self.loss is not None:
+            with torch.no_grad():
+                x, y = self.fed.x_train[:4], self.fed.y_train[:4]
+                probe = [float(v) for v in self.model.per_sample_loss(self.model.forward(w0, x), y)]
+        return {"data_sha256": self.fed.digest(), "model_sha256": model, "loss_probe": probe}
 
     def check_given(self, meta: dict[str, Any]) -> None:
         """A run continues only on the data it started on, and on the model and loss it was
         given in Python (checkpoints written before these digests are taken as they are)."""
-        mine = self.given_digests()
+        mine = self.digests
         if meta.get("data_sha256") not in (None, mine["data_sha256"]):
             if self.federation is not None:
                 raise UserError(f"{self.out}: the federation given is not the one the run started on (its data, clients "
