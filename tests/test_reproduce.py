@@ -236,6 +236,7 @@ def test_a_recorded_run_that_fails_when_run_again_stays_recorded(tmp_path, data_
                                                   'set = ["algorithm.name=fedavg", "scenario.dataset=mnist"]'))
     first = reproduce("tiny", root=root, progress=False, log=lambda m: None, data_dir=str(data_dir))
     shutil.rmtree(root / "runs")
+    (tmp_path / "no-data").mkdir()  # a directory, so the run starts, without MNIST's files, so it fails
     with pytest.raises(UserError, match=r"1 run\(s\) failed"):  # run again where the data are not
         reproduce("tiny", root=root, progress=False, log=lambda m: None, rows="1", rerun=True,
                   data_dir=str(tmp_path / "no-data"))
@@ -660,3 +661,55 @@ def test_the_compare_table_says_when_a_figure_covers_fewer_seeds_or_clients():
     md = markdown([row])
     assert "| x | 2 | 50.00 +- 10.00 (n=1) | 50.00 +- 10.00 |" in md
     assert "x: in 1 of its runs, clients that failed to answer the last evaluation are left out" in md
+
+
+def test_rows_whose_data_this_call_lacks_are_refused_before_anything_runs(tmp_path, monkeypatch):
+    from stocfl import data
+
+    monkeypatch.delenv("STOCFL_DATA_DIR", raising=False)
+    monkeypatch.setitem(data.DATASETS, "kept_elsewhere", (lambda d: data.load_dataset("digits"), True, False))
+    root = tiny_root(tmp_path)
+    (root / "tiny.toml").write_text(TABLE.replace('"algorithm.name=stocfl"',
+                                                  '"algorithm.name=stocfl", "scenario.dataset=kept_elsewhere"'))
+    for given, says in ((None, "data set 'kept_elsewhere' needs a data directory"),
+                        (str(tmp_path / "gone"), "data directory .*gone does not exist")):
+        with pytest.raises(UserError, match=rf"^reproduce tiny: row\(s\) 2 cannot run: {says}.*; nothing was run$"):
+            reproduce("tiny", root=root, data_dir=given, progress=False, log=lambda m: None)
+        assert not (root / "tiny.json").exists() and not (root / "runs").exists()
+    doc = reproduce("tiny", root=root, rows="1", progress=False, log=lambda m: None)  # row 1 needs none
+    assert [r["status"] for r in doc["rows"]] == ["done", "not run"]
+    (tmp_path / "data").mkdir()
+    doc = reproduce("tiny", root=root, data_dir=str(tmp_path / "data"), progress=False, log=lambda m: None)
+    assert [r["status"] for r in doc["rows"]] == ["done", "done"]
+    assert reproduce("tiny", root=root, progress=False, log=lambda m: None) == doc  # finished runs need no data
+
+
+def test_a_run_another_process_holds_is_left_to_it_not_marked_failed(tmp_path):
+    import subprocess
+    import sys
+
+    root = tiny_root(tmp_path)
+    run_dir = root / "runs" / "tiny" / "stocfl-seed0"
+    run_dir.mkdir(parents=True)
+    hold = ("import sys, time; from pathlib import Path; from stocfl.files import exclusive\n"
+            f"with exclusive(Path({str(run_dir)!r})):\n    print('held', flush=True); time.sleep(120)")
+    other = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        said = []
+        doc = reproduce("tiny", root=root, progress=False, log=said.append)
+    finally:
+        other.kill()
+        other.wait()
+    assert [r["status"] for r in doc["rows"]] == ["done", f"running seed 0 (pid {other.pid})"]
+    assert said[-1] == f"reproduce tiny: StoCFL, seed 0: another process (pid {other.pid}) is running it; left to it"
+    assert [r["status"] for r in reproduce("tiny", root=root, progress=False, log=lambda m: None)["rows"]] == \
+        ["done", "done"]
+
+
+def test_the_command_line_refuses_empty_seeds_and_a_table_beside_list(capsys):
+    # never a real table here: a regression would run it in the repository
+    assert main(["reproduce", "no-such-table", "--seeds", ""]) == 2
+    assert "--seeds '': expected comma-separated integers" in capsys.readouterr().err
+    assert main(["reproduce", "--list", "no-such-table"]) == 2
+    assert "drop 'no-such-table', or drop --list" in capsys.readouterr().err

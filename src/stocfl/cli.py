@@ -221,11 +221,13 @@ def _reproduce(args) -> int:
     from stocfl.reproduce import listing, reproduce, table_files
 
     if args.list:
+        if args.table:
+            raise UserError(f"reproduce --list lists every table; drop {args.table!r}, or drop --list to run it")
         print(listing())
         return 0
     if not args.table:
         raise UserError("reproduce: name a table (stocfl reproduce --list shows them)")
-    seeds = _seeds(args.seeds) if args.seeds else None
+    seeds = _seeds(args.seeds) if args.seeds is not None else None
     reproduce(args.table, seeds, args.quick, args.data_dir, Path(args.runs) if args.runs else None,
               progress=not args.quiet, log=lambda m: print(m, file=sys.stderr, flush=True), report_only=args.report,
               rows=args.rows, rerun=args.rerun)

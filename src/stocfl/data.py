@@ -83,21 +83,28 @@ def register_dataset(name: str, loader: Callable[[Path | None], Any], needs_data
 def load_dataset(name: str, data_dir: str | os.PathLike | None = None) -> Dataset:
     """Load a data set by name (digits, mnist, fashion_mnist, cifar10, femnist, or one
     registered with :func:`register_dataset`)."""
-    if name not in DATASETS:
-        raise UserError(f"config: scenario.dataset: unknown data set {name!r}; choose one of {', '.join(DATASETS)}")
-    loader, needs_dir, builtin = DATASETS[name]
-    root = resolve_data_dir(data_dir)
-    if needs_dir:
-        if root is None:
-            where = f" (expected layout: DIR/{LAYOUT[name]})" if name in LAYOUT else ""
-            raise UserError(f"data set {name!r} needs a data directory: pass --data-dir DIR or set "
-                            f"STOCFL_DATA_DIR{where}; 'digits' needs none")
-        if not root.is_dir():
-            what = "is a file, not a directory" if root.exists() else "does not exist"
-            raise UserError(f"data directory {root} {what}; pass --data-dir DIR or set STOCFL_DATA_DIR")
-        root = root.resolve()
+    root = data_root(name, data_dir)
+    loader, _, builtin = DATASETS[name]
     out = loader(root)
     return out if builtin else as_dataset(name, out)
+
+
+def data_root(name: str, data_dir: str | os.PathLike | None = None) -> Path | None:
+    """The resolved directory data set ``name`` is read from: None for one that needs none; a
+    :class:`UserError` when it needs one and none is given, or the one given is no directory."""
+    if name not in DATASETS:
+        raise UserError(f"config: scenario.dataset: unknown data set {name!r}; choose one of {', '.join(DATASETS)}")
+    root = resolve_data_dir(data_dir)
+    if not DATASETS[name][1]:
+        return root
+    if root is None:
+        where = f" (expected layout: DIR/{LAYOUT[name]})" if name in LAYOUT else ""
+        raise UserError(f"data set {name!r} needs a data directory: pass --data-dir DIR or set "
+                        f"STOCFL_DATA_DIR{where}; 'digits' needs none")
+    if not root.is_dir():
+        what = "is a file, not a directory" if root.exists() else "does not exist"
+        raise UserError(f"data directory {root} {what}; pass --data-dir DIR or set STOCFL_DATA_DIR")
+    return root.resolve()
 
 
 def as_dataset(name: str, data: Any) -> Dataset:

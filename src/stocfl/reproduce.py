@@ -544,6 +544,10 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
     def run_dir_of(row_name: str, s: int) -> Path:
         return runs / f"{stems[row_name]}-seed{s}{suffix}"
 
+    if not report_only:  # a run that would fail for want of its data fails before any other runs
+        _check_data(table, chosen, seeds_of, config_of, data_dir, lambda row, s: (
+            finished_summary(run_dir_of(row.name, s)) is None and (rerun or (row.name, s) not in recorded)))
+
     def idle(row: Row) -> str:
         """A row no process runs: stopped part-way, or not run."""
         for s in seeds_of(row):
@@ -591,6 +595,10 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
             if summary is None and not runs_here:
                 done = _done_rounds(run_dir)
                 row_idle = f"stopped at round {done}" if done else "not run"
+                continue
+            if runs_here and (pid := holder(run_dir)) not in (None, os.getpid()):
+                row_idle = f"running seed {s} (pid {pid})"
+                log(f"reproduce {name}: {row.name}, seed {s}: another process (pid {pid}) is running it; left to it")
                 continue
             if runs_here:  # a finished run is reused, a stopped one resumed
                 log(f"reproduce {name}: {row.name}, seed {s} -> {run_dir}")
@@ -686,6 +694,27 @@ def recorded_runs(table: Table, path: Path, config_of: Callable[[Row, int], conf
             rec["ari"] = entry["ari"][0]
         found[(row.name, seeds[0])] = rec
     return found
+
+
+def _check_data(table: Table, chosen: set[str], seeds_of: Callable[[Row], list[int]],
+                config_of: Callable[[Row, int], config.Config], data_dir: str | None,
+                to_run: Callable[[Row, int], bool]) -> None:
+    """One line for the chosen rows whose runs need a data directory this call lacks (none
+    given, or not a directory), naming them by number, before anything runs."""
+    from stocfl.data import data_root
+    from stocfl.tasks import id_ranges
+
+    lacking: dict[str, list[int]] = {}
+    for n, row in enumerate(table.rows, 1):
+        for s in [s for s in seeds_of(row) if to_run(row, s)] if row.name in chosen else []:
+            cfg = config_of(row, s)
+            try:
+                data_root(cfg.scenario.dataset, cfg.scenario.data_dir or data_dir)
+            except UserError as err:
+                lacking.setdefault(str(err), []).append(n)
+                break
+    for why, numbers in lacking.items():
+        raise UserError(f"reproduce {table.name}: row(s) {id_ranges(numbers)} cannot run: {why}; nothing was run")
 
 
 def select_rows(table: Table, rows: str | None) -> set[str]:
