@@ -247,6 +247,57 @@ def test_a_recorded_run_that_fails_when_run_again_stays_recorded(tmp_path, data_
         [(r["ours"], r["runs"], "done") for r in first["rows"]]
 
 
+def test_a_stopped_runs_progress_is_recorded_and_outlives_its_run_directory(tmp_path):
+    import shutil
+
+    whole = reproduce("tiny", root=tiny_root(tmp_path / "a"), progress=False, log=lambda m: None)
+    root = tiny_root(tmp_path / "b")
+    cfg = config.load(root.parent / "configs" / "tiny.toml", [*load_table("tiny", root).rows[1].overrides,
+                                                               "run.seed=0", "run.rounds=1"])
+    run_dir = root / "runs" / "tiny" / "stocfl-seed0"
+    Experiment.create(cfg, run_dir).run(progress=False)  # a run of 1 round evaluates it ...
+    (run_dir / "config.toml").write_text((run_dir / "config.toml").read_text().replace("rounds = 1", "rounds = 2"))
+    (run_dir / "summary.json").unlink()  # ... and, its config asking 2, stopped there
+    acc = json.loads((run_dir / "metrics.jsonl").read_text())["accuracy"]
+    said = f"stopped at round 1 of 2; accuracy {100 * acc:.2f} at round 1"
+    row = reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)["rows"][1]
+    assert row["status"] == said and row["ours"] == {}
+    assert [{k: p[k] for k in ("seed", "rounds_done", "rounds", "measured_at", "accuracy", "curves")}
+            for p in row["progress"]] == [{"seed": 0, "rounds_done": 1, "rounds": 2, "measured_at": 1,
+                                           "accuracy": acc, "curves": {"accuracy": [[1], [acc]]}}]
+    assert f"| {said} |" in (root / "tiny.md").read_text()
+    fig = draw_curves(load_table("tiny", root), {}, {"StoCFL": row["progress"]})
+    dashed = [line for line in fig.axes[0].lines if line.get_linestyle() == "--"]
+    assert [(line.get_label(), list(line.get_ydata())) for line in dashed] == \
+        [("StoCFL (unfinished: seed 0, round 1 of 2)", [pytest.approx(100 * acc)])]
+    assert (root / "tiny.png").exists()  # drawn with it, though no run has finished
+    shutil.rmtree(root / "runs")  # the machine that ran it is gone; its table is committed
+    row = reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)["rows"][1]
+    assert row["status"] == f"{said} ({row['progress'][0]['date']}; its run directory is not here: it runs again " \
+                            f"from round 1)"
+    assert listing(root).endswith("; 0 of 2 rows done, 1 stopped)")
+    again = reproduce("tiny", root=root, progress=False, log=lambda m: None)
+    assert "progress" not in again["rows"][1] and [r["status"] for r in again["rows"]] == ["done", "done"]
+    assert [r["ours"] for r in again["rows"]] == [r["ours"] for r in whole["rows"]]
+    assert "progress" not in json.loads((root / "tiny.json").read_text())["rows"][1]
+
+
+def test_recorded_progress_of_another_config_is_not_shown(tmp_path):
+    root = tiny_root(tmp_path)
+    run_dir = root / "runs" / "tiny" / "fedavg-seed0"
+    cfg = config.load(root.parent / "configs" / "tiny.toml", [*load_table("tiny", root).rows[0].overrides, "run.seed=0"])
+    Experiment.create(cfg, run_dir).run(progress=False, stop_after=1)
+    row = reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)["rows"][0]
+    assert row["status"].startswith("stopped at round 1 of 2") and row["progress"][0]["rounds_done"] == 1
+    import shutil
+
+    shutil.rmtree(root / "runs")
+    conf = root.parent / "configs" / "tiny.toml"
+    conf.write_text(conf.read_text() + "[train]\nlr = 0.2\n")  # the row's config changed since
+    row = reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)["rows"][0]
+    assert row["status"] == "not run" and "progress" not in row
+
+
 def test_a_row_that_cannot_run_here_is_marked_and_the_others_still_run(tmp_path):
     root = tiny_root(tmp_path)
     (root / "tiny.toml").write_text(TABLE.replace('set = ["algorithm.name=fedavg"]',
@@ -265,7 +316,8 @@ def test_a_stopped_reproduction_resumes_to_the_numbers_of_one_in_one_go(tmp_path
     cfg = config.load(table.config, [*table.rows[1].overrides, "run.seed=0"])
     Experiment.create(cfg, root / "runs" / "tiny" / "stocfl-seed0").run(progress=False, stop_after=1)  # a kill
     report = reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)
-    assert [r["status"] for r in report["rows"]] == ["not run", "stopped at round 1"]
+    assert report["rows"][0]["status"] == "not run"
+    assert re.fullmatch(r"stopped at round 1 of 2; accuracy \d+\.\d\d at round 1", report["rows"][1]["status"])
     assert listing(root).endswith("; 0 of 2 rows done, 1 stopped)")
     assert not (root / "runs" / "tiny" / "fedavg-seed0").exists()  # nothing ran
     resumed = reproduce("tiny", root=root, progress=False, log=lambda m: None)

@@ -14,7 +14,9 @@ run of another config is refused. ``TABLE.md`` and ``TABLE.json`` are rewritten 
 run, so what has finished is on disk while the rest runs. ``TABLE.json`` records each finished
 run (its figures, its curves and its config's digest), and a run recorded there for the config
 asked is reused when its directory is gone (a fresh clone): the run directories are never
-committed, the tables are.
+committed, the tables are. An unfinished run's progress (its rounds, its measure at the last
+round that evaluated it, its curves so far) is recorded too, so a table still says how far a run
+got, and what it measured there, once its directory is gone with the machine that ran it.
 """
 
 from __future__ import annotations
@@ -205,12 +207,15 @@ def _cell(stats: dict[str, Any]) -> str:
 
 def write_table(table: Table, results: dict[str, list[dict[str, Any]]], status: dict[str, str], seeds: list[int],
                 quick: bool, out_md: Path, out_json: Path, per_row: bool = False,
-                kept: dict[tuple[str, int], dict[str, Any]] | None = None) -> dict[str, Any]:
+                kept: dict[tuple[str, int], dict[str, Any]] | None = None,
+                progress: dict[tuple[str, int], dict[str, Any]] | None = None) -> dict[str, Any]:
     """TABLE.json and TABLE.md from the runs finished so far; ``per_row``: the rows that declare
     their own seeds ran those (no --seeds was given). ``kept``: recorded runs of seeds this table
     does not show, written on as each row's ``other_runs`` so that a later call (or a fresh
-    clone) reuses them."""
+    clone) reuses them. ``progress``: how far the unfinished runs got (see :func:`run_progress`),
+    written as each row's ``progress``; a seed with a finished run has none."""
     rows = []
+    finished = {(name, r["seed"]) for name, runs_ in results.items() for r in runs_} | set(kept or {})
     for row in table.rows:
         runs = results.get(row.name, [])
         ours = _stats([r[row.metric] for r in runs if r.get(row.metric) is not None], METRICS[row.metric][1])
@@ -225,6 +230,10 @@ def write_table(table: Table, results: dict[str, list[dict[str, Any]]], status: 
         other = sorted((rec for (name, _), rec in (kept or {}).items() if name == row.name), key=lambda r: r["seed"])
         if other:
             entry["other_runs"] = other
+        going = sorted((p for (name, s), p in (progress or {}).items()
+                        if name == row.name and (name, s) not in finished), key=lambda p: p["seed"])
+        if going:
+            entry["progress"] = going
         rows.append(entry)
     own = [r for r in table.rows if r.seeds is not None] if per_row else []
     command = f"stocfl reproduce {table.name}" + ("" if own else f" --seeds {','.join(map(str, seeds))}") + \
@@ -301,11 +310,75 @@ def _finished(run_dir: Path) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime((run_dir / "summary.json").stat().st_mtime))
 
 
-def _done_rounds(run_dir: Path) -> int:
+def run_progress(table: Table, row: Row, run_dir: Path, cfg: config.Config, seed: int,
+                 data_dir: str | None) -> dict[str, Any] | None:
+    """How far the unfinished run of ``row`` at ``seed`` in ``run_dir`` got: its rounds done of
+    its config's, the row's measure at the last round that evaluated it (``measured_at``), its
+    curves so far, the day of its last round and its config's digest. None when it has done no
+    round, or the directory holds a run of another config."""
+    from stocfl import report
+
+    done = report.read_jsonl(run_dir / "metrics.jsonl")
+    if not done:
+        return None
+    digest = config_digest(cfg)
     try:
-        return len((run_dir / "metrics.jsonl").read_text().splitlines())
-    except OSError:
-        return 0
+        if config_digest(config.validate(read_config(run_dir, data_dir))) != digest:
+            return None
+    except UserError:
+        return None
+    evaluated = [r for r in done if r.get(row.metric) is not None]
+    day = time.strftime("%Y-%m-%d", time.gmtime((run_dir / "metrics.jsonl").stat().st_mtime))
+    return {"seed": seed, "rounds_done": len(done), "rounds": cfg.run.rounds,
+            "measured_at": evaluated[-1]["round"] if evaluated else None,
+            row.metric: float(evaluated[-1][row.metric]) if evaluated else None,
+            "date": day, "digest": digest, "curves": run_curves(table, run_dir)}
+
+
+def progress_text(row: Row, p: dict[str, Any], here: bool) -> str:
+    """An unfinished run's progress in words: "stopped at round 160 of 200; accuracy 58.55 at
+    round 160", and where its directory is gone, that it runs again from round 1."""
+    text = f"round {p['rounds_done']} of {p['rounds']}"
+    if p.get("measured_at") is not None and p.get(row.metric) is not None:
+        text += f"; {row.metric} {p[row.metric] * METRICS[row.metric][1]:.2f} at round {p['measured_at']}"
+    if not here:
+        text += f" ({p['date']}; its run directory is not here: it runs again from round 1)"
+    return text
+
+
+def _written(table: Table, path: Path, quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The table's JSON at ``path`` and its rows by name; nothing where it is unreadable or of
+    another table (or of the other of --quick and the paper's setting)."""
+    try:
+        doc = json.loads(path.read_text())
+        entries = {e["name"]: e for e in doc["rows"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}, {}
+    if doc.get("table") != table.name or bool(doc.get("quick")) != quick:
+        return {}, {}
+    return doc, entries
+
+
+def recorded_progress(table: Table, path: Path, config_of: Callable[[Row, int], config.Config],
+                      quick: bool) -> dict[tuple[str, int], dict[str, Any]]:
+    """The unfinished runs' progress ``path`` (the table's JSON) records, by (row, seed), where
+    it is of the row's config at that seed."""
+    _, entries = _written(table, path, quick)
+    found = {}
+    for row in table.rows:
+        entry = entries.get(row.name)
+        if not isinstance(entry, dict) or entry.get("set") != list(row.overrides):
+            continue
+        for p in entry.get("progress") or []:
+            seed = p.get("seed") if isinstance(p, dict) else None
+            if not isinstance(seed, int) or isinstance(seed, bool) or not isinstance(p.get("rounds_done"), int):
+                continue
+            try:
+                if p.get("digest") == config_digest(config_of(row, seed)):
+                    found[(row.name, seed)] = p
+            except UserError:
+                continue
+    return found
 
 
 def table_files(name: str, quick: bool = False, root: Path = ROOT) -> tuple[Path, Path, Path]:
@@ -372,24 +445,27 @@ def _style(n: int) -> tuple[str, str]:
     return f"C{n % 10}", "os^Dv<>pPX"[(n + n // 10) % 10]
 
 
-def plot_curves(table: Table, finished: dict[str, list[dict[str, Any]]], path: Path) -> None:
+def plot_curves(table: Table, finished: dict[str, list[dict[str, Any]]], path: Path,
+                unfinished: dict[str, list[dict[str, Any]]] | None = None) -> None:
     """Draw the table's figure (``draw_curves``) into ``path``, grown to hold its legend."""
     import matplotlib.pyplot as plt
 
     from stocfl.files import save_figure
 
-    fig = draw_curves(table, finished)
+    fig = draw_curves(table, finished, unfinished)
     save_figure(fig, path, tight=True)
     plt.close(fig)
 
 
-def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]]):
+def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]],
+                unfinished: dict[str, list[dict[str, Any]]] | None = None):
     """Each row's measure per round, mean over its finished seeds, with the paper's number
     starred in the same colour at the last round (StoCFL Fig. 5; clusters and the clustering
     objective per round, Fig. 3 b); a sweep table draws the final measure against the swept
     value instead (Fig. 8: tau against the clusters found). A run that several rows read (FL+HC's
     post cluster and round 50) is drawn once, with each row's star. A run recorded before tables
-    kept curves is drawn as its final value alone."""
+    kept curves is drawn as its final value alone. A row with no finished run draws the furthest
+    of its ``unfinished`` runs' curves so far (their progress records), dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -423,6 +499,16 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]]):
                 continue
             curves = [_series(r, key) for r in records]
             curves = [c for c in curves if c[0] and c[0] == curves[0][0]]
+            going = [(p, _series(p, key)) for p in (unfinished or {}).get(row.name, []) if _series(p, key)[0]]
+            if not records and going:
+                p, (rounds, values) = max(going, key=lambda g: g[1][0][-1])
+                colour, marker = _style(n)
+                ax.plot(rounds, scale * np.asarray(values), color=colour, marker=marker, ms=4, mfc="none", ls="--",
+                        markevery=max(1, len(rounds) // 25),
+                        label=f"{row.name} (unfinished: seed {p['seed']}, round {p['rounds_done']} of {p['rounds']})")
+                if paper is not None:
+                    ax.plot([p["rounds"]], [paper], color=colour, marker="*", ms=11, ls="", mec="k", mew=0.5)
+                continue
             if not curves:
                 if finals and panel != "objective" and row.at_round is None:
                     colour, marker = _style(n)
@@ -533,6 +619,7 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
     doc: dict[str, Any] = {}
     shared: dict[tuple[str, ...], str] = {}  # rows of one config share its runs (a table's Global column)
     recorded = recorded_runs(table, out_json, config_of, quick)  # every seed's, not only those asked
+    partial = recorded_progress(table, out_json, config_of, quick)  # unfinished runs', their directories here or not
     for row in table.rows:  # the tables written while the first rows run keep what the later rows recorded
         done = [recorded[(row.name, s)] for s in seeds_of(row) if (row.name, s) in recorded]
         if done:
@@ -548,11 +635,23 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
         _check_data(table, chosen, seeds_of, config_of, data_dir, lambda row, s: (
             finished_summary(run_dir_of(row.name, s)) is None and (rerun or (row.name, s) not in recorded)))
 
+    def unfinished(row: Row, s: int, pid: int | None = None) -> str:
+        """A seed's unfinished run in words, its progress read again from its directory (the
+        table's record of it kept where the directory is gone): run by ``pid``, stopped part-way,
+        or not run."""
+        here = run_progress(table, row, run_dir_of(row.name, s), config_of(row, s), s, data_dir)
+        if here is not None:
+            partial[(row.name, s)] = here
+        p = partial.get((row.name, s))
+        if pid is not None:
+            return f"running seed {s} (pid {pid})" + (f": {progress_text(row, here, True)}" if here else "")
+        return f"stopped at {progress_text(row, p, here is not None)}" if p else "not run"
+
     def idle(row: Row) -> str:
         """A row no process runs: stopped part-way, or not run."""
         for s in seeds_of(row):
-            if (row.name, s) not in recorded and (k := _done_rounds(run_dir_of(row.name, s))):
-                return f"stopped at round {k}"
+            if (row.name, s) not in recorded and (word := unfinished(row, s)) != "not run":
+                return word
         return "not run"
 
     def write(current: str | None) -> dict[str, Any]:
@@ -568,14 +667,15 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
                 if len(done) > len(results.get(other.name, [])):
                     results[other.name] = done
                 held = [(s, pid) for s in seeds_of(other) if (pid := holder(run_dir_of(other.name, s)))]
-                status[other.name] = partly(other, len(done), f"running seed {held[0][0]} (pid {held[0][1]})"
-                                            if held else idle(other))
+                status[other.name] = partly(other, len(done), unfinished(other, *held[0]) if held else idle(other))
+            for key, p in recorded_progress(table, out_json, config_of, quick).items():
+                partial.setdefault(key, p)  # recorded by another process, from a directory not here
             # a recorded run this view does not show (another seed, or one run again that failed
             # or has not finished) stays recorded until a finished run of its seed replaces it
             shown = {(row_name, r["seed"]) for row_name, runs_ in results.items() for r in runs_}
             kept = {key: rec for key, rec in recorded.items() if key not in shown}
             return write_table(table, results, status, seeds, quick, out_md, out_json, per_row=asked is None,
-                               kept=kept)
+                               kept=kept, progress=partial)
 
     failed: list[str] = []
     for row in table.rows:
@@ -584,7 +684,7 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
         results.pop(row.name, None)
         for s in seeds_of(row):
             if runs_here:
-                status[row.name] = f"running seed {s} (pid {os.getpid()})"
+                status[row.name] = unfinished(row, s, os.getpid())
                 doc = write(row.name)
             run_dir = run_dir_of(row.name, s)
             summary = finished_summary(run_dir)
@@ -593,11 +693,10 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
                 results.setdefault(row.name, []).append(recorded[(row.name, s)])
                 continue
             if summary is None and not runs_here:
-                done = _done_rounds(run_dir)
-                row_idle = f"stopped at round {done}" if done else "not run"
+                row_idle = row_idle if row_idle not in ("", "not run") else unfinished(row, s)
                 continue
             if runs_here and (pid := holder(run_dir)) not in (None, os.getpid()):
-                row_idle = f"running seed {s} (pid {pid})"
+                row_idle = unfinished(row, s, pid)
                 log(f"reproduce {name}: {row.name}, seed {s}: another process (pid {pid}) is running it; left to it")
                 continue
             if runs_here:  # a finished run is reused, a stopped one resumed
@@ -605,6 +704,7 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
                 try:
                     summary = run_or_reuse(configs[(row.name, s)], run_dir, data_dir, progress)
                 except UserError as err:  # this row cannot run here (data we lack): the others still can
+                    unfinished(row, s)  # how far it got stays recorded
                     row_failed = f"failed: {err}"
                     failed.append(f"{row.name}, seed {s}: {err}")
                     log(f"reproduce {name}: {row.name}, seed {s} failed: {err}")
@@ -628,12 +728,14 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
                           digest=config_digest(config.validate(read_config(run_dir, data_dir))),
                           curves=run_curves(table, run_dir))
             results.setdefault(row.name, []).append(result)
-        if any(r.get("curves") for runs_ in results.values() for r in runs_):  # else the PNG drawn with them stays
-            plot_curves(table, results, out_png)
+            partial.pop((row.name, s), None)
         status[row.name] = row_failed or partly(row, len(results.get(row.name, [])), row_idle or "done")
         if left := sum(r.get("eval_left_out", 0) for r in results.get(row.name, [])):
             status[row.name] += f" ({left} client(s) failed to answer the final evaluation: left out of its figures)"
         doc = write(row.name if runs_here else None)
+        going = {e["name"]: e["progress"] for e in doc["rows"] if e.get("progress")}
+        if any(r.get("curves") for runs_ in [*results.values(), *going.values()] for r in runs_):
+            plot_curves(table, results, out_png, going)  # else the PNG drawn with them stays
     if failed:
         raise UserError(f"reproduce {name}: {len(failed)} run(s) failed, the table holds the rest ({out_md}); "
                         f"first: {failed[0]}")
@@ -648,13 +750,7 @@ def recorded_runs(table: Table, path: Path, config_of: Callable[[Row, int], conf
     written before runs were recorded hold each row's mean over seeds; a row finished with one
     seed and the same overrides is read from it, its config file trusted unchanged, and kept
     with that config's digest from then on."""
-    try:
-        doc = json.loads(path.read_text())
-        entries = {e["name"]: e for e in doc["rows"]}
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
-    if doc.get("table") != table.name or bool(doc.get("quick")) != quick:
-        return {}
+    doc, entries = _written(table, path, quick)
     found: dict[tuple[str, int], dict[str, Any]] = {}
 
     def config_at(row: Row, seed: Any) -> config.Config | None:
