@@ -21,6 +21,7 @@ got, and what it measured there, once its directory is gone with the machine tha
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -332,7 +333,7 @@ def run_progress(table: Table, row: Row, run_dir: Path, cfg: config.Config, seed
     return {"seed": seed, "rounds_done": len(done), "rounds": cfg.run.rounds,
             "measured_at": evaluated[-1]["round"] if evaluated else None,
             row.metric: float(evaluated[-1][row.metric]) if evaluated else None,
-            "date": day, "digest": digest, "curves": run_curves(table, run_dir)}
+            "date": day, "digest": digest, "curves": run_curves(table, run_dir, done)}
 
 
 def progress_text(row: Row, p: dict[str, Any], here: bool) -> str:
@@ -359,25 +360,30 @@ def _written(table: Table, path: Path, quick: bool) -> tuple[dict[str, Any], dic
     return doc, entries
 
 
-def recorded_progress(table: Table, path: Path, config_of: Callable[[Row, int], config.Config],
-                      quick: bool) -> dict[tuple[str, int], dict[str, Any]]:
-    """The unfinished runs' progress ``path`` (the table's JSON) records, by (row, seed), where
-    it is of the row's config at that seed."""
-    _, entries = _written(table, path, quick)
+def _config_at(config_of: Callable[[Row, int], config.Config], row: Row, seed: Any) -> config.Config | None:
+    """The row's config at a recorded seed; None for a value no config takes."""
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        return None
+    try:
+        return config_of(row, seed)
+    except UserError:
+        return None
+
+
+def recorded_progress(table: Table, written: tuple[dict[str, Any], dict[str, Any]],
+                      config_of: Callable[[Row, int], config.Config]) -> dict[tuple[str, int], dict[str, Any]]:
+    """The unfinished runs' progress the table's JSON (``written``, from :func:`_written`)
+    records, by (row, seed), where it is of the row's config at that seed."""
+    _, entries = written
     found = {}
     for row in table.rows:
         entry = entries.get(row.name)
         if not isinstance(entry, dict) or entry.get("set") != list(row.overrides):
             continue
         for p in entry.get("progress") or []:
-            seed = p.get("seed") if isinstance(p, dict) else None
-            if not isinstance(seed, int) or isinstance(seed, bool) or not isinstance(p.get("rounds_done"), int):
-                continue
-            try:
-                if p.get("digest") == config_digest(config_of(row, seed)):
-                    found[(row.name, seed)] = p
-            except UserError:
-                continue
+            cfg = _config_at(config_of, row, p.get("seed")) if isinstance(p, dict) else None
+            if cfg is not None and isinstance(p.get("rounds_done"), int) and p.get("digest") == config_digest(cfg):
+                found[(row.name, p["seed"])] = p
     return found
 
 
@@ -410,11 +416,12 @@ def _curve_keys(table: Table) -> list[str]:
     return [*keys, "objective"] if "objective" in _panels(table) else keys
 
 
-def run_curves(table: Table, run_dir: Path) -> dict[str, list[list[float]]]:
-    """The measures the table draws, per round of one run: ``{key: [rounds, values]}``."""
+def run_curves(table: Table, run_dir: Path, rows: list[dict[str, Any]] | None = None) -> dict[str, list[list[float]]]:
+    """The measures the table draws, per round of one run: ``{key: [rounds, values]}``, from
+    its ``metrics.jsonl`` (or its ``rows``, read already)."""
     from stocfl import report
 
-    rows = report.read_jsonl(run_dir / "metrics.jsonl")
+    rows = report.read_jsonl(run_dir / "metrics.jsonl") if rows is None else rows
     curves = {}
     for key in _curve_keys(table):
         kept = [r for r in rows if r.get(key) is not None]
@@ -618,8 +625,9 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
     status: dict[str, str] = {}
     doc: dict[str, Any] = {}
     shared: dict[tuple[str, ...], str] = {}  # rows of one config share its runs (a table's Global column)
-    recorded = recorded_runs(table, out_json, config_of, quick)  # every seed's, not only those asked
-    partial = recorded_progress(table, out_json, config_of, quick)  # unfinished runs', their directories here or not
+    written = _written(table, out_json, quick)
+    recorded = recorded_runs(table, written, config_of)  # every seed's, not only those asked
+    partial = recorded_progress(table, written, config_of)  # unfinished runs', their directories here or not
     for row in table.rows:  # the tables written while the first rows run keep what the later rows recorded
         done = [recorded[(row.name, s)] for s in seeds_of(row) if (row.name, s) in recorded]
         if done:
@@ -659,7 +667,8 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
         merged and written under the table's lock, so no process writes back a stale view. A
         row another process is running says so (its run directory's lock names the pid)."""
         with exclusive(root, wait=True, lock=f".{out_json.stem}.lock"):
-            recorded.update(recorded_runs(table, out_json, config_of, quick))
+            written = _written(table, out_json, quick)
+            recorded.update(recorded_runs(table, written, config_of))
             for other in table.rows:
                 if other.name == current or status.get(other.name, "").startswith(("done", "failed")):
                     continue
@@ -668,7 +677,7 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
                     results[other.name] = done
                 held = [(s, pid) for s in seeds_of(other) if (pid := holder(run_dir_of(other.name, s)))]
                 status[other.name] = partly(other, len(done), unfinished(other, *held[0]) if held else idle(other))
-            for key, p in recorded_progress(table, out_json, config_of, quick).items():
+            for key, p in recorded_progress(table, written, config_of).items():
                 partial.setdefault(key, p)  # recorded by another process, from a directory not here
             # a recorded run this view does not show (another seed, or one run again that failed
             # or has not finished) stays recorded until a finished run of its seed replaces it
@@ -742,25 +751,17 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
     return doc
 
 
-def recorded_runs(table: Table, path: Path, config_of: Callable[[Row, int], config.Config],
-                  quick: bool) -> dict[tuple[str, int], dict[str, Any]]:
-    """The runs ``path`` (the table's JSON) records as finished, by (row, seed), whichever seeds
+def recorded_runs(table: Table, written: tuple[dict[str, Any], dict[str, Any]],
+                  config_of: Callable[[Row, int], config.Config]) -> dict[tuple[str, int], dict[str, Any]]:
+    """The runs the table's JSON (``written``, from :func:`_written`) records as finished, by (row, seed), whichever seeds
     the call that wrote it showed (``other_runs`` keeps the rest). A run is reused only when its
     digest is that of the row's config at its seed (``config_of``). Tables
     written before runs were recorded hold each row's mean over seeds; a row finished with one
     seed and the same overrides is read from it, its config file trusted unchanged, and kept
     with that config's digest from then on."""
-    doc, entries = _written(table, path, quick)
+    doc, entries = written
     found: dict[tuple[str, int], dict[str, Any]] = {}
-
-    def config_at(row: Row, seed: Any) -> config.Config | None:
-        """The row's config at a recorded seed; None for a value no config takes."""
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            return None
-        try:
-            return config_of(row, seed)
-        except UserError:
-            return None
+    config_at = functools.partial(_config_at, config_of)
 
     threads = re.search(r"(\d+) torch thread", str(doc.get("machine", "")))
     written = str(doc.get("date") or "").split(" to ")[-1] or None  # the (last) day the table was written
