@@ -753,9 +753,9 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
 
 def recorded_runs(table: Table, written: tuple[dict[str, Any], dict[str, Any]],
                   config_of: Callable[[Row, int], config.Config]) -> dict[tuple[str, int], dict[str, Any]]:
-    """The runs the table's JSON (``written``, from :func:`_written`) records as finished, by (row, seed), whichever seeds
-    the call that wrote it showed (``other_runs`` keeps the rest). A run is reused only when its
-    digest is that of the row's config at its seed (``config_of``). Tables
+    """The runs the table's JSON (``written``, from :func:`_written`) records as finished, by
+    (row, seed), whichever seeds the call that wrote it showed (``other_runs`` keeps the rest). A
+    run is reused only when its digest is that of the row's config at its seed (``config_of``). Tables
     written before runs were recorded hold each row's mean over seeds; a row finished with one
     seed and the same overrides is read from it, its config file trusted unchanged, and kept
     with that config's digest from then on."""
@@ -764,7 +764,7 @@ def recorded_runs(table: Table, written: tuple[dict[str, Any], dict[str, Any]],
     config_at = functools.partial(_config_at, config_of)
 
     threads = re.search(r"(\d+) torch thread", str(doc.get("machine", "")))
-    written = str(doc.get("date") or "").split(" to ")[-1] or None  # the (last) day the table was written
+    written_on = str(doc.get("date") or "").split(" to ")[-1] or None  # the (last) day the table was written
     for row in table.rows:
         entry = entries.get(row.name)
         if not isinstance(entry, dict) or entry.get("set") != list(row.overrides):
@@ -775,7 +775,7 @@ def recorded_runs(table: Table, written: tuple[dict[str, Any], dict[str, Any]],
                 if cfg is not None and rec.get("digest") == config_digest(cfg) \
                         and rec.get("authors", "group") == row.authors:
                     # recorded before runs had dates: the table was written that day or after
-                    found[(row.name, rec["seed"])] = rec if rec.get("date") else {**rec, "date": written}
+                    found[(row.name, rec["seed"])] = rec if rec.get("date") else {**rec, "date": written_on}
             continue
         ours, seeds = entry.get("ours") or {}, entry.get("seeds") or []
         if ours.get("n") != 1 or len(seeds) != 1 or (cfg := config_at(row, seeds[0])) is None:
@@ -786,7 +786,7 @@ def recorded_runs(table: Table, written: tuple[dict[str, Any], dict[str, Any]],
                     "authors_metric": theirs["mean"] / 100.0 if theirs else None,
                     "n_clusters": (entry.get("clusters") or [None])[0], "seconds": (entry.get("seconds") or [0.0])[0],
                     "seed": seeds[0], "threads": int(threads.group(1)) if threads else None,
-                    "rounds": cfg.run.rounds, "digest": config_digest(cfg), "curves": None, "date": written})
+                    "rounds": cfg.run.rounds, "digest": config_digest(cfg), "curves": None, "date": written_on})
         if row.metric != "ari" and entry.get("ari"):
             rec["ari"] = entry["ari"][0]
         found[(row.name, seeds[0])] = rec
