@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from stocfl.data import load_dataset
+from stocfl.data import _fashion, _read_idx, load_dataset
 from stocfl.errors import UserError
+from stocfl.scenarios import build
 
 
 def test_digits_is_embedded():
@@ -20,7 +21,10 @@ def test_real_data_sets(data_dir):
     assert m.x_train.shape == (60000, 1, 28, 28) and m.x_test.shape == (10000, 1, 28, 28)
     assert np.bincount(m.y_train.numpy()).tolist()[:2] == [5923, 6742]  # the official class counts
     f = load_dataset("fashion_mnist", data_dir)
-    assert len(f.y_train) == 1600 and len(f.y_test) == 500 and "partial" in f.note
+    if (data_dir / "fashion_mnist" / "train-images-idx3-ubyte.gz").exists():
+        assert len(f.y_train) == 60000 and len(f.y_test) == 10000 and "official" in f.note
+    else:
+        assert len(f.y_train) == 1600 and len(f.y_test) == 500 and "partial" in f.note
     fe = load_dataset("femnist", data_dir)
     assert fe.n_classes == 62 and len(np.unique(fe.writer_train)) == 317
     assert float(fe.x_train[:100].mean()) < 0.5, "FEMNIST must be inverted to a dark background"
@@ -114,3 +118,48 @@ def test_corrupt_fashion_mnist_is_one_line_naming_the_file(tmp_path, bad, expect
     with pytest.raises(UserError, match=expected) as err:
         load_dataset("fashion_mnist", tmp_path)
     assert "fashion_mnist_subset.npz is corrupt" in str(err.value) and "\n" not in str(err.value)
+
+
+def _write_idx(path, arr):
+    header = bytes([0, 0, 8, arr.ndim]) + b"".join(int(n).to_bytes(4, "big") for n in arr.shape)
+    path.write_bytes(gzip.compress(header + arr.astype(np.uint8).tobytes()))
+
+
+def test_official_fashion_mnist_files_give_the_whole_set(tmp_path, data_dir):
+    """With the official IDX files in fashion_mnist/ the hybrid rows the 2,100-image subset
+    cannot fill can run (here files of 2,400 / 400 images in the official format)."""
+    rng = np.random.default_rng(0)
+    d = tmp_path / "fashion_mnist"
+    d.mkdir()
+    (tmp_path / "mnist").symlink_to(data_dir / "mnist")
+    images = {s: rng.integers(1, 256, (n, 28, 28)) for s, n in (("train", 2400), ("t10k", 400))}
+    for s, x in images.items():
+        _write_idx(d / f"{s}-images-idx3-ubyte.gz", x)
+        _write_idx(d / f"{s}-labels-idx1-ubyte.gz", rng.integers(0, 10, len(x)))
+    f = load_dataset("fashion_mnist", tmp_path)
+    assert f.x_train.shape == (2400, 1, 28, 28) and len(f.y_test) == 400 and "partial" not in f.note
+    assert torch.equal((f.x_train[:, 0] * 255).round().to(torch.uint8), torch.from_numpy(images["train"].astype(np.uint8)))
+    fed = build("hybrid", "mnist", 20, 200, data_dir=tmp_path)  # 2,000 Fashion-MNIST train images
+    assert np.bincount(fed.groups).tolist() == [10, 10]
+    fashion = [i for i in range(20) if fed.groups[i] == 1]
+    assert all(float((fed.train_data(i)[0] == 0).float().mean()) == 0 for i in fashion)  # our images: no 0 pixel
+    if not (data_dir / "fashion_mnist" / "train-images-idx3-ubyte.gz").exists():
+        with pytest.raises(UserError, match="official train- and t10k-images-idx3-ubyte.gz"):
+            build("hybrid", "mnist", 20, 200, data_dir=data_dir)
+    (d / "t10k-images-idx3-ubyte.gz").unlink()
+    _fashion.cache_clear()
+    with pytest.raises(UserError, match="t10k-images-idx3-ubyte.gz is missing"):
+        load_dataset("fashion_mnist", tmp_path)
+
+
+def test_fashion_subset_is_the_official_images_it_says(data_dir):
+    """The subset's labels are the official label files' at the documented indices."""
+    d = data_dir / "fashion_mnist"
+    if (d / "train-images-idx3-ubyte.gz").exists():
+        pytest.skip("the official Fashion-MNIST images are present: the subset is not used")
+    train = _read_idx(d / "train-labels-idx1-ubyte.gz", "fashion_mnist", 1)
+    test = _read_idx(d / "t10k-labels-idx1-ubyte.gz", "fashion_mnist", 1)
+    assert len(train) == 60000 and len(test) == 10000
+    f = load_dataset("fashion_mnist", data_dir)
+    assert f.y_train.tolist() == train[:100].tolist() + test[:1500].tolist()
+    assert f.y_test.tolist() == test[1500:2000].tolist()

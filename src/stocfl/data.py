@@ -26,7 +26,8 @@ from stocfl.errors import UserError, refuse_builtin
 
 LAYOUT = {
     "mnist": "mnist/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz (the official IDX files)",
-    "fashion_mnist": "fashion_mnist/fashion_mnist_subset.npz with x_test_first2000, y_test_first2000, "
+    "fashion_mnist": "fashion_mnist/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz (the official IDX files, "
+    "all 70,000 images) or fashion_mnist/fashion_mnist_subset.npz with x_test_first2000, y_test_first2000, "
     "x_train_first100, y_train_first100 (uint8 28x28)",
     "cifar10": "cifar10/cifar10_train_00..49.npy.xz, cifar10_test_first1000.npy.xz (uint8 N,32,32,3) "
     "and cifar10_labels.npz (y_train, y_test_first1000)",
@@ -34,8 +35,8 @@ LAYOUT = {
     "y_test, writer_idx_test, writer_id, writer_source",
 }
 
-# Only 2,100 Fashion-MNIST images lie in ../shared/data; stocfl trains on official train 0..99
-# plus test 0..1499 and tests on official test 1500..1999 (documented in README).
+# Without the official image files only 2,100 Fashion-MNIST images lie in ../shared/data; stocfl
+# then trains on official train 0..99 plus test 0..1499 and tests on official test 1500..1999.
 FASHION_TEST_FROM = 1500
 
 
@@ -230,15 +231,19 @@ def _read_idx(path: Path, name: str, ndim: int) -> np.ndarray:
     return body.reshape(dims)
 
 
-@lru_cache(maxsize=2)
-def _mnist(root: Path) -> Dataset:
-    d = root / "mnist"
+def _idx_dataset(root: Path, name: str, note: str = "") -> Dataset:
+    d = root / name
     x, y = {}, {}
     for s in ("train", "t10k"):
         xp, yp = d / f"{s}-images-idx3-ubyte.gz", d / f"{s}-labels-idx1-ubyte.gz"
-        x[s] = _images(_read_idx(xp, "mnist", 3), xp, "mnist", (28, 28))
-        y[s] = _labels(_read_idx(yp, "mnist", 1), yp, "mnist", 10, len(x[s]))
-    return Dataset("mnist", x["train"], y["train"], x["t10k"], y["t10k"], 10)
+        x[s] = _images(_read_idx(xp, name, 3), xp, name, (28, 28))
+        y[s] = _labels(_read_idx(yp, name, 1), yp, name, 10, len(x[s]))
+    return Dataset(name, x["train"], y["train"], x["t10k"], y["t10k"], 10, note=note)
+
+
+@lru_cache(maxsize=2)
+def _mnist(root: Path) -> Dataset:
+    return _idx_dataset(root, "mnist")
 
 
 def _npz(path: Path, name: str, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
@@ -256,6 +261,8 @@ def _npz(path: Path, name: str, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
 
 @lru_cache(maxsize=2)
 def _fashion(root: Path) -> Dataset:
+    if (root / "fashion_mnist" / "train-images-idx3-ubyte.gz").exists():
+        return _idx_dataset(root, "fashion_mnist", note="Fashion-MNIST, the official IDX files")
     keys = ("x_test_first2000", "y_test_first2000", "x_train_first100", "y_train_first100")
     path = root / "fashion_mnist" / "fashion_mnist_subset.npz"
     f = _npz(path, "fashion_mnist", keys)
@@ -269,7 +276,8 @@ def _fashion(root: Path) -> Dataset:
         torch.cat([y["train_first100"], y["test_first2000"][:k]]), x["test_first2000"][k:],
         y["test_first2000"][k:], 10,
         note="partial Fashion-MNIST: 2,100 images; train = official train 0..99 + test 0..1499 "
-        "(1,600), test = official test 1500..1999 (500)",
+        "(1,600), test = official test 1500..1999 (500); the official train- and t10k-images-idx3-ubyte.gz "
+        "and -labels-idx1-ubyte.gz in DATA_DIR/fashion_mnist give all 70,000",
     )
 
 
