@@ -8,7 +8,8 @@
 # package (Zalando's files, MIT; from the Debian archive, not the web). The script checks that the
 # package's labels are the official label files' (when SHARED_DATA_DIR has them) and that its first
 # 100 train and 2,000 test images are those of SHARED_DATA_DIR's subset, then prints the
-# `--data-dir` to use. Never put OUT_DIR inside the repository.
+# `--data-dir` to use. Needs `make setup` (it reads the files with stocfl). Never put OUT_DIR inside
+# the repository.
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: reproductions/fashion-mnist.sh OUT_DIR [SHARED_DATA_DIR]" >&2; exit 2; }
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,15 +33,13 @@ mkdir -p "$out/fashion_mnist"
 cp "$tmp"/x/usr/share/datasets/fashion-mnist/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz "$out/fashion_mnist/"
 
 "$py" - "$out/fashion_mnist" "$shared/fashion_mnist" <<'EOF'
-import gzip, sys
+import sys
 from pathlib import Path
 import numpy as np
+from stocfl.data import _read_idx
 
 new, old = map(Path, sys.argv[1:])
-def idx(path):
-    raw = gzip.decompress(path.read_bytes())
-    dims = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(raw[3])]
-    return np.frombuffer(raw, np.uint8, offset=4 + 4 * raw[3]).reshape(dims)
+idx = lambda path: _read_idx(path, "fashion_mnist", 3 if "images" in path.name else 1)
 x = {s: idx(new / f"{s}-images-idx3-ubyte.gz") for s in ("train", "t10k")}
 assert x["train"].shape == (60000, 28, 28) and x["t10k"].shape == (10000, 28, 28), "unexpected image counts"
 for s in ("train", "t10k"):
