@@ -765,3 +765,27 @@ def test_the_command_line_refuses_empty_seeds_and_a_table_beside_list(capsys):
     assert "--seeds '': expected comma-separated integers" in capsys.readouterr().err
     assert main(["reproduce", "--list", "no-such-table"]) == 2
     assert "drop 'no-such-table', or drop --list" in capsys.readouterr().err
+
+
+PLAIN = Path(__file__).resolve().parents[1] / "reproductions" / "plain_fedavg.py"
+
+
+def _plain(*args: str) -> "subprocess.CompletedProcess[str]":
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, str(PLAIN), *args], capture_output=True, text=True, timeout=300)
+
+
+def test_plain_fedavg_reference_trains_one_domain(data_dir):
+    """The plain-torch FedAvg that Table 3's lambda = 0 findings compare with learns MNIST, and says
+    in one line (exit 2) when its input cannot give 100 clients x 600."""
+    done = _plain("mnist", "--data-dir", str(data_dir), "--rounds", "1", "--per-round", "2")
+    assert done.returncode == 0, done.stderr
+    acc = float(re.search(r"round 1: ([\d.]+)%", done.stdout).group(1))
+    assert 50 < acc <= 100
+    bad = _plain("mnist", "--data-dir", str(data_dir), "--lr", "0")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--lr > 0" in bad.stderr
+    if not (data_dir / "fashion_mnist" / "train-images-idx3-ubyte.gz").is_file():
+        few = _plain("fashion_mnist", "--data-dir", str(data_dir))
+        assert few.returncode == 2 and len(few.stderr.strip().splitlines()) == 1
+        assert "need 60,000" in few.stderr and "Traceback" not in few.stderr
