@@ -569,6 +569,35 @@ def test_the_figure_draws_a_run_once_for_all_its_rows_and_grows_to_hold_a_long_l
         "A (1 seed)", "A, macro: final value (measured at the last round only)", "B: final value (curve not recorded)"]
 
 
+def test_a_crowded_figure_splits_into_one_panel_a_row_group(tmp_path):
+    # Table 3 draws 58 runs: one panel would be all legend; a panel a scenario, each titled with
+    # it and its legend without it, keeps each curve readable. A table of few runs stays one panel.
+    root = tiny_root(tmp_path)
+    head = TABLE.split("[[run]]")[0]
+    groups = ["Pathological", "Rotated", "Shifted", "Hybrid"]
+    rows = "".join(f'[[run]]\nname = "{g}, lambda = {i}"\nset = ["x={g}{i}"]\npaper = [90.0, 0]\n\n'
+                   for g in groups for i in range(8))
+    (root / "groups.toml").write_text(head + rows)
+    table = load_table("groups", root)
+    finished = {r.name: [{"accuracy": 0.8, "rounds": 2, "curves": {"accuracy": [[1, 2], [0.5, 0.8]]}}]
+                for r in table.rows}
+    fig = draw_curves(table, finished)
+    assert len(fig.axes) == 4
+    for ax, g in zip(fig.axes, groups):
+        assert ax.get_title(loc="left").endswith(g)
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+            *(f"lambda = {i} (1 seed)" for i in range(8)), "the paper's number"]
+        assert len([line for line in ax.lines if len(line.get_xdata()) > 1]) == 8
+    assert fig.axes[0].get_title(loc="left").startswith("A tiny table")
+    fig.canvas.draw()
+    for ax in fig.axes:  # every legend inside the figure, every axes wider than its legend is long
+        legend = ax.get_legend().get_window_extent()
+        assert fig.bbox.x0 <= legend.x0 and legend.x1 <= fig.bbox.x1 + 1
+        assert ax.get_window_extent().width > 0.3 * fig.bbox.width
+    few = load_table("tiny", root)
+    assert len(draw_curves(few, {r.name: finished["Rotated, lambda = 0"] for r in few.rows}).axes) == 1
+
+
 @pytest.mark.parametrize("name", sorted(tables()))
 def test_every_committed_table_loads_and_its_rows_are_valid_configs(name):
     # a typo in a row's overrides would otherwise first show after hours of the rows before it

@@ -46,6 +46,7 @@ from stocfl.tasks import evaluate_pooled
 
 ROOT = Path(__file__).resolve().parents[2] / "reproductions"  # the repository's tables
 MAX_DISTINCT_MODELS = 64  # the authors' metric evaluates each distinct model on a whole pool
+LEGEND_LINES = 24  # a figure legend's entries a column; more curves than this split a panel by row group
 # measure -> (what it is, factor to the table's unit); the summary key is the measure's name
 METRICS = {"accuracy": ("test accuracy (%), own model", 100.0), "global_accuracy": ("global model's accuracy (%)", 100.0),
            "macro_accuracy": ("test accuracy (%), own model, the plain mean over clients", 100.0),
@@ -399,21 +400,47 @@ def _panel(metric: str) -> str:
     return "accuracy" if METRICS[metric][1] == 100.0 else metric
 
 
-def _panels(table: Table) -> list[str]:
-    """The measures drawn, one panel each: accuracies share one; a table that counts clusters
-    adds the clustering objective (StoCFL Fig. 3 b)."""
-    panels: list[str] = []
+def _group(row: Row) -> str:
+    """A row's group: its name before the first comma (Table 3: "Rotated", "Hybrid", ...)."""
+    return row.name.split(",", 1)[0].strip()
+
+
+def _panel_rows(table: Table, kind: str) -> list[Row]:
+    """The rows a panel of this measure draws (the objective panel: those counting clusters)."""
+    return [r for r in table.rows
+            if (kind == "objective" and _panel(r.metric) == "n_clusters") or (kind != "objective" and _panel(r.metric) == kind)]
+
+
+def _kinds(table: Table) -> list[str]:
+    """The measures drawn: accuracies share one; a table that counts clusters adds the
+    clustering objective (StoCFL Fig. 3 b)."""
+    kinds: list[str] = []
     for row in table.rows:
-        if _panel(row.metric) not in panels:
-            panels.append(_panel(row.metric))
-    if "n_clusters" in panels and not table.sweep:
-        panels.append("objective")
+        if _panel(row.metric) not in kinds:
+            kinds.append(_panel(row.metric))
+    if "n_clusters" in kinds and not table.sweep:
+        kinds.append("objective")
+    return kinds
+
+
+def _panels(table: Table) -> list[tuple[str, str | None]]:
+    """The panels drawn, (measure, group): one a measure, split by row group where more curves
+    than a legend column holds would crowd one panel and the groups are few (Table 3's scenarios)."""
+    panels: list[tuple[str, str | None]] = []
+    for kind in _kinds(table):
+        rows = _panel_rows(table, kind)
+        groups = list(dict.fromkeys(_group(r) for r in rows))
+        runs = {(r.metric, *sorted(r.overrides)) for r in rows}
+        if not table.sweep and len(runs) > LEGEND_LINES and 2 <= len(groups) <= 6:
+            panels += [(kind, g) for g in groups]
+        else:
+            panels.append((kind, None))
     return panels
 
 
 def _curve_keys(table: Table) -> list[str]:
     keys = sorted({r.metric for r in table.rows})
-    return [*keys, "objective"] if "objective" in _panels(table) else keys
+    return [*keys, "objective"] if "objective" in _kinds(table) else keys
 
 
 def run_curves(table: Table, run_dir: Path, rows: list[dict[str, Any]] | None = None) -> dict[str, list[list[float]]]:
@@ -485,12 +512,16 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]],
     ylabels = {**{k: v[0] for k, v in METRICS.items()}, "accuracy": "test accuracy (%)",
                "objective": "clustering objective (Eq. 2)"}
     legends: list[tuple[int, int]] = []  # (columns, lines) of each panel's legend beside it
-    for ax, panel in zip(axes[:, 0], panels):
+    for ax, (panel, group) in zip(axes[:, 0], panels):
         points: dict[str, list[tuple[float, float, float | None]]] = {}
         drawn: dict[tuple[str, ...], str] = {}  # a run's curve is drawn once; the other rows reading it add a star
+        members = _panel_rows(table, panel)
+
+        def shown(name: str, group: str | None = group) -> str:
+            """A row's legend name: a group's panel, titled with the group, drops it from each."""
+            return name[len(group) + 2:] if group is not None and name.startswith(f"{group}, ") else name
         for n, row in enumerate(table.rows):
-            kind = _panel(row.metric)
-            if panel not in (kind, "objective") or (panel == "objective" and kind != "n_clusters"):
+            if row not in members or (group is not None and _group(row) != group):
                 continue
             key = row.metric if panel != "objective" else "objective"
             scale = METRICS[row.metric][1] if panel != "objective" else 1.0
@@ -512,7 +543,7 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]],
                 colour, marker = _style(n)
                 ax.plot(rounds, scale * np.asarray(values), color=colour, marker=marker, ms=4, mfc="none", ls="--",
                         markevery=max(1, len(rounds) // 25),
-                        label=f"{row.name} (unfinished: seed {p['seed']}, round {p['rounds_done']} of {p['rounds']})")
+                        label=f"{shown(row.name)} (unfinished: seed {p['seed']}, round {p['rounds_done']} of {p['rounds']})")
                 if paper is not None:
                     ax.plot([p["rounds"]], [paper], color=colour, marker="*", ms=11, ls="", mec="k", mew=0.5)
                 continue
@@ -522,7 +553,7 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]],
                     why = "measured at the last round only" if any(r.get("curves") for r in records) \
                         else "curve not recorded"  # macro accuracy is not logged per round
                     ax.plot([records[0]["rounds"]], [scale * float(np.mean(finals))], color=colour,
-                            marker=marker, ms=6, mfc="none", ls="", label=f"{row.name}: final value ({why})")
+                            marker=marker, ms=6, mfc="none", ls="", label=f"{shown(row.name)}: final value ({why})")
                     if paper is not None:
                         ax.plot([records[0]["rounds"]], [paper], color=colour, marker="*", ms=11, ls="", mec="k",
                                 mew=0.5)
@@ -538,7 +569,7 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]],
             drawn[run_key] = colour
             ax.plot(rounds, values, color=colour, marker=marker, ms=4, mfc="none",
                     markevery=max(1, len(rounds) // 25),
-                    label=_run_label([r.name for r in table.rows if (r.metric, *sorted(r.overrides)) == run_key],
+                    label=_run_label([shown(r.name) for r in table.rows if (r.metric, *sorted(r.overrides)) == run_key],
                                      len(curves)))
             if paper is not None:
                 ax.plot([row.at_round or rounds[-1]], [paper], color=colour, marker="*", ms=11, ls="", mec="k", mew=0.5)
@@ -564,13 +595,21 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]],
             ax.legend(fontsize=8, loc="best")
         elif ax.get_legend_handles_labels()[0]:
             entries = len(ax.get_legend_handles_labels()[0])
-            ncol = -(-entries // 24)
+            ncol = -(-entries // LEGEND_LINES)
             ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=ncol)
             legends.append((ncol, -(-entries // ncol)))
     if legends:  # a long legend widens and heightens the figure rather than squeezing the axes
-        ncol, lines = max(legends)[0], max(n for _, n in legends)
-        fig.set_size_inches(8.5 + 3.2 * (ncol - 1), max(fig.get_size_inches()[1], 1.0 + 0.17 * lines))
-    axes[0, 0].set_title(textwrap.fill(table.title, 90), fontsize=9, loc="left")  # the legend takes the right side
+        lines = max(n for _, n in legends)
+        renderer = fig.canvas.get_renderer()
+        widest = max(ax.get_legend().get_window_extent(renderer).width for ax in axes[:, 0]
+                     if ax.get_legend() is not None) / fig.dpi
+        fig.set_size_inches(max(8.5, 5.5 + widest), max(fig.get_size_inches()[1], 1.0 + 0.17 * lines))
+    for ax, (_, group) in zip(axes[:, 0], panels):
+        if group is not None:
+            ax.set_title(group, fontsize=9, loc="left", fontweight="bold")
+    title = textwrap.fill(table.title, 90)  # the legend takes the right side
+    first = panels[0][1]
+    axes[0, 0].set_title(title if first is None else f"{title}\n{first}", fontsize=9, loc="left")
     fig.tight_layout()
     return fig
 
