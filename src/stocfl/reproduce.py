@@ -511,7 +511,7 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]],
     fig, axes = plt.subplots(len(panels), 1, figsize=(8.5, 1.0 + 3.8 * len(panels)), squeeze=False)
     ylabels = {**{k: v[0] for k, v in METRICS.items()}, "accuracy": "test accuracy (%)",
                "objective": "clustering objective (Eq. 2)"}
-    legends: list[tuple[int, int]] = []  # (columns, lines) of each panel's legend beside it
+    legend_lines: list[int] = []  # the lines of each panel's legend beside it
     for ax, (panel, group) in zip(axes[:, 0], panels):
         points: dict[str, list[tuple[float, float, float | None]]] = {}
         drawn: dict[tuple[str, ...], str] = {}  # a run's curve is drawn once; the other rows reading it add a star
@@ -520,6 +520,7 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]],
         def shown(name: str, group: str | None = group) -> str:
             """A row's legend name: a group's panel, titled with the group, drops it from each."""
             return name[len(group) + 2:] if group is not None and name.startswith(f"{group}, ") else name
+
         for n, row in enumerate(table.rows):
             if row not in members or (group is not None and _group(row) != group):
                 continue
@@ -597,18 +598,16 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]],
             entries = len(ax.get_legend_handles_labels()[0])
             ncol = -(-entries // LEGEND_LINES)
             ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=ncol)
-            legends.append((ncol, -(-entries // ncol)))
-    if legends:  # a long legend widens and heightens the figure rather than squeezing the axes
-        lines = max(n for _, n in legends)
+            legend_lines.append(-(-entries // ncol))
+    if legend_lines:  # a long legend widens and heightens the figure rather than squeezing the axes
         renderer = fig.canvas.get_renderer()
         widest = max(ax.get_legend().get_window_extent(renderer).width for ax in axes[:, 0]
                      if ax.get_legend() is not None) / fig.dpi
-        fig.set_size_inches(max(8.5, 5.5 + widest), max(fig.get_size_inches()[1], 1.0 + 0.17 * lines))
-    for ax, (_, group) in zip(axes[:, 0], panels):
+        fig.set_size_inches(max(8.5, 5.5 + widest), max(fig.get_size_inches()[1], 1.0 + 0.17 * max(legend_lines)))
+    for ax, (_, group) in zip(axes[1:, 0], panels[1:]):
         if group is not None:
             ax.set_title(group, fontsize=9, loc="left", fontweight="bold")
-    title = textwrap.fill(table.title, 90)  # the legend takes the right side
-    first = panels[0][1]
+    title, first = textwrap.fill(table.title, 90), panels[0][1]  # the legend takes the right side
     axes[0, 0].set_title(title if first is None else f"{title}\n{first}", fontsize=9, loc="left")
     fig.tight_layout()
     return fig
