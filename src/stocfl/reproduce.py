@@ -407,8 +407,13 @@ def _group(row: Row) -> str:
 
 def _panel_rows(table: Table, kind: str) -> list[Row]:
     """The rows a panel of this measure draws (the objective panel: those counting clusters)."""
-    return [r for r in table.rows
-            if (kind == "objective" and _panel(r.metric) == "n_clusters") or (kind != "objective" and _panel(r.metric) == kind)]
+    want = "n_clusters" if kind == "objective" else kind
+    return [r for r in table.rows if _panel(r.metric) == want]
+
+
+def _run_key(row: Row) -> tuple[str, ...]:
+    """The run a row's curve is drawn from: rows of one measure and config read one run."""
+    return (row.metric, *sorted(row.overrides))
 
 
 def _kinds(table: Table) -> list[str]:
@@ -430,7 +435,7 @@ def _panels(table: Table) -> list[tuple[str, str | None]]:
     for kind in _kinds(table):
         rows = _panel_rows(table, kind)
         groups = list(dict.fromkeys(_group(r) for r in rows))
-        runs = {(r.metric, *sorted(r.overrides)) for r in rows}
+        runs = {_run_key(r) for r in rows}
         if not table.sweep and len(runs) > LEGEND_LINES and 2 <= len(groups) <= 6:
             panels += [(kind, g) for g in groups]
         else:
@@ -515,14 +520,14 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]],
     for ax, (panel, group) in zip(axes[:, 0], panels):
         points: dict[str, list[tuple[float, float, float | None]]] = {}
         drawn: dict[tuple[str, ...], str] = {}  # a run's curve is drawn once; the other rows reading it add a star
-        members = _panel_rows(table, panel)
+        members = {r.name for r in _panel_rows(table, panel) if group is None or _group(r) == group}
 
         def shown(name: str, group: str | None = group) -> str:
             """A row's legend name: a group's panel, titled with the group, drops it from each."""
             return name[len(group) + 2:] if group is not None and name.startswith(f"{group}, ") else name
 
         for n, row in enumerate(table.rows):
-            if row not in members or (group is not None and _group(row) != group):
+            if row.name not in members:
                 continue
             key = row.metric if panel != "objective" else "objective"
             scale = METRICS[row.metric][1] if panel != "objective" else 1.0
@@ -560,7 +565,7 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]],
                                 mew=0.5)
                 continue
             rounds, values = curves[0][0], scale * np.mean([c[1] for c in curves], axis=0)
-            run_key = (row.metric, *sorted(row.overrides))
+            run_key = _run_key(row)
             if run_key in drawn:
                 if paper is not None:
                     ax.plot([row.at_round or rounds[-1]], [paper], color=drawn[run_key], marker="*", ms=11, ls="",
@@ -570,7 +575,7 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]],
             drawn[run_key] = colour
             ax.plot(rounds, values, color=colour, marker=marker, ms=4, mfc="none",
                     markevery=max(1, len(rounds) // 25),
-                    label=_run_label([shown(r.name) for r in table.rows if (r.metric, *sorted(r.overrides)) == run_key],
+                    label=_run_label([shown(r.name) for r in table.rows if _run_key(r) == run_key],
                                      len(curves)))
             if paper is not None:
                 ax.plot([row.at_round or rounds[-1]], [paper], color=colour, marker="*", ms=11, ls="", mec="k", mew=0.5)
