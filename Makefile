@@ -8,10 +8,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup run test test-slow bench bench-peers clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml lab/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --disable-pip-version-check -q torch==2.13.0 'flwr[simulation]==1.41.0'
-	$(BIN)/pip install --disable-pip-version-check -q -e '.[test]'
+	$(BIN)/pip install --disable-pip-version-check -q -e '.[test]' -e ./lab
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -26,11 +26,11 @@ test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
 bench: $(STAMP)
-	$(BIN)/stocfl bench --out benchmarks/results.json
+	$(BIN)/stocfl-lab bench --out benchmarks/results.json
 
 bench-peers: $(STAMP)
-	$(BIN)/pip install --disable-pip-version-check -q -e '.[bench]'
-	$(BIN)/stocfl bench --peers --out benchmarks/peers.json
+	$(BIN)/pip install --disable-pip-version-check -q -e '.[bench]' -e './lab[peers]'
+	$(BIN)/stocfl-lab bench --peers --out benchmarks/peers.json
 
 clean:
 	rm -rf $(VENV) runs

@@ -23,8 +23,8 @@ import torch
 from scipy.cluster.hierarchy import fcluster, linkage
 
 from stocfl import config
-from stocfl.runner import Experiment
-from stocfl.tasks import Train, task_seed
+from stocfl.experiment.loop import Experiment
+from stocfl.client.tasks import Train, task_seed
 
 SETTINGS = {
     # Briggs et al. section II-A/III: 100 clients x 600 MNIST images, label swap, their CNN,

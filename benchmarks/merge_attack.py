@@ -32,10 +32,10 @@ import numpy as np
 import torch
 
 from stocfl import config
-from stocfl.algorithms.stocfl import StoCFL
-from stocfl.clustering import ClusterSet
+from stocfl.algorithms.stocfl.algorithm import StoCFL
+from stocfl.algorithms.stocfl.clustering import ClusterSet
 from stocfl.executors import SequentialExecutor, set_threads
-from stocfl.runner import Experiment
+from stocfl.experiment.loop import Experiment
 
 LEAVE_OUT = (0.0, 0.05, 0.1, 0.2)
 TAU = 0.5

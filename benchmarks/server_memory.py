@@ -55,7 +55,7 @@ def measure(n: int) -> dict:
     import torch
 
     import stocfl
-    from stocfl.runner import Experiment
+    from stocfl.experiment.loop import Experiment
 
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 
-from stocfl.data import load_dataset
+from stocfl.data.datasets import load_dataset
 from stocfl.errors import UserError
 
 

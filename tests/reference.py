@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from stocfl.optim import Optimizer
-from stocfl.training import batch_plan
+from stocfl.client.optim import Optimizer
+from stocfl.client.training import batch_plan
 
 
 def torch_optimizer(opt: Optimizer, params):

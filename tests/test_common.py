@@ -12,16 +12,18 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from stocfl import checkpoint, config, report
-from stocfl.aggregation import Aggregator
+from stocfl import config
+from stocfl.storage import checkpoint
+from stocfl.experiment import metrics
+from stocfl.algorithms.aggregation import Aggregator
 from stocfl.algorithms import ALGORITHMS, Context
-from stocfl.data import load_dataset
+from stocfl.data.datasets import load_dataset
 from stocfl.executors import BatchedExecutor, ParallelExecutor, SequentialExecutor
 from stocfl.flower.loopback import LoopbackExecutor
-from stocfl.models import FlatModel, build_module, make_model
-from stocfl.runner import Experiment
-from stocfl.scenarios import build
-from stocfl.tasks import ClientsDropped, Evaluate
+from stocfl.client.models import FlatModel, build_module, make_model
+from stocfl.experiment.loop import Experiment
+from stocfl.data.scenarios import build
+from stocfl.client.tasks import ClientsDropped, Evaluate
 
 FED = build("rotated", load_dataset("digits"), 16, 20, seed=0, holdout=0.25)
 MODEL, W0 = make_model("auto", FED.input_shape, 10, 0, seed=0)
@@ -218,9 +220,9 @@ def test_a_round_in_which_every_sampled_client_fails(tmp_path, name):
 def test_clustering_scores_count_placed_participants_only():
     labels = np.array([0, 0, 1, -1, 1, 0])
     groups = np.array([0, 0, 1, 1, 1, 0])
-    s = report.clustering_scores(labels, groups, participants=[0, 1, 2, 3, 4])
+    s = metrics.clustering_scores(labels, groups, participants=[0, 1, 2, 3, 4])
     assert s["placed"] == 4 and s["n_clusters"] == 2 and s["ari"] == 1.0
-    s = report.clustering_scores(np.full(6, -1), groups, participants=[0, 1])
+    s = metrics.clustering_scores(np.full(6, -1), groups, participants=[0, 1])
     assert s["placed"] == 0 and s["ari"] is None and s["n_clusters"] == 0
 
 
@@ -244,7 +246,7 @@ def test_label_cosines_equal_the_mean_over_pairs(n, classes, data):
     labels = np.array(data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)))
     norms = np.linalg.norm(counts, axis=1, keepdims=True)
     unit = np.divide(counts, norms, out=np.zeros_like(counts), where=norms > 0)
-    got, want = report.label_cosines(unit, labels), _label_cosines_by_pairs(counts, labels)
+    got, want = metrics.label_cosines(unit, labels), _label_cosines_by_pairs(counts, labels)
     for key in want:
         assert (got[key] is None) == (want[key] is None), (key, got, want)
         if want[key] is not None:
@@ -257,14 +259,14 @@ def test_label_cosines_tell_a_label_partition_from_a_random_one():
     assert dists.shape == (40, 10) and np.allclose(np.linalg.norm(dists, axis=1), 1.0)
     by_label = dists.argmax(axis=1)  # clusters of clients sharing their most common label
     random = np.random.default_rng(0).permutation(by_label)
-    follows = report.clustering_scores(by_label, None, list(range(40)), dists)
-    ignores = report.clustering_scores(random, None, list(range(40)), dists)
+    follows = metrics.clustering_scores(by_label, None, list(range(40)), dists)
+    ignores = metrics.clustering_scores(random, None, list(range(40)), dists)
     assert follows["label_cos_all"] == pytest.approx(ignores["label_cos_all"])
     assert follows["label_cos_within"] > 0.7 > follows["label_cos_all"] + 0.4  # 0.82 and 0.20
     assert abs(ignores["label_cos_within"] - ignores["label_cos_all"]) < 0.15
-    held = report.clustering_scores(np.where(np.arange(40) < 20, by_label, -1), None, list(range(40)), dists)
+    held = metrics.clustering_scores(np.where(np.arange(40) < 20, by_label, -1), None, list(range(40)), dists)
     assert held["placed"] == 20  # unplaced clients count in neither mean
-    assert held["label_cos_all"] == pytest.approx(report.label_cosines(dists[:20], by_label[:20])["label_cos_all"])
+    assert held["label_cos_all"] == pytest.approx(metrics.label_cosines(dists[:20], by_label[:20])["label_cos_all"])
 
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))

@@ -1,4 +1,4 @@
-"""Extending stocfl from user code: the README's "Extending stocfl" example, run as written (a data
+"""Extending stocfl from user code: the docs' "Extending stocfl" example, run as written (a data
 set, a BatchNorm model, a task kind and an algorithm defined there, nowhere in the package), and
 its algorithm on the sequential, batched and Flower-codec paths and by name from a config."""
 
@@ -14,22 +14,22 @@ from pydantic import Field
 import stocfl
 from stocfl.algorithms.base import Placement
 from stocfl.executors import BatchedExecutor, SequentialExecutor
-from stocfl.tasks import Train
+from stocfl.client.tasks import Train
 from stocfl.flower.loopback import LoopbackExecutor
 
 
 def readme_example():
-    """The README's "Extending stocfl" code block, run as it stands, as a module."""
+    """The first code block of docs/extending.md, run as it stands, as a module."""
     import re
     import sys
     import types
     from pathlib import Path
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    code = re.search(r"```python\n(.*?)```", readme[readme.index("## Extending stocfl"):], re.S).group(1)
+    page = (Path(__file__).parents[1] / "docs" / "extending.md").read_text()
+    code = re.search(r"```python\n(.*?)```", page, re.S).group(1)
     module = types.ModuleType("readme_example")  # dataclasses look their module up in sys.modules
     sys.modules[module.__name__] = module
-    exec(compile(code, "README.md", "exec"), module.__dict__)
+    exec(compile(code, "docs/extending.md", "exec"), module.__dict__)
     return module
 
 
@@ -63,7 +63,7 @@ CONFIG = {"algorithm": {"name": "labelsets"}, "scenario": {"name": "pathological
 
 
 def _play(executor_kind: str):
-    from stocfl.runner import Experiment
+    from stocfl.experiment.loop import Experiment
 
     cfg = stocfl.as_config(CONFIG)
     probe = Experiment(cfg, None)
@@ -92,8 +92,8 @@ def test_the_toy_algorithm_runs_by_name_from_the_api_and_rejects_bad_replies():
     result = stocfl.run(CONFIG)
     assert result.summary["algorithm"] == "labelsets" and len(result.models) == 5  # global + 4 clusters
     bad = LabelSetResult(torch.tensor([float("nan")] * 10), 5)
-    with pytest.raises(stocfl.tasks.BadResult, match="NaN"):
-        stocfl.tasks.check_result(LabelSet(0, 10), bad, 5, 5)
+    with pytest.raises(stocfl.client.tasks.BadResult, match="NaN"):
+        stocfl.client.tasks.check_result(LabelSet(0, 10), bad, 5, 5)
     with pytest.raises(stocfl.UserError, match="algorithm.min_share"):
         stocfl.run({**CONFIG, "algorithm": {"name": "labelsets", "min_share": 2.0}})
 

@@ -8,18 +8,22 @@ import ast
 from pathlib import Path
 
 import stocfl
+import stocfl_lab
 
 ROOT = Path(stocfl.__file__).parent
 
-# lowest first; a module may import from its own layer and those below
+# lowest first, by the data flow: a module may import from its own layer and those below. A
+# folder's modules share its layer, but where one is named on its own.
 LAYERS = [
-    {"errors", "bounds", "files", "state", "devices", "optim", "aggregation", "clustering", "checkpoint", "store", "report",
-     "plots", "tau", "scalars"},
-    {"data", "models", "training", "lowrank", "scenarios", "tasks"},
+    {"errors", "bounds", "devices", "storage"},
+    {"data"},
+    {"client"},
     {"algorithms"},
-    {"executors", "localbn", "flower.codec", "flower.loopback", "flower.certs"},
-    {"config", "build", "results", "runner", "flower", "flower.engine"},
-    {"api", "newclients", "modelfiles", "compare", "reproduce", "bench", "peers", "cli", "__main__", ""},
+    {"executors", "flower.codec", "flower.loopback", "flower.certs"},
+    {"config"},
+    {"experiment"},
+    {"flower", "flower.engine"},
+    {"api", "cli", "__main__", ""},
 ]
 
 
@@ -31,9 +35,11 @@ def module_name(path: Path) -> str:
 
 
 def layer(name: str) -> int:
-    for k, names in enumerate(LAYERS):
-        if name in names or any(name.startswith(n + ".") for n in names if n):
-            return k
+    # the most specific entry wins: flower.codec before flower
+    best = max(((len(n), k) for k, names in enumerate(LAYERS) for n in names
+                if name == n or (n and name.startswith(n + "."))), default=None)
+    if best is not None:
+        return best[1]
     raise AssertionError(f"module stocfl.{name} has no layer in tests/test_layers.py; add it")
 
 
@@ -44,7 +50,12 @@ def imports() -> dict[str, list[tuple[str, bool]]]:
         found = []
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "stocfl":
-                names = [node.module] if node.module != "stocfl" else [f"stocfl.{a.name}" for a in node.names]
+                # from stocfl.pkg import mod imports the module pkg.mod (and pkg, but a package's
+                # __init__ re-exporting its modules is no cycle with them)
+                mods = [f"{node.module}.{a.name}" for a in node.names
+                        if (ROOT.parent / f"{node.module}.{a.name}".replace(".", "/")).with_suffix(".py").is_file()
+                        or (ROOT.parent / f"{node.module}.{a.name}".replace(".", "/") / "__init__.py").is_file()]
+                names = mods if len(mods) == len(node.names) else [node.module] + mods
             elif isinstance(node, ast.Import):
                 names = [a.name for a in node.names if a.name.split(".")[0] == "stocfl"]
             else:
@@ -83,3 +94,45 @@ def test_module_level_imports_have_no_cycle():
     for m in sorted(graph):
         if state.get(m) is None:
             visit(m, [])
+
+
+LAB = Path(stocfl_lab.__file__).parent
+# what the lab may import: stocfl's public face (the package, its folder packages' exports, the
+# config schema, the error form, the command line's parser helpers), never a module inside a folder
+PUBLIC_MODULES = {"stocfl", "stocfl.config", "stocfl.errors", "stocfl.cli", "stocfl.devices", "stocfl.data",
+                  "stocfl.client", "stocfl.algorithms", "stocfl.executors", "stocfl.storage", "stocfl.experiment",
+                  "stocfl.flower"}
+
+
+def _imported(path: Path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module, [a.name for a in node.names]
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                yield a.name, []
+
+
+def test_the_library_never_imports_the_lab():
+    bad = [f"{p.relative_to(ROOT)} imports {m}" for p in sorted(ROOT.rglob("*.py")) for m, _ in _imported(p)
+           if m.split(".")[0] == "stocfl_lab"]
+    assert not bad, bad
+
+
+def test_the_lab_imports_only_stocfls_public_api():
+    import importlib
+
+    bad = []
+    for p in sorted(LAB.rglob("*.py")):
+        for m, names in _imported(p):
+            if m.split(".")[0] != "stocfl":
+                continue
+            if m not in PUBLIC_MODULES:
+                bad.append(f"{p.name} imports {m}, a module inside a folder; import its package's export")
+                continue
+            exported = set(getattr(importlib.import_module(m), "__all__", ()))
+            if m in {"stocfl.config", "stocfl.errors", "stocfl.cli", "stocfl.devices"}:
+                continue  # modules of their own: their public names are those without a leading underscore
+            bad += [f"{p.name} imports {m}.{n}, which {m}.__all__ does not export" for n in names
+                    if n not in exported and f"{m}.{n}" not in PUBLIC_MODULES]
+    assert not bad, "\n".join(bad)

@@ -1,5 +1,5 @@
 """stocfl from Python: ``run`` and ``resume`` return a :class:`Result`; the command line is a
-thin layer over the same :class:`~stocfl.runner.Experiment`.
+thin layer over the same :class:`~stocfl.experiment.loop.Experiment`.
 
     import stocfl
     fed = stocfl.Federation.from_arrays(train=[(x0, y0), ...], test=[(xt0, yt0), ...], groups=[0, ...])
@@ -24,7 +24,7 @@ from stocfl import config as config_mod
 from stocfl.config import Config
 from stocfl.errors import UserError
 from stocfl.executors import ENGINES, engine_of
-from stocfl.scenarios import Federation
+from stocfl.data.federation import Federation
 
 
 @dataclass
@@ -84,7 +84,7 @@ def run(config: Any = None, *, federation: Federation | None = None, model: torc
     out : path, optional
         A results directory to write (resumable with :func:`resume`); None = nothing is written.
     """
-    from stocfl.runner import Experiment
+    from stocfl.experiment.loop import Experiment
 
     cfg = as_config(config)
     if federation is not None and not isinstance(federation, Federation):
@@ -110,6 +110,20 @@ def run(config: Any = None, *, federation: Federation | None = None, model: torc
     return _result(exp, exp.run(progress=progress))
 
 
+def run_into(out: str | Path, config: Any = None, *, progress: bool = False) -> dict[str, Any]:
+    """Run ``config`` into the results directory ``out`` on any engine, Flower's simulation
+    included (what ``stocfl run`` does), and return its summary (as ``summary.json``)."""
+    from stocfl.experiment.build import pin_data_dir
+    from stocfl.experiment.loop import Experiment
+
+    cfg, out = as_config(config), Path(out)
+    launch = engine_of(cfg.run.engine).launch
+    if launch is None:
+        return Experiment.create(cfg, out).run(progress=progress)
+    pin_data_dir(cfg)  # the engine's clients must find the same data
+    return launch(cfg.to_dict(), out, lambda ex: Experiment.create(cfg, out, ex), cfg.scenario.n_clients, progress)
+
+
 def resume(out: str | Path, *, federation: Federation | None = None, model: torch.nn.Module | None = None,
            loss: Callable | None = None, data_dir: str | None = None, progress: bool = False,
            overrides: list[str] = ()) -> Result:
@@ -118,7 +132,7 @@ def resume(out: str | Path, *, federation: Federation | None = None, model: torc
     module with the same initial weights, the same loss (the checkpoint's digests of them are
     checked). ``overrides``: ``["run.rounds=N"]`` runs a finished run further
     (``run.eval_every`` may change too)."""
-    from stocfl.runner import Experiment
+    from stocfl.experiment.loop import Experiment
 
     exp = Experiment.resume(Path(out), data_dir, federation=federation, module=model, loss=loss,
                             overrides=list(overrides))
@@ -127,7 +141,7 @@ def resume(out: str | Path, *, federation: Federation | None = None, model: torc
 
 def _result(exp, summary: dict[str, Any]) -> Result:
     alg, flat = exp.algorithm, exp.model
-    from stocfl.report import cluster_numbers
+    from stocfl.experiment.metrics import cluster_numbers
 
     labels, found = alg.cluster_labels(), alg.cluster_models()
     number = cluster_numbers(labels, found)  # as clusters.csv and stocfl export number them

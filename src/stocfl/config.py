@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from stocfl.aggregation import RULES
+from stocfl.algorithms.aggregation import RULES
 from stocfl.bounds import MAX_COUNT, MAX_EPOCHS, MAX_HIDDEN, MAX_LR, MAX_WEIGHT
 from stocfl.errors import UserError
 
@@ -98,14 +98,14 @@ class ScenarioConfig(Section):
     @field_validator("name")
     @classmethod
     def _known_scenario(cls, v):
-        from stocfl.scenarios import SCENARIOS
+        from stocfl.data.scenarios import SCENARIOS
 
         return _choice(v, SCENARIOS, "scenario")
 
     @field_validator("dataset")
     @classmethod
     def _known_dataset(cls, v):
-        from stocfl.data import DATASETS
+        from stocfl.data.datasets import DATASETS
 
         return _choice(v, DATASETS, "data set")
 
@@ -128,7 +128,7 @@ class ModelConfig(Section):
     @field_validator("name")
     @classmethod
     def _known_model(cls, v):
-        from stocfl.models import MODELS
+        from stocfl.client.models import MODELS
 
         return _choice(v, ("auto", *MODELS), "model")
 
@@ -343,7 +343,7 @@ def _toml(value) -> str:
 def describe() -> str:
     """Every key with its default and meaning, in aligned columns (``stocfl config``)."""
     from stocfl.algorithms import ALGORITHMS
-    from stocfl.scenarios import SCENARIOS
+    from stocfl.data.scenarios import SCENARIOS
 
     entries: list[tuple[str, str, str] | str] = []
     for section, field in Config.model_fields.items():

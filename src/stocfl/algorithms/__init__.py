@@ -10,7 +10,7 @@ from stocfl.algorithms.fesem import FeSEM
 from stocfl.algorithms.flhc import FLHC
 from stocfl.algorithms.ifca import IFCA
 from stocfl.algorithms.fedprox import FedProx
-from stocfl.algorithms.stocfl import StoCFL
+from stocfl.algorithms.stocfl.algorithm import StoCFL
 from stocfl.errors import UserError, refuse_builtin
 
 ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedAvg, FedProx, StoCFL, Ditto, IFCA, CFL, FLHC, FeSEM)}

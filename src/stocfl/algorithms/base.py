@@ -16,12 +16,12 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from stocfl import state as state_mod
-from stocfl.aggregation import Aggregator
+from stocfl.storage import state as state_mod
+from stocfl.algorithms.aggregation import Aggregator
 from stocfl.bounds import MAX_MODEL_BYTES
-from stocfl.optim import Optimizer
+from stocfl.client.optim import Optimizer
 from stocfl.errors import UserError
-from stocfl.tasks import Evaluate, Result, Task, Train, Trained, task_seed
+from stocfl.client.tasks import Evaluate, Result, Task, Train, Trained, task_seed
 
 RunTasks = Callable[[list[Task]], list[Result]]
 
@@ -107,7 +107,7 @@ class Algorithm:
     """Base class. Subclasses set ``name``, ``Params``, ``State`` and implement ``round``.
 
     ``State`` is a dataclass holding everything that must outlive a round (see
-    :mod:`stocfl.state` for what its fields may hold); ``self.state`` is its value, set in
+    :mod:`stocfl.storage.state` for what its fields may hold); ``self.state`` is its value, set in
     ``__init__``, and each of its fields reads and writes as an attribute of the algorithm
     (``self.w`` is ``self.state.w``). Checkpoints and replays of failed rounds go through it
     with no code in the algorithm."""
@@ -221,17 +221,6 @@ class Algorithm:
 
     def plots(self, out: Path, groups: np.ndarray | None, title: str, seed: int) -> None:
         """Draw the algorithm's own figures into the results directory ``out`` (``groups``: every
-        client's true group, when known). By default, when it keeps per-client representations:
-        their cosine matrix (similarity.png) and a t-SNE embedding (embedding.png)."""
-        reps = self.representations()
-        if reps is None:
-            return
-        from stocfl import plots, report
-
-        ids, rows = reps
-        g = groups[ids] if groups is not None else None
-        labels = self.cluster_labels()
-        number = report.cluster_numbers(labels)
-        plots.similarity_matrix(rows, g, out / "similarity.png", f"cosine of client representations, {title}")
-        plots.embedding(rows, np.array([number.get(int(k), -1) for k in labels[ids]]), g, out / "embedding.png",
-                        title, seed)
+        client's true group, when known). The results writer has already drawn what every
+        algorithm with per-client :meth:`representations` gets (similarity.png, embedding.png);
+        by default there is nothing more."""

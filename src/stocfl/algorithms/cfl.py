@@ -11,7 +11,7 @@ from pydantic import Field
 
 from stocfl.bounds import MAX_COUNT, MAX_WEIGHT
 from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks, place_by_lowest_loss
-from stocfl.aggregation import weighted_mean
+from stocfl.algorithms.aggregation import weighted_mean
 
 
 class CFLParams(Params):

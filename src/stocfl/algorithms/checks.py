@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from stocfl import report
+from stocfl.storage import formats
 from stocfl.algorithms.base import Placement
 from stocfl.errors import UserError
 
@@ -80,7 +80,7 @@ def check_diagnostics(algorithm, t: int, diag: Any, measured: dict[str, Any]) ->
         raise UserError(f"algorithm {name!r}: round({t}) returned {clash[0]!r}, a figure the runner measures "
                         f"itself; give the algorithm's own figure another name")
     try:
-        report.json_line(diag)
+        formats.json_line(diag)
     except (TypeError, ValueError) as err:
         raise UserError(f"algorithm {name!r}: round({t}) returned diagnostics that are not JSON ({err}); return "
                         f"numbers, strings, lists and dicts (a numpy array: .tolist())") from None

@@ -10,7 +10,7 @@ from pydantic import ConfigDict, Field
 
 from stocfl.bounds import MAX_WEIGHT
 from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks
-from stocfl.store import ClientStore
+from stocfl.storage.store import ClientStore
 
 
 class DittoParams(Params):

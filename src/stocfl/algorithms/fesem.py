@@ -13,7 +13,7 @@ from stocfl.bounds import MAX_WEIGHT
 from stocfl.algorithms.base import (Algorithm, Context, Params, RunTasks, check_models_fit, lowest_train_loss,
                                    place_by_lowest_loss)
 from stocfl.errors import UserError
-from stocfl.store import ClientStore
+from stocfl.storage.store import ClientStore
 
 
 class FeSEMParams(Params):

@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 
 from stocfl.bounds import MAX_COUNT, MAX_EPOCHS
 from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks, place_by_lowest_loss
-from stocfl.tasks import Train, task_seed, without_dropped
+from stocfl.client.tasks import Train, task_seed, without_dropped
 
 
 # The distance threshold that cuts the tree when none is given, per metric. l2: the paper's 3.0

@@ -1,138 +1,15 @@
-"""Executors run lists of client tasks. Algorithms never know which one runs them."""
+"""Executors run lists of client tasks; algorithms never know which one runs them. The engines
+(``run.engine`` names) and ``auto``'s choice among them are in :mod:`stocfl.executors.registry`."""
 
-from __future__ import annotations
-
-import os
-import sys
-from dataclasses import dataclass
-from typing import Any, Callable
-
-import torch
-
-from stocfl.devices import resolve_device
-from stocfl.errors import UserError, refuse_builtin
 from stocfl.executors.base import Executor
 from stocfl.executors.batched import BatchedExecutor
+from stocfl.executors.lowrank import Structure, structure
 from stocfl.executors.parallel import ParallelExecutor
+from stocfl.executors.registry import (BATCHED_BELOW_FLOPS, BUILTIN_ENGINES, ENGINES, Engine, choose_engine,
+                                       choose_lowrank, engine_of, make_executor, register_engine, set_threads,
+                                       usable_cores)
 from stocfl.executors.sequential import SequentialExecutor
-from stocfl.lowrank import flops, structure
 
-# Per-step work per client (about 6 * P * B flops) below which per-client overhead dominates
-# and batching clients with vmap pays; measured by `stocfl bench` (see README).
-BATCHED_BELOW_FLOPS = 5e7
-
-
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def set_threads(threads: int = 0) -> int:
-    """Use ``threads`` torch threads (0 = the cores this process may run on); oversubscribing
-    the cores made a prototype 7-9x slower. Kept fixed for a run so numbers repeat."""
-    cores = usable_cores()
-    if threads > cores:
-        raise UserError(f"config: run.threads = {threads} is more than the {cores} cores this process may use; "
-                        f"use at most {cores} (0 = all of them)")
-    n = threads or cores
-    torch.set_num_threads(n)
-    return n
-
-
-def choose_engine(engine: str, n_params: int, batch_size: int, mean_client_size: float) -> str:
-    if engine != "auto":
-        return engine
-    b = mean_client_size if batch_size == 0 else min(batch_size, mean_client_size)
-    return "batched" if 6.0 * n_params * b < BATCHED_BELOW_FLOPS else "sequential"
-
-
-@dataclass(frozen=True)
-class Engine:
-    """A way to run client tasks, by its ``run.engine`` name: an in-process executor
-    (``executor(federation, model, cfg) -> Executor``, ``cfg`` the run's config), or one that
-    runs the whole experiment itself (``launch``: the Flower simulation)."""
-
-    name: str
-    description: str
-    executor: Callable[..., Executor] | None = None
-    launch: Callable[..., Any] | None = None
-
-
-ENGINES: dict[str, Engine] = {}
-BUILTIN_ENGINES = ("auto", "sequential", "parallel", "batched", "lowrank", "flower-sim")
-
-
-def register_engine(engine: Engine) -> Engine:
-    """Make ``engine`` usable as ``run.engine = engine.name`` in this process."""
-    if not isinstance(engine, Engine) or not engine.name.replace("-", "_").isidentifier():
-        raise UserError(f"register_engine: expected an Engine with a name such as 'my-engine', got {engine!r}")
-    if (engine.executor is None) == (engine.launch is None):
-        raise UserError(f"register_engine: engine {engine.name!r} needs exactly one of executor and launch")
-    refuse_builtin("register_engine", engine.name, engine.name in BUILTIN_ENGINES and engine.name in ENGINES)
-    ENGINES[engine.name] = engine
-    return engine
-
-
-def engine_of(name: str) -> Engine:
-    try:
-        return ENGINES[name]
-    except KeyError:
-        raise UserError(f"config: run.engine = {name!r} is unknown; choose one of {', '.join(ENGINES)}") from None
-
-
-def make_executor(engine: str, federation, model, cfg) -> Executor:
-    """An in-process executor of ``engine`` for the run configured by ``cfg``; its ``name`` is
-    the engine that runs (``auto`` resolves to one)."""
-    e = engine_of(engine)
-    if e.executor is None:
-        raise UserError(f"run.engine = {engine!r} runs through 'stocfl run'/'stocfl resume', not in-process; choose "
-                        f"one of {', '.join(n for n, x in ENGINES.items() if x.executor is not None)}")
-    return e.executor(federation, model, cfg)
-
-
-def choose_lowrank(model, epochs: int, batch_size: int, mean_client_size: float, plain_sgd: bool) -> bool:
-    """The cost model of the low-rank path: take it when plain SGD on a dense first layer costs
-    fewer multiply-adds that way (with a proximal center other than the start, the dearer case)."""
-    s = structure(model)
-    if s is None or not plain_sgd:
-        return False
-    plain, low = flops(s, max(1, round(mean_client_size)), epochs, batch_size, prox_distinct=True)
-    return low < plain
-
-
-def _auto(federation, model, cfg) -> Executor:
-    """On the CPU: where per-step work is small, per-client overhead dominates and batching
-    pays; where it is large (compute-bound), the path with less arithmetic wins: low-rank when
-    it has less. On an accelerator, clients are always batched (low-rank when it has less).
-    A model with dropout always runs client by client: the sequential loop, in parallel's
-    workers where torch has more than one thread."""
-    t, n = cfg.train, float(federation.train_sizes.mean())
-    on_cpu = resolve_device(cfg.run.device).type == "cpu"
-    chosen = choose_engine("auto", model.n_params, t.batch_size, n) if on_cpu else "batched"
-    plain_sgd = t.optimizer == "sgd" and t.momentum == 0 and t.weight_decay == 0
-    if (chosen == "sequential" or not on_cpu) and choose_lowrank(model, t.epochs, t.batch_size, n, plain_sgd):
-        chosen = "lowrank"
-    if model.random:  # dropout: each client's draws as it trains alone, only the sequential loop has them
-        chosen = "sequential"
-    if chosen == "sequential" and on_cpu and torch.get_num_threads() > 1 and sys.platform == "linux":
-        chosen = "parallel"  # whole clients side by side, one thread each, beat one client on every thread
-    return make_executor(chosen, federation, model, cfg)
-
-
-register_engine(Engine("auto", "lowrank, sequential or batched, chosen by a cost model of the model, data and "
-                       "training", executor=_auto))
-register_engine(Engine("sequential", "one client after another, a tight loop over pre-stacked tensors",
-                       executor=lambda fed, model, cfg: SequentialExecutor(fed, model, resolve_device(cfg.run.device))))
-register_engine(Engine("parallel", "the sequential loop in worker processes, one per torch thread, each on one "
-                       "thread (CPU)", executor=lambda fed, model, cfg: ParallelExecutor(
-                           fed, model, workers=torch.get_num_threads(), device=resolve_device(cfg.run.device))))
-register_engine(Engine("batched", "chunks of clients as one vmap(grad) computation",
-                       executor=lambda fed, model, cfg: BatchedExecutor(fed, model, chunk_size=cfg.run.chunk_size,
-                                                                        device=resolve_device(cfg.run.device))))
-register_engine(Engine("lowrank", "batched, with plain-SGD training of a dense first layer in the span of each "
-                       "client's inputs (exact; stocfl.lowrank)", executor=lambda fed, model, cfg: BatchedExecutor(
-                           fed, model, chunk_size=cfg.run.chunk_size, lowrank=True,
-                           device=resolve_device(cfg.run.device))))
-
-
-__all__ = ["ENGINES", "Engine", "Executor", "ParallelExecutor", "SequentialExecutor", "BatchedExecutor", "choose_engine",
-           "engine_of", "make_executor", "register_engine", "set_threads"]
+__all__ = ["BATCHED_BELOW_FLOPS", "BUILTIN_ENGINES", "ENGINES", "BatchedExecutor", "Engine", "Executor",
+           "ParallelExecutor", "SequentialExecutor", "Structure", "choose_engine", "choose_lowrank", "engine_of", "make_executor",
+           "register_engine", "set_threads", "structure", "usable_cores"]

@@ -10,9 +10,9 @@ import torch
 
 from stocfl.devices import federation_on, move
 from stocfl.errors import UserError
-from stocfl.models import FlatModel
-from stocfl.scenarios import Federation
-from stocfl.tasks import ClientData, Evaluate, Evaluated, Result, Task, evaluate_pooled, kind_of
+from stocfl.client.models import FlatModel
+from stocfl.data.federation import Federation
+from stocfl.client.tasks import ClientData, Evaluate, Evaluated, Result, Task, evaluate_pooled, kind_of
 
 
 class Executor:

@@ -3,7 +3,7 @@
 Clients of unequal size are padded to the largest in the chunk and masked: padded samples
 weigh 0 in the loss, and a client that has run out of mini-batches in an epoch is frozen for
 the remaining steps (its whole update, proximal term included, is multiplied by 0). The batch
-order comes from :func:`stocfl.training.batch_plan`, as in the sequential executor, so both
+order comes from :func:`stocfl.client.training.batch_plan`, as in the sequential executor, so both
 give the same weights up to float rounding.
 """
 
@@ -17,10 +17,10 @@ from torch.func import grad, vmap
 from stocfl.devices import free_bytes
 from stocfl.executors.base import Executor
 from stocfl.errors import UserError
-from stocfl.lowrank import LowRankTrainer, structure
-from stocfl.optim import Optimizer
-from stocfl.tasks import KINDS, Train, Trained, check_train_task
-from stocfl.training import batch_plan, stacked_batch
+from stocfl.executors.lowrank import LowRankTrainer, structure
+from stocfl.client.optim import Optimizer
+from stocfl.client.tasks import KINDS, Train, Trained, check_train_task
+from stocfl.client.training import batch_plan, stacked_batch
 
 MEMORY_BUDGET = 1 << 30  # bytes per chunk for weights, gradients, centers and activations
 MAX_CHUNK = 512

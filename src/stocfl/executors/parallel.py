@@ -29,7 +29,7 @@ import torch
 from stocfl.devices import map_tensors
 from stocfl.errors import UserError
 from stocfl.executors.base import Executor
-from stocfl.tasks import KINDS, kind_of
+from stocfl.client.tasks import KINDS, kind_of
 
 _worker: "ParallelExecutor | None" = None  # the executor being forked; in a worker, the one it was forked from
 

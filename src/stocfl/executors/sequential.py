@@ -1,7 +1,7 @@
 """The reference executor: every task kind's reference function, client by client.
 
 No DataLoader, no module copies: a client's data is a view into the federation's stacked
-tensors, its model a flat vector, one autograd call per step (``stocfl.training.local_sgd``)."""
+tensors, its model a flat vector, one autograd call per step (``stocfl.client.training.local_sgd``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Client tasks and results as Flower records, derived from the dataclass fields of each
-registered task kind (``stocfl.tasks.register_task``): no per-kind code here.
+registered task kind (``stocfl.client.tasks.register_task``): no per-kind code here.
 
 One message carries the tasks of one kind for the clients of one node in a call of the
 executor (e.g. StoCFL's train of w and of theta_k). Task k travels as an ArrayRecord "k.arrays"
@@ -9,7 +9,7 @@ is the kind's. Result k comes back as "k.arrays" and a ConfigRecord "k.values" t
 with a ConfigRecord "clients" whose "ids" name the client of each result. Every value is read
 back by its field's type: a number where an integer belongs, NaN or inf in a tensor, a tensor
 of the wrong shape class, a missing field or another client's id is a :class:`BadReply`.
-Replies are then checked against the task (``stocfl.tasks.check_result``) before any
+Replies are then checked against the task (``stocfl.client.tasks.check_result``) before any
 algorithm sees them.
 """
 
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from stocfl.tasks import KINDS, BadResult, Task, kind_by_message, kind_of
+from stocfl.client.tasks import KINDS, BadResult, Task, kind_by_message, kind_of
 
 
 class BadReply(BadResult):

@@ -1,6 +1,6 @@
 """Flower as the transport: the same algorithm code, client tasks sent as Flower messages.
 
-The server side is a ServerApp whose ``main`` runs the ordinary :class:`~stocfl.runner.Experiment`
+The server side is a ServerApp whose ``main`` runs the ordinary :class:`~stocfl.experiment.loop.Experiment`
 loop with a :class:`FlowerExecutor`; each SuperNode runs a ClientApp that answers the tasks of
 the clients it serves with the in-process sequential executor. :func:`simulate` runs this on
 Flower's simulation engine (``flower-sim``); :func:`deployed_main` and
@@ -24,7 +24,7 @@ from flwr.serverapp import Grid, ServerApp
 from stocfl.errors import UserError
 from stocfl.flower.codec import (BadReply, decode_results, decode_tasks, encode_results, encode_tasks, message_type,
                                  message_types)
-from stocfl.tasks import ClientsDropped, Result, Task
+from stocfl.client.tasks import ClientsDropped, Result, Task
 
 NODE_WAIT_SECONDS = 120.0
 POLL_SECONDS = 0.5  # longest pause between pulls (Grid.send_and_receive waits 3 s on a deployment)
@@ -70,7 +70,7 @@ class FlowerExecutor:
     offline no longer serves its client, and a node it has not seen is asked which client it
     serves, so a restarted SuperNode (which comes back with a new node id) serves its client
     again, and the client keeps its cluster. A client without a node, or whose node errs, sends
-    a bad reply or misses ``timeout`` seconds, is reported in :class:`~stocfl.tasks.ClientsDropped`.
+    a bad reply or misses ``timeout`` seconds, is reported in :class:`~stocfl.client.tasks.ClientsDropped`.
     """
 
     def __init__(self, grid: Grid, timeout: float | None = None):
@@ -233,7 +233,7 @@ def client_app(raw_config: dict[str, Any] | Callable[[Context], dict[str, Any]])
             quiet_known_noise()
             from stocfl import config as config_mod
             from stocfl.executors import SequentialExecutor, set_threads
-            from stocfl.build import build_federation, build_model
+            from stocfl.experiment.build import build_federation, build_model
 
             set_threads(1)  # one CPU per client actor
             cfg = config_mod.validate(raw_config(context) if callable(raw_config) else raw_config)
@@ -322,8 +322,8 @@ def deployed_main(grid: Grid, run_config: dict[str, Any]) -> None:
     the results directory and the number of clients to wait for (0: every client of the
     scenario). An existing results directory is resumed."""
     from stocfl import config as config_mod
-    from stocfl.build import read_config
-    from stocfl.runner import Experiment
+    from stocfl.experiment.build import read_config
+    from stocfl.experiment.loop import Experiment
 
     config, out, n = run_config_paths(run_config)
     resuming = (out / "config.toml").exists()

@@ -15,7 +15,7 @@ from flwr.common import serde
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
 from stocfl.flower.codec import BadReply, decode_results, decode_tasks, encode_results, encode_tasks, message_type
-from stocfl.tasks import ClientsDropped, Result, Task
+from stocfl.client.tasks import ClientsDropped, Result, Task
 
 
 def over_the_wire(content):

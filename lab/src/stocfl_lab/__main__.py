@@ -1,0 +1,3 @@
+from stocfl_lab.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,328 @@
+"""Client tasks: what an algorithm asks of a client, and what the client answers.
+
+A task kind is a dataclass (its fields are its message: flat float32 tensors, the client id,
+plain numbers and strings), its result dataclass, and one reference function that runs it on
+one client's data (:func:`register_task`). Every executor dispatches through the registry: an
+executor may have a faster path for a kind (the batched executor's training, the shared
+evaluation of clients on one model), otherwise the reference runs; the Flower codec derives
+its records from the dataclass fields. Training and evaluation are registered here; StoCFL's
+representation beside StoCFL (``stocfl.algorithms.stocfl.representation``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any, Callable, Literal, TypeVar
+
+import numpy as np
+import torch
+
+from stocfl.errors import UserError, refuse_builtin
+from stocfl.client.models import FlatModel
+from stocfl.client.optim import Optimizer
+from stocfl.client.training import local_sgd
+
+log = logging.getLogger("stocfl")
+
+
+@dataclass(frozen=True, eq=False)
+class Train:
+    """Local SGD from ``weights``: ``epochs`` passes over the client's train set in shuffled
+    mini-batches of ``batch_size`` (0 = full batch) with learning rate ``lr``, minimising
+    f_i(w) + (prox_weight / 2) * ||w - prox_center||^2 (the proximal term is off when
+    ``prox_center`` is None). ``seed`` fixes the mini-batch order. ``optimizer`` ("sgd" or "adam")
+    with ``momentum``, ``weight_decay``, ``beta1``, ``beta2`` (``stocfl.client.optim``), from a fresh
+    state."""
+
+    client: int
+    weights: torch.Tensor
+    epochs: int
+    batch_size: int
+    lr: float
+    seed: int
+    prox_center: torch.Tensor | None = None
+    prox_weight: float = 0.0
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+
+    @property
+    def opt(self) -> Optimizer:
+        return Optimizer(self.optimizer, self.lr, self.momentum, self.weight_decay, self.beta1, self.beta2)
+
+
+@dataclass(frozen=True, eq=False)
+class Evaluate:
+    """Mean loss and accuracy of ``weights`` on the client's ``split`` data."""
+
+    client: int
+    weights: torch.Tensor
+    split: Literal["train", "test"] = "test"
+
+
+@dataclass(frozen=True, eq=False)
+class Trained:
+    weights: torch.Tensor
+    n_samples: int
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    loss: float
+    correct: int
+    n_samples: int
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.n_samples if self.n_samples else 0.0
+
+
+T = TypeVar("T")
+
+MAX_ABS = 1e6  # no trained weight or gradient entry is larger; a reply beyond it is refused
+
+
+class BadResult(ValueError):
+    """A client's result that must not be used (wrong shape or count, NaN, out of bounds)."""
+
+
+def check_vector(t, what: str, n: int, bound: float = float("inf")) -> torch.Tensor:
+    """``t`` if it is a float vector of length ``n`` with finite entries within +-``bound``,
+    else :class:`BadResult` (one pass over the entries: max |t| is NaN or inf if any is)."""
+    if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.numel() != n or not t.is_floating_point():
+        raise BadResult(f"{what} has shape {tuple(getattr(t, 'shape', ()))}, expected ({n},) floats")
+    top = float(t.abs().max()) if n else 0.0
+    if not np.isfinite(top):
+        raise BadResult(f"{what} holds NaN or inf")
+    if top > bound:
+        raise BadResult(f"{what} reaches {top:.3g}, beyond {bound:g}")
+    return t
+
+
+def _count(n, expected: int, what: str) -> None:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n != expected:
+        raise BadResult(f"{what} = {n!r}, but the client holds {expected}")
+
+
+def check_trained(task: "Train", result: "Trained", train_size: int, test_size: int) -> "Trained":
+    check_vector(result.weights, "weights", task.weights.numel(), MAX_ABS)
+    _count(result.n_samples, train_size, "n_samples")
+    return result
+
+
+def check_evaluated(task: "Evaluate", result: "Evaluated", train_size: int, test_size: int) -> "Evaluated":
+    _count(result.n_samples, train_size if task.split == "train" else test_size, "n_samples")
+    c = result.correct
+    if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c <= result.n_samples:
+        raise BadResult(f"correct = {c!r}, expected an integer in 0..{result.n_samples}")
+    if not (isinstance(result.loss, (int, float)) and np.isfinite(result.loss) and result.loss >= 0):
+        raise BadResult(f"loss = {result.loss!r}, expected a finite number >= 0")
+    return result
+
+
+def check_any(task, result, train_size: int, test_size: int):
+    """The check of a kind registered without its own: every tensor finite, a count named
+    ``n_samples`` equal to the client's train size."""
+    for f in fields(result):
+        v = getattr(result, f.name)
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() and not bool(torch.isfinite(v).all()):
+            raise BadResult(f"{f.name} holds NaN or inf")
+        if f.name == "n_samples":
+            _count(v, train_size, "n_samples")
+    return result
+
+
+def check_result(task, result, train_size: int, test_size: int):
+    """``result`` checked against what the server asked (``task``, by its kind's check) and
+    knows (the client's train and test sizes); returns it (possibly normalised, e.g. a Psi
+    re-scaled to unit length) or raises :class:`BadResult` naming the problem."""
+    kind = kind_of(type(task))
+    if not isinstance(result, kind.result):
+        raise BadResult(f"a {type(result).__name__} in reply to a {type(task).__name__} task")
+    return (kind.check or check_any)(task, result, train_size, test_size)
+
+
+class ClientsDropped(Exception):
+    """Raised by an executor after a task list when some clients failed (an error, a bad reply,
+    no reply in time). The round is redone without them; every other task in the list ran."""
+
+    def __init__(self, clients: list[int], reasons: list[str]):
+        super().__init__(f"dropped clients {clients}: {'; '.join(reasons)}")
+        self.clients, self.reasons = clients, reasons
+
+    def summary(self) -> str:
+        """The reasons on one line, clients that failed alike together: "40 clients (0-39): bad
+        reply (loss = nan, ...)" rather than forty copies of it."""
+        return grouped_reasons(self.reasons)
+
+
+def grouped_reasons(reasons: list[str]) -> str:
+    groups: dict[str, list[tuple[int, str]]] = {}
+    alone = []
+    for r in reasons:
+        m = re.fullmatch(r"client (\d+)(?: \(node \d+\))?: (.*)", r, re.S)
+        if m is None:
+            alone.append(r)
+        else:
+            groups.setdefault(m.group(2), []).append((int(m.group(1)), r))
+    said = [got[0][1] if len(got) == 1 else f"{len(got)} clients ({id_ranges([i for i, _ in got])}): {why}"
+            for why, got in groups.items()]
+    return "; ".join(said + alone)
+
+
+def id_ranges(ids: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8"."""
+    out, ids = [], sorted(ids)
+    start = prev = ids[0]
+    for i in ids[1:] + [None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ",".join(out)
+
+
+def without_dropped(clients: list[int], attempt: Callable[[list[int]], T], step: str) -> tuple[list[int], T]:
+    """``attempt(clients)``, repeated without the clients that failed until none fails; returns
+    the clients that answered and the result (for steps that simply leave failed clients out).
+    Every client left out is logged, naming ``step`` and why: a figure computed over fewer
+    clients than asked must never pass unnoticed."""
+    while True:
+        try:
+            return clients, attempt(clients)
+        except ClientsDropped as err:
+            log.warning("%s: left out %s", step, err.summary())
+            clients = [i for i in clients if i not in err.clients]
+
+
+def task_seed(run_seed: int, round_: int, client: int, purpose: int = 0) -> int:
+    """A seed for one client's task in one round, independent of every other draw."""
+    return int(np.random.SeedSequence([run_seed, round_, client, purpose]).generate_state(1)[0])
+
+
+# ---- the registry -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """What a task's reference function sees: one client's train and test data and the run's
+    model (a pure function of flat weights)."""
+
+    client: int
+    x: torch.Tensor
+    y: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    model: FlatModel
+    n_classes: int
+
+    def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        return (self.x, self.y) if name == "train" else (self.x_test, self.y_test)
+
+
+@dataclass(frozen=True)
+class TaskKind:
+    """A client computation: ``run(client_data, task) -> result`` is its reference; ``check``
+    validates a reply (default :func:`check_any`); ``batched(executor, tasks)``, when given, is
+    a vectorised version the batched executor uses; ``message`` is its Flower message type."""
+
+    task: type
+    result: type
+    run: Callable[[ClientData, Any], Any]
+    message: str
+    check: Callable[[Any, Any, int, int], Any] | None = None
+    batched: Callable[[Any, list], list] | None = None
+
+
+KINDS: dict[type, TaskKind] = {}
+BUILTIN_MESSAGES = ("train", "evaluate", "query.represent")  # the tasks of the built-in algorithms
+
+
+def register_task(task: type, result: type, run: Callable[[ClientData, Any], Any], message: str | None = None,
+                  check: Callable | None = None, batched: Callable | None = None) -> TaskKind:
+    """Register a task kind (see :class:`TaskKind`). ``task`` and ``result`` are dataclasses; a
+    task has a field ``client``. ``message`` defaults to ``query.<task name in lower case>``."""
+    if not (isinstance(task, type) and is_dataclass(task) and isinstance(result, type) and is_dataclass(result)):
+        raise UserError(f"register_task: task and result must be dataclasses, got {task!r} and {result!r}")
+    if not callable(run):
+        raise UserError(f"register_task({task.__name__}): run must be a function (client_data, task) -> result")
+    if task in KINDS:
+        refuse_builtin("register_task", task.__name__, KINDS[task].message in BUILTIN_MESSAGES)
+    names = {f.name for f in fields(task)}
+    if "client" not in names:
+        raise UserError(f"register_task: {task.__name__} needs a field 'client' (the client that runs it)")
+    message = message or f"query.{task.__name__.lower()}"
+    taken = [k for k in KINDS.values() if k.message == message and k.task is not task]
+    if taken:
+        raise UserError(f"register_task: message type {message!r} is taken by {taken[0].task.__name__}")
+    KINDS[task] = TaskKind(task, result, run, message, check, batched)
+    return KINDS[task]
+
+
+def kind_of(task_type: type) -> TaskKind:
+    try:
+        return KINDS[task_type]
+    except KeyError:
+        raise UserError(f"{task_type.__name__} is not a registered task kind; register it with "
+                        f"stocfl.client.tasks.register_task") from None
+
+
+def kind_by_message(message: str) -> TaskKind:
+    for k in KINDS.values():
+        if k.message == message:
+            return k
+    raise ValueError(f"unknown message type {message!r}")
+
+
+def check_train_task(t: Train, n_params: int) -> None:
+    if t.weights.shape != (n_params,):
+        raise UserError(f"train task for client {t.client}: weights have shape {tuple(t.weights.shape)}, "
+                        f"the model has {n_params} parameters")
+
+
+def train_one(c: ClientData, t: Train) -> Trained:
+    """The reference: local SGD on the client's train set (``stocfl.client.training.local_sgd``)."""
+    check_train_task(t, c.model.n_params)
+    w = local_sgd(c.model, c.x, c.y, t.weights, t.epochs, t.batch_size, t.lr, t.seed, t.prox_center, t.prox_weight,
+                  opt=t.opt)
+    return Trained(w, len(c.y))
+
+
+@torch.no_grad()
+def evaluate_pooled(model: FlatModel, w: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor]]
+                    ) -> list[Evaluated]:
+    """Loss and accuracy of one weights vector on each of several clients' data, in one forward
+    pass over their concatenation (exact: the per-sample numbers do not depend on the batch)."""
+    x = torch.cat([p[0] for p in parts])
+    y = torch.cat([p[1] for p in parts])
+    losses, correct = [], []
+    chunk = model.eval_chunk(x)
+    for a in range(0, len(y), chunk):
+        logits = model.forward(w, model.layout(x[a: a + chunk]))
+        losses.append(model.per_sample_loss(logits, y[a: a + chunk]).double())
+        correct.append(logits.argmax(1) == y[a: a + chunk])
+    loss_all = torch.cat(losses) if losses else torch.zeros(0, dtype=torch.float64)
+    correct_all = torch.cat(correct) if correct else torch.zeros(0, dtype=torch.bool)
+    out, start = [], 0
+    for _, yk in parts:
+        seg = slice(start, start + len(yk))
+        out.append(Evaluated(float(loss_all[seg].mean()) if len(yk) else 0.0, int(correct_all[seg].sum()), len(yk)))
+        start += len(yk)
+    return out
+
+
+def evaluate_one(c: ClientData, t: Evaluate) -> Evaluated:
+    return evaluate_pooled(c.model, t.weights, [c.split(t.split)])[0]
+
+
+register_task(Train, Trained, train_one, "train", check_trained)
+register_task(Evaluate, Evaluated, evaluate_one, "evaluate", check_evaluated)
+
+Task = Any  # an instance of a registered task kind
+Result = Any  # an instance of its result kind

@@ -1,0 +1,99 @@
+"""Local training: the mini-batch order every executor follows, and plain SGD on one client
+(the reference that the batched executor is checked against)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import torch
+
+from stocfl.client.models import FlatModel
+from stocfl.client.optim import Optimizer
+
+
+def batch_plan(n: int, epochs: int, batch_size: int, seed: int) -> list[list[torch.Tensor] | None]:
+    """Per epoch, the mini-batches as index tensors; ``None`` for a full-batch epoch.
+
+    Every executor takes the order from here, which is why they agree to float rounding."""
+    if batch_size == 0 or batch_size >= n:
+        return [None] * epochs
+    g = torch.Generator().manual_seed(int(seed))
+    return [list(torch.split(torch.randperm(n, generator=g), batch_size)) for _ in range(epochs)]
+
+
+def stacked_batch(plans, epoch: int, step: int, steps: list[int], sizes: list[int], device=None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step ``step`` of ``epoch`` for a stack of clients following their ``plans``
+    (:func:`batch_plan`): sample indices (clients x widest batch, padded with 0) and a mask of
+    the real ones. A client out of batches gets an empty row."""
+    batches = []
+    for i, p in enumerate(plans):
+        if step >= steps[i]:
+            batches.append(torch.zeros(0, dtype=torch.long))
+        else:
+            batches.append(torch.arange(sizes[i]) if p[epoch] is None else p[epoch][step])
+    width = max(len(b) for b in batches)
+    idx = torch.zeros((len(plans), width), dtype=torch.long)
+    mask = torch.zeros((len(plans), width))
+    for i, b in enumerate(batches):
+        idx[i, : len(b)] = b
+        mask[i, : len(b)] = 1.0
+    return idx.to(device), mask.to(device)
+
+
+def local_sgd(model: FlatModel, x, y, w, epochs, batch_size, lr, seed, center=None, mu: float = 0.0,
+              grad: Callable | None = None, opt: Optimizer | None = None):
+    """E epochs of mini-batch SGD on f(w) + (mu/2)||w - center||^2, in the order of batch_plan.
+
+    ``grad(w, x_flat, y, n_classes)``, when given, is an exact closed-form gradient used
+    instead of autograd (the linear anchor's fast path). ``opt``: another optimizer than plain
+    SGD (momentum, weight decay, Adam; ``stocfl.client.optim``), from a fresh state."""
+    w = w.detach().clone()
+    x = model.layout(x)  # once per client: the mini-batches gathered from it keep its layout
+    p = model.n_trainable  # the step acts on the parameters; buffers take BatchNorm's running statistics
+    params = w[:p]  # a view: steps write into w
+    state = opt.init(params) if opt is not None and not opt.plain else None
+    if grad is not None:
+        x = x.flatten(1)
+        n_classes = len(w) // (x.shape[1] + 1)
+    # Autograd gives one gradient per parameter tensor, and plain SGD steps each in place: no
+    # flat gradient is concatenated (for a 1.6M-parameter CNN that copy was an eighth of a step).
+    views = model.param_views(params)
+    centers = model.param_views(center) if center is not None and mu else None
+    with _seeded(seed, x.device) if model.random else contextlib.nullcontext():
+        for epoch in batch_plan(len(y), epochs, batch_size, seed):
+            for idx in epoch or [None]:
+                xb, yb = (x, y) if idx is None else (x[idx], y[idx])
+                flat = None
+                if grad is not None:
+                    flat = grad(params, xb, yb, n_classes)
+                    gs = model.param_views(flat)
+                else:
+                    leaves = [v.detach().requires_grad_(True) for v in views]
+                    buffers = model.split_buffers(w) if model.has_buffers else []  # [] : train mode, no buffers
+                    logits = model.forward_tensors(leaves, buffers, xb)
+                    gs = torch.autograd.grad(model.mean_loss(logits, yb), leaves)
+                    if buffers:  # after the gradient: w shares its storage with the leaves
+                        w[p:] = torch.cat([t.reshape(-1) for t in buffers])
+                if centers is not None:
+                    for g, v, c in zip(gs, views, centers):
+                        g.add_(v - c, alpha=mu)
+                if state is None:
+                    for v, g in zip(views, gs):
+                        v.add_(g, alpha=-lr)
+                else:
+                    opt.step(params, flat if flat is not None else torch.cat([g.reshape(-1) for g in gs]), state)
+    return w
+
+
+@contextlib.contextmanager
+def _seeded(seed: int, device: torch.device):
+    """Dropout's draws from a stream of the task's own seed, whatever ran before (the caller's
+    generator state is put back after): the same seed gives the same numbers, and a client's
+    training does not depend on the others'."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(int(seed))
+        yield
+
+

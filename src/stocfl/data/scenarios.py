@@ -1,0 +1,307 @@
+"""Scenarios: turn a data set into a federation of clients (the papers' non-IID settings).
+
+Within a group, clients get disjoint shards of the group's (transformed) train split; across
+groups the same source images are reused under each group's transformation, as in the papers.
+A client's test data is a disjoint shard of the same transformation of the test split.
+Everything is deterministic from the seed; asking for more samples than a group's pool holds
+is a :class:`UserError`, never a silent repeat.
+
+=====================  =======================================================  ====
+scenario               groups                                                   K
+=====================  =======================================================  ====
+iid                    one group, random shards                                 1
+pathological           labels {0,1,2}, {3,4}, {5,6}, {7,8,9}                    4
+rotated                rotate 0/90/180/270 degrees (CIFAR-10: 0/180)           4 (2)
+shifted                y -> (y + s) mod 10, s in {0, 3, 6, 9}                   4
+label_swap             group g swaps labels (2g, 2g+1) (FL+HC)                 4
+permuted_labels        y -> P_g(y), four fixed random permutations (CFL)       4
+hybrid                 MNIST clients and Fashion-MNIST clients (digits: digits  2
+                       and their negatives, a second feature domain)
+rotated_pathological   rotations {0, 180} x the 4 label groups                  8
+dirichlet              per-label Dirichlet(alpha) split over clients            none
+writers                one client per real writer (FEMNIST)                     none
+=====================  =======================================================  ====
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from stocfl.data.datasets import Dataset, load_dataset
+from stocfl.data.federation import Federation
+from stocfl.errors import UserError, refuse_builtin
+
+LABEL_GROUPS = ((0, 1, 2), (3, 4), (5, 6), (7, 8, 9))
+SHIFTS = (0, 3, 6, 9)
+SWAPS = ((0, 1), (2, 3), (4, 5), (6, 7))
+# CFL (Sattler et al. 2019, section 4): each of 4 groups applies its own random permutation
+# to the labels; fixed here (numpy's default_rng(2019)) so that groups mean the same in every run
+_perm_rng = np.random.default_rng(2019)
+PERMUTATIONS = tuple(tuple(int(v) for v in _perm_rng.permutation(10)) for _ in range(4))
+
+
+@dataclass
+class _Group:
+    source: Dataset
+    labels: tuple[int, ...] | None = None  # keep only these labels
+    image: Callable[[torch.Tensor], torch.Tensor] = lambda x: x
+    label: Callable[[torch.Tensor], torch.Tensor] = lambda y: y
+    name: str = ""
+
+
+def _rotate(quarter_turns: int):
+    return lambda x: torch.rot90(x, quarter_turns, dims=(2, 3)) if quarter_turns % 4 else x
+
+
+def _swap(a: int, b: int):
+    def f(y):
+        out = y.clone()
+        out[y == a], out[y == b] = b, a
+        return out
+
+    return f
+
+
+BUILTIN_SCENARIOS = ("iid", "pathological", "rotated", "shifted", "label_swap", "permuted_labels", "hybrid",
+                     "rotated_pathological", "dirichlet", "writers")
+ScenarioBuilder = Callable[..., "Federation"]
+# name -> builder for scenarios registered from user code (the built-ins are in ``build``)
+SCENARIOS: dict[str, ScenarioBuilder | None] = {name: None for name in BUILTIN_SCENARIOS}
+
+
+def register_scenario(name: str, builder: ScenarioBuilder) -> None:
+    """Make scenario ``name`` usable by name (``scenario.name``) in this process.
+
+    ``builder(dataset, n_clients, samples_per_client, test_per_client, seed, alpha)`` gets the
+    loaded :class:`~stocfl.data.datasets.Dataset` and the ``[scenario]`` values and returns a
+    :class:`Federation` (e.g. from :meth:`Federation.from_arrays`)."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise UserError(f"register_scenario: name {name!r} must be an identifier, e.g. 'my_split'")
+    refuse_builtin("register_scenario", name, name in BUILTIN_SCENARIOS)
+    if not callable(builder):
+        raise UserError(f"register_scenario({name!r}): builder must be a function returning a Federation")
+    SCENARIOS[name] = builder
+
+
+def _split_counts(n: int, k: int) -> list[int]:
+    return [n // k + (g < n % k) for g in range(k)]
+
+
+def build(
+    name: str,
+    dataset: str | Dataset,
+    n_clients: int,
+    samples_per_client: int,
+    test_per_client: int = 0,
+    seed: int = 0,
+    alpha: float = 0.5,
+    data_dir: str | None = None,
+    holdout: float = 0.0,
+) -> Federation:
+    """Build scenario ``name`` on ``dataset`` (a name or a loaded :class:`Dataset`).
+
+    Parameters
+    ----------
+    n_clients : int
+        N, clients in total, spread evenly over the groups (writers: number of writers).
+    samples_per_client : int
+        |D|, train samples per client (dirichlet: the mean size; writers: a cap per writer).
+    test_per_client : int, default 0
+        Test samples per client; 0 = an equal share of the group's test pool, at most |D|.
+    seed : int, default 0
+        Seeds every shuffle and draw.
+    alpha : float, default 0.5
+        Dirichlet concentration (dirichlet only).
+    holdout : float in [0, 1), default 0
+        Fraction of clients kept out of training (per true group where there is one), to be
+        placed as new clients afterwards (the StoCFL paper's 70/30 generalisation study).
+    """
+    src = dataset if isinstance(dataset, Dataset) else load_dataset(dataset, data_dir)
+    rng = np.random.default_rng(seed)
+    if n_clients < 1 or samples_per_client < 1 or test_per_client < 0:
+        raise UserError("config: scenario.n_clients and scenario.samples_per_client must be >= 1, "
+                        "scenario.test_per_client >= 0")
+    if SCENARIOS.get(name) is not None:
+        fed = SCENARIOS[name](src, n_clients, samples_per_client, test_per_client, seed, alpha)
+        if not isinstance(fed, Federation):
+            raise UserError(f"config: scenario.name: scenario {name!r} returned {type(fed).__name__}, not a Federation")
+    elif name == "writers":
+        fed = _writers(src, n_clients, samples_per_client, test_per_client, rng)
+    elif name == "dirichlet":
+        fed = _dirichlet(src, n_clients, samples_per_client, test_per_client, alpha, rng)
+    else:
+        fed = _grouped(name, src.name, _groups(name, src, data_dir), n_clients, samples_per_client,
+                       test_per_client, rng)
+    if holdout > 0:
+        fed.heldout = _holdout(fed, holdout, np.random.default_rng([seed, 2]))
+    return fed
+
+
+def _holdout(fed: Federation, fraction: float, rng: np.random.Generator) -> np.ndarray:
+    groups = fed.groups if fed.groups is not None else np.zeros(fed.n_clients, dtype=np.int64)
+    out = np.zeros(fed.n_clients, dtype=bool)
+    for g in np.unique(groups):
+        members = rng.permutation(np.flatnonzero(groups == g))
+        out[members[: int(round(fraction * len(members)))]] = True
+    if out.all():
+        raise UserError(f"config: scenario.holdout = {fraction} leaves no client to train; lower it")
+    if not out.any():
+        sizes = sorted({int((groups == g).sum()) for g in np.unique(groups)})
+        raise UserError(f"config: scenario.holdout = {fraction} holds out no client (it rounds to 0 of each group's "
+                        f"{'/'.join(map(str, sizes))} clients); raise it, or give each group more clients")
+    return out
+
+
+def _groups(name: str, src: Dataset, data_dir: str | None) -> list[_Group]:
+    if name == "iid":
+        return [_Group(src, name="all")]
+    if name == "pathological":
+        return [_Group(src, labels=ls, name=f"labels {ls}") for ls in LABEL_GROUPS]
+    if name == "rotated":
+        turns = (0, 2) if src.name == "cifar10" else (0, 1, 2, 3)
+        return [_Group(src, image=_rotate(t), name=f"rot {90 * t}") for t in turns]
+    if name == "shifted":
+        return [_Group(src, label=lambda y, s=s: (y + s) % 10, name=f"shift {s}") for s in SHIFTS]
+    if name == "label_swap":
+        return [_Group(src, label=_swap(a, b), name=f"swap {a}<->{b}") for a, b in SWAPS]
+    if name == "permuted_labels":
+        return [_Group(src, label=lambda y, p=torch.tensor(p): p[y], name=f"labels permuted {''.join(map(str, p))}")
+                for p in PERMUTATIONS]
+    if name == "rotated_pathological":
+        return [
+            _Group(src, labels=ls, image=_rotate(t), name=f"rot {90 * t}, labels {ls}")
+            for t in (0, 2) for ls in LABEL_GROUPS
+        ]
+    if name == "hybrid":
+        if src.name == "digits":
+            return [_Group(src, name="digits"), _Group(src, image=lambda x: 1.0 - x, name="negative digits")]
+        if src.name != "mnist":
+            raise UserError("config: scenario.dataset: scenario hybrid needs mnist (paired with fashion_mnist) or digits")
+        return [_Group(src, name="mnist"), _Group(load_dataset("fashion_mnist", data_dir), name="fashion_mnist")]
+    raise UserError(f"config: scenario.name: unknown scenario {name!r}")
+
+
+def _pool(y: torch.Tensor, labels: tuple[int, ...] | None, rng: np.random.Generator) -> np.ndarray:
+    idx = np.arange(len(y)) if labels is None else np.flatnonzero(np.isin(y.numpy(), labels))
+    return rng.permutation(idx)
+
+
+def _grouped(scenario, dataset, groups, n_clients, per_client, test_per_client, rng) -> Federation:
+    counts = _split_counts(n_clients, len(groups))
+    if min(counts) == 0:
+        raise UserError(
+            f"config: scenario.n_clients = {n_clients} cannot fill the {len(groups)} groups of scenario {scenario}; "
+            f"use n_clients >= {len(groups)}"
+        )
+    xs_tr, ys_tr, xs_te, ys_te, sizes_te = [], [], [], [], []
+    for g, (grp, n_g) in enumerate(zip(groups, counts)):
+        tr, te = _pool(grp.source.y_train, grp.labels, rng), _pool(grp.source.y_test, grp.labels, rng)
+        need = n_g * per_client
+        if need > len(tr):
+            raise UserError(
+                f"config: scenario.n_clients x scenario.samples_per_client: scenario {scenario} on {grp.source.name}: group {g} "
+                f"({grp.name}) needs {n_g} clients x "
+                f"{per_client} = {need} train samples but has {len(tr)}; lower n_clients or samples_per_client"
+                + (f" ({grp.source.note})" if grp.source.note else "")
+            )
+        t = test_per_client or min(per_client, len(te) // n_g)
+        if t == 0 or n_g * t > len(te):
+            raise UserError(
+                f"config: scenario.n_clients x scenario.test_per_client: scenario {scenario} on {grp.source.name}: group {g} "
+                f"({grp.name}) has {len(te)} test samples, "
+                f"too few for {n_g} clients x {max(t, 1)}; lower n_clients or test_per_client"
+                + (f" ({grp.source.note})" if grp.source.note else "")
+            )
+        tr_idx, te_idx = torch.from_numpy(tr[:need]), torch.from_numpy(te[: n_g * t])
+        xs_tr.append(grp.image(grp.source.x_train[tr_idx]))
+        ys_tr.append(grp.label(grp.source.y_train[tr_idx]))
+        xs_te.append(grp.image(grp.source.x_test[te_idx]))
+        ys_te.append(grp.label(grp.source.y_test[te_idx]))
+        sizes_te += [t] * n_g
+    shape = {tuple(x.shape[1:]) for x in xs_tr}
+    if len(shape) > 1:
+        raise UserError(f"scenario {scenario}: groups have different image shapes {shape}")
+    return Federation(
+        scenario, dataset,
+        torch.cat(xs_tr).contiguous(), torch.cat(ys_tr), np.arange(n_clients + 1) * per_client,
+        torch.cat(xs_te).contiguous(), torch.cat(ys_te), np.concatenate([[0], np.cumsum(sizes_te)]),
+        n_classes=max(g.source.n_classes for g in groups),
+        groups=np.repeat(np.arange(len(groups)), counts),
+        notes=[f"group {g}: {grp.name}" for g, grp in enumerate(groups)]
+        + sorted({grp.source.note for grp in groups if grp.source.note}),
+    )
+
+
+def _dirichlet(src, n_clients, per_client, test_per_client, alpha, rng) -> Federation:
+    """Standard per-label Dirichlet split (FeSEM): label c's share of each client ~ Dir(alpha).
+
+    A random subset of N*|D| train samples (and N*test samples) is split so client sizes vary;
+    draws are repeated (up to 100 times) until every client has at least one train sample."""
+    total = n_clients * per_client
+    if total > len(src.y_train):
+        raise UserError(
+            f"config: scenario.n_clients x scenario.samples_per_client: scenario dirichlet on {src.name}: "
+            f"{n_clients} x {per_client} = {total} train samples, "
+            f"the data set has {len(src.y_train)}; lower n_clients or samples_per_client"
+        )
+    t = test_per_client or min(per_client, len(src.y_test) // n_clients)
+    if t == 0 or n_clients * t > len(src.y_test):
+        raise UserError(
+            f"config: scenario.n_clients: scenario dirichlet on {src.name}: {len(src.y_test)} test samples are too few "
+            f"for {n_clients} clients"
+        )
+    tr = rng.choice(len(src.y_train), total, replace=False)
+    te = rng.choice(len(src.y_test), n_clients * t, replace=False)
+    for _ in range(100):
+        q = rng.dirichlet(np.full(n_clients, alpha), size=src.n_classes)  # (classes, clients)
+        tr_parts = _split_by_label(src.y_train.numpy()[tr], tr, q, n_clients)
+        if min(len(p) for p in tr_parts) > 0:
+            break
+    else:
+        raise UserError(f"config: scenario.alpha = {alpha} leaves dirichlet clients empty; raise scenario.alpha or "
+                        "scenario.samples_per_client")
+    te_parts = _split_by_label(src.y_test.numpy()[te], te, q, n_clients)
+    return _from_parts("dirichlet", src, tr_parts, te_parts, None, [f"alpha = {alpha}"])
+
+
+def _split_by_label(y, idx, q, n_clients) -> list[np.ndarray]:
+    parts = [[] for _ in range(n_clients)]
+    for c in range(q.shape[0]):
+        members = idx[y == c]
+        cuts = (np.cumsum(q[c]) * len(members)).astype(int)[:-1]
+        for i, chunk in enumerate(np.split(members, cuts)):
+            parts[i].append(chunk)
+    return [np.sort(np.concatenate(p)) for p in parts]
+
+
+def _from_parts(scenario, src, tr_parts, te_parts, groups, notes) -> Federation:
+    def stack(x, y, parts):
+        idx = torch.from_numpy(np.concatenate(parts).astype(np.int64))
+        offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])])
+        return x[idx].contiguous(), y[idx], offsets
+
+    x_tr, y_tr, off_tr = stack(src.x_train, src.y_train, tr_parts)
+    x_te, y_te, off_te = stack(src.x_test, src.y_test, te_parts)
+    return Federation(scenario, src.name, x_tr, y_tr, off_tr, x_te, y_te, off_te, src.n_classes, groups,
+                      notes + ([src.note] if src.note else []))
+
+
+def _writers(src, n_clients, cap, test_cap, rng) -> Federation:
+    if src.writer_train is None:
+        raise UserError(f"config: scenario.dataset: scenario writers needs a data set with writers (femnist); "
+                        f"{src.name} has none")
+    have = np.intersect1d(np.unique(src.writer_train), np.unique(src.writer_test))
+    if n_clients > len(have):
+        raise UserError(
+            f"config: scenario.n_clients: asked for {n_clients} writers, {src.name} has {len(have)} with train and test "
+            f"data ({src.note}); lower n_clients"
+        )
+    chosen = np.sort(rng.choice(have, n_clients, replace=False))
+    tr = [rng.permutation(np.flatnonzero(src.writer_train == w))[:cap] for w in chosen]
+    te = [np.flatnonzero(src.writer_test == w)[: test_cap or None] for w in chosen]
+    return _from_parts("writers", src, tr, te, None, [f"{n_clients} writers, at most {cap} train samples each"])

@@ -1,0 +1,160 @@
+"""Exact low-rank local training of a dense first layer.
+
+SGD keeps the first Linear layer's update in the span of the client's inputs. With X the
+client's flattened inputs (n x d), W_0 the first layer at the start and C its proximal center,
+
+    W_t = alpha_t W_0 + beta_t C + A_t^T X            (A_t: n x h)
+
+A step on mini-batch B with dL/dZ_B = G (|B| x h) and proximal weight mu gives
+alpha <- s alpha, beta <- s beta + lr mu, A <- s A, A[B] <- A[B] - lr G, with s = 1 - lr mu,
+and the batch's pre-activations are Z_B = alpha P_0[B] + beta P_C[B] + K[B] A + b, where
+P_0 = X W_0^T, P_C = X C^T and K = X X^T are formed once. W_t is formed once at the end. A
+step's first-layer work falls from |B| d h to |B| n h, a gain of about d / n when a client has
+fewer samples than the layer has inputs (MNIST, |D| = 50: 784 / 50).
+
+The same numbers as plain SGD up to float rounding (tested to 1e-5 relative in float32 and
+1e-12 in float64, full batch and mini-batches, with and without a proximal term). It applies
+to plain SGD (no momentum, weight decay or Adam: their steps leave the span) on models whose
+first layer is an ``nn.Linear`` on the flattened input, followed by layers without buffers;
+:func:`structure` says whether a model qualifies and :func:`flops` what each path costs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import grad, vmap
+
+from stocfl.client.models import FlatModel
+from stocfl.client.training import batch_plan, stacked_batch
+
+
+@dataclass(frozen=True)
+class Structure:
+    d: int  # inputs of the first layer
+    h: int  # its outputs
+    bias: bool
+    tail: FlatModel  # the layers after it, as a function of its output
+
+
+def structure(model: FlatModel) -> Structure | None:
+    """How ``model`` splits into a first dense layer and the rest, or None when it does not."""
+    m = model.module
+    if model.has_buffers or not isinstance(m, nn.Sequential):
+        return None
+    layers = list(m)
+    while layers and isinstance(layers[0], nn.Flatten):
+        layers.pop(0)
+    if len(layers) < 2 or not isinstance(layers[0], nn.Linear):
+        return None
+    first = layers[0]
+    names = [n for n, _ in m.named_parameters()]
+    own = 2 if first.bias is not None else 1
+    if [t.shape for t in list(first.parameters())] != [tuple(model.shapes[k]) for k in range(own)] or len(names) < own:
+        return None
+    tail = FlatModel(nn.Sequential(*layers[1:]), model.loss)
+    if tail.n_params + sum(model.numels[:own]) != model.n_params:
+        return None
+    return Structure(first.in_features, first.out_features, first.bias is not None, tail)
+
+
+def flops(s: Structure, n: int, epochs: int, batch: int, prox_distinct: bool) -> tuple[float, float]:
+    """Multiply-adds (x2) of local training on one client of ``n`` samples: (plain, low-rank)."""
+    steps = epochs * max(1, -(-n // batch)) if batch else epochs
+    per_sample_tail = 6.0 * s.tail.n_params
+    plain = epochs * n * (6.0 * s.d * s.h + per_sample_tail)
+    once = 2.0 * n * s.d * s.h * (3 if prox_distinct else 2) + 2.0 * n * n * s.d
+    b = min(batch or n, n)
+    lowrank = once + steps * b * (4.0 * n * s.h + per_sample_tail)
+    return plain, lowrank
+
+
+class LowRankTrainer:
+    """Plain-SGD local training of a stack of clients through the low-rank form (vmap over
+    clients; padded samples weigh 0 and a client out of mini-batches is frozen)."""
+
+    def __init__(self, s: Structure):
+        self.s = s
+        self.hd = s.h * s.d
+        tail = s.tail
+
+        def loss(z, rest, y, m):
+            per_sample = tail.per_sample_loss(tail.forward(rest, z), y)
+            return (per_sample * m).sum() / m.sum().clamp(min=1.0)
+
+        self._grads = vmap(grad(loss, argnums=(0, 1)))
+
+    def train(self, w: torch.Tensor, centers: torch.Tensor | None, mu: torch.Tensor, x: torch.Tensor,
+              y: torch.Tensor, sizes: list[int], epochs: int, batch_size: int, lr: float,
+              seeds: list[int]) -> torch.Tensor:
+        """Trained weights (c x P) from ``w`` (c x P, trained in place and returned); ``x``
+        (c x n_max x ...) padded, ``sizes`` the true sizes; ``centers`` (c x P) with weights
+        ``mu`` (c), or None."""
+        c, hd, h, d, dev = len(w), self.hd, self.s.h, self.s.d, w.device
+        X = x.reshape(c, x.shape[1], -1).to(w.dtype)
+        W0 = w[:, :hd].reshape(c, h, d)
+        nb = h if self.s.bias else 0
+        b = w[:, hd:hd + nb].clone()
+        rest = w[:, hd + nb:].clone()
+        P0 = torch.bmm(X, W0.transpose(1, 2))
+        has_prox = centers is not None and bool((mu != 0).any())
+        if has_prox:
+            C = centers[:, :hd].reshape(c, h, d)
+            PC = P0 if torch.equal(C, W0) else torch.bmm(X, C.transpose(1, 2))  # FedProx: the center is the start
+            cb, crest = centers[:, hd:hd + nb], centers[:, hd + nb:]
+        K = torch.bmm(X, X.transpose(1, 2))
+        n_max = X.shape[1]
+        A = torch.zeros(c, n_max, h, dtype=w.dtype, device=dev)
+        alpha = torch.ones(c, dtype=w.dtype, device=dev)
+        beta = torch.zeros(c, dtype=w.dtype, device=dev)
+        mu = mu.to(dev, w.dtype) if has_prox else torch.zeros(c, dtype=w.dtype, device=dev)
+        plans = [batch_plan(sizes[i], epochs, batch_size, seeds[i]) for i in range(c)]
+        rows = torch.arange(c, device=dev)[:, None]
+        full_mask = (torch.arange(n_max, device=dev)[None, :] < torch.tensor(sizes, device=dev)[:, None]).to(w.dtype)
+        for e in range(epochs):
+            steps = [len(p[e]) if p[e] is not None else 1 for p in plans]
+            whole = all(p[e] is None for p in plans)  # full batch: every row, in order, no gathering
+            for st in range(max(steps)):
+                if whole:
+                    mask, pick = full_mask, (lambda t: t)
+                else:
+                    idx, mask = stacked_batch(plans, e, st, steps, sizes, dev)
+                    mask, pick = mask.to(w.dtype), (lambda t, idx=idx: t[rows, idx])
+                z = torch.baddbmm(alpha[:, None, None] * pick(P0), pick(K), A)
+                if has_prox:
+                    z = z + beta[:, None, None] * pick(PC)
+                if nb:
+                    z = z + b[:, None, :]
+                gz, grest = self._grads(z, rest, pick(y), mask)
+                active = torch.tensor([float(st < k) for k in steps], dtype=w.dtype, device=dev)
+                step = lr * active
+                shrink = 1.0 - step * mu
+                alpha = alpha * shrink
+                beta = beta * shrink + step * mu
+                if has_prox:
+                    A.mul_(shrink[:, None, None])
+                update = -step[:, None, None] * gz * mask[:, :, None]
+                if whole:
+                    A.add_(update)
+                else:  # accumulate: padded slots point at sample 0 too, and must not overwrite its update
+                    A.index_put_((rows.expand_as(idx), idx), update, accumulate=True)
+                gb = gz.sum(1)
+                if has_prox:
+                    if nb:
+                        gb = gb + mu[:, None] * (b - cb)
+                    grest = grest + mu[:, None] * (rest - crest)
+                if nb:
+                    b = b - step[:, None] * gb
+                rest = rest - step[:, None] * grest
+        # W_0 is a view of w: the first layer is formed in place, in as few passes over it as possible
+        if not bool((alpha == 1).all()):
+            W0.mul_(alpha[:, None, None])
+        W0.baddbmm_(A.transpose(1, 2), X)
+        if has_prox:
+            W0.add_(beta[:, None, None] * C)
+        w[:, hd:hd + nb] = b
+        w[:, hd + nb:] = rest
+        return w
+

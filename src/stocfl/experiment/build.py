@@ -1,0 +1,150 @@
+"""Build what a run needs, once: its federation, its model, the algorithm's context and the
+checked task runner. Shared by the runner, the Flower ClientApp, new-client placement
+(``stocfl assign``) and the tests."""
+
+from __future__ import annotations
+
+import copy
+import math
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stocfl.algorithms.aggregation import Aggregator
+from stocfl.algorithms import Context
+from stocfl.config import Config
+from stocfl.data.datasets import resolve_data_dir
+from stocfl.errors import UserError
+from stocfl.client.models import FlatModel, build_module, make_model
+from stocfl.client.optim import Optimizer
+from stocfl.data.federation import Federation
+from stocfl.data.scenarios import build
+from stocfl.client.tasks import BadResult, ClientsDropped, check_result
+
+
+def build_federation(cfg: Config) -> Federation:
+    s = cfg.scenario
+    return build(s.name, s.dataset, s.n_clients, s.samples_per_client, s.test_per_client,
+                 seed=cfg.run.seed, alpha=s.alpha, data_dir=s.data_dir or None, holdout=s.holdout)
+
+
+def build_model(cfg: Config, fed: Federation, module: Any = None, loss: Any = None
+                ) -> tuple[FlatModel, torch.Tensor, Any]:
+    """The run's model as a flat function, its w_0 and its nn.Module: the module given (its
+    current weights are w_0), else ``[model]`` initialised with the run's seed; with ``loss``
+    (per-sample loss(logits, y)) instead of cross-entropy. Checked against the data by one
+    forward pass. Shared by the runner and the Flower ClientApp."""
+    m = cfg.model
+    name = m.name if module is None else type(module).__name__
+    if module is not None:
+        model, w0 = FlatModel(module, loss), FlatModel.flatten(module)
+    else:
+        try:
+            model, w0 = make_model(m.name, fed.input_shape, fed.n_classes, m.hidden, cfg.run.seed)
+            model.loss = loss
+            module = build_module(m.name, fed.input_shape, fed.n_classes, m.hidden)
+        except ValueError as err:
+            raise UserError(f"config: model.name: {err}") from None
+    check_model_fits(model, w0, fed, name)
+    if loss is not None:
+        check_loss(model, w0, fed)
+    return model, w0, module
+
+
+def check_loss(model: FlatModel, w0: torch.Tensor, fed: Federation) -> None:
+    """A user's loss on two train samples: one finite number per sample, differentiable."""
+    x, y = fed.x_train[:2], fed.y_train[:2]
+    try:
+        w = w0.clone().requires_grad_(True)
+        out = model.per_sample_loss(model.forward(w, x), y)
+        ok = isinstance(out, torch.Tensor) and tuple(out.shape) == (len(y),) and bool(torch.isfinite(out).all())
+        if ok:
+            torch.autograd.grad(out.sum(), w)
+    except Exception as err:  # a user's function can raise anything
+        raise UserError(f"loss: calling it on the model's outputs failed ({type(err).__name__}: "
+                        f"{str(err).splitlines()[0] if str(err) else ''}); expected loss(logits, y) -> one value per "
+                        f"sample") from None
+    if not ok:
+        raise UserError(f"loss: expected loss(logits, y) -> a finite tensor of shape ({len(y)},), one value per "
+                        f"sample, got {getattr(out, 'shape', type(out).__name__)}")
+
+
+def check_model_fits(model: FlatModel, w0: torch.Tensor, fed: Federation, name: str) -> None:
+    """One forward pass on one train sample: the model must take the data's inputs and give
+    one logit per class, before a round runs."""
+    x = fed.x_train[:1]
+    try:
+        with torch.no_grad():
+            out = model.forward(w0, x)
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"config: model.name = {name!r} does not fit {fed.dataset} inputs of shape "
+                        f"{tuple(x.shape[1:])} ({first}); pick a model for this data") from None
+    if tuple(out.shape) != (1, fed.n_classes):
+        raise UserError(f"config: model.name = {name!r} gives outputs of shape {tuple(out.shape[1:])} on "
+                        f"{fed.dataset}, which has {fed.n_classes} classes; pick a model for this data")
+
+
+def checked(run, fed: Federation):
+    """``run`` (an executor's) with every result checked against its task and the client's
+    sizes (:func:`stocfl.client.tasks.check_result`) before any algorithm sees it: the clients with a
+    bad result are dropped (:class:`ClientsDropped`, counted in metrics.jsonl), whatever the
+    engine."""
+    train, test = fed.train_sizes, fed.test_sizes
+
+    def run_checked(tasks):
+        out, why = [], {}
+        results = run(tasks)
+        if not isinstance(results, (list, tuple)) or len(results) != len(tasks):  # a user's engine or batched path
+            got = f"{len(results)} results" if isinstance(results, (list, tuple)) else f"a {type(results).__name__}"
+            raise UserError(f"the executor returned {got} for {len(tasks)} tasks; an executor (and a task kind's "
+                            f"batched function) returns a list of one result per task, in order")
+        results = list(results)
+        for k, t in enumerate(tasks):
+            r, results[k] = results[k], None  # a raw result goes once checked: replies can be large (Psi)
+            try:
+                out.append(check_result(t, r, int(train[t.client]), int(test[t.client])))
+            except BadResult as err:
+                why.setdefault(t.client, f"client {t.client}: bad reply ({err})")
+        if why:
+            raise ClientsDropped(sorted(why), [why[c] for c in sorted(why)])
+        return out
+
+    return run_checked
+
+
+def pin_data_dir(cfg: Config) -> None:
+    """Write the data directory in use ($STOCFL_DATA_DIR included) into the config as an
+    absolute path, so that a resume, a new-client query or a Flower client finds the same data."""
+    if cfg.scenario.data_dir or resolve_data_dir(None):
+        cfg.scenario.data_dir = str(resolve_data_dir(cfg.scenario.data_dir).resolve())
+
+
+def read_config(out: Path, data_dir: str | None = None) -> dict[str, Any]:
+    try:
+        raw = tomllib.loads((out / "config.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise UserError(f"{out}/config.toml is unreadable ({err}); it is not a stocfl results directory") from None
+    if data_dir is not None:
+        raw.setdefault("scenario", {})["data_dir"] = str(Path(data_dir).resolve())
+    return raw
+
+
+def sample_size(cfg: Config, fed: Federation) -> int:
+    """m = ceil(rate * N) of the participating clients."""
+    pool = len(fed.participants)
+    return min(pool, math.ceil(cfg.run.sample_rate * pool))
+
+
+def build_context(cfg: Config, fed: Federation, model: FlatModel, w0: torch.Tensor, module: Any,
+                  workdir: Path | None = None) -> Context:
+    """What the algorithm's server knows when it starts (:class:`~stocfl.algorithms.Context`)."""
+    t = cfg.train
+    return Context(fed.n_clients, w0, t.epochs, t.batch_size, t.lr, cfg.run.seed, fed.input_shape, fed.n_classes,
+                   init_model=lambda seed: FlatModel.init_weights(copy.deepcopy(module), seed),
+                   last_layer=sum(model.numels[model.n_tensors - 2: model.n_tensors]),
+                   n_trainable=model.n_trainable, workdir=workdir, participants=tuple(fed.participants),
+                   sample_size=sample_size(cfg, fed), aggregator=Aggregator(**cfg.aggregation.model_dump()),
+                   optimizer=Optimizer(t.optimizer, t.lr, t.momentum, t.weight_decay, *t.betas))

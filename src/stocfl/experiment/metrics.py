@@ -1,0 +1,80 @@
+"""Figures of a partition: clustering scores against the true groups, label cosines, cluster
+numbers and the per-cluster table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def clustering_scores(labels: np.ndarray, groups: np.ndarray | None, participants: list[int] | None = None,
+                      label_dists: np.ndarray | None = None) -> dict[str, Any]:
+    """Over the participants placed so far (held-out clients never count): their number
+    (``placed``) and share of all participants (``coverage``), the number of clusters among
+    them, ARI and NMI against the true groups, and with ``label_dists`` (the clients' unit
+    label histograms) :func:`label_cosines`, which needs no true groups."""
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+    assigned = labels >= 0
+    if participants is not None:
+        assigned &= np.isin(np.arange(len(labels)), participants)
+    n = len(participants) if participants is not None else len(labels)
+    out: dict[str, Any] = {"n_clusters": int(len(np.unique(labels[assigned]))), "placed": int(assigned.sum()),
+                           "coverage": float(assigned.sum() / n) if n else None, "ari": None, "nmi": None}
+    if groups is not None and assigned.any():
+        out["ari"] = float(adjusted_rand_score(groups[assigned], labels[assigned]))
+        out["nmi"] = float(normalized_mutual_info_score(groups[assigned], labels[assigned]))
+    if label_dists is not None:
+        out.update(label_cosines(label_dists[assigned], labels[assigned]))
+    return out
+
+
+def label_cosines(dists: np.ndarray, labels: np.ndarray) -> dict[str, float | None]:
+    """How far a partition follows the clients' labels, with no true groups needed: the mean
+    cosine between the label distributions (unit rows of ``dists``) of two clients in one
+    cluster (``label_cos_within``) and of any two clients (``label_cos_all``); None where there
+    is no such pair. A partition that ignores the labels has within = all. Computed from
+    per-cluster sums (sum over pairs i != j of u_i.u_j = |sum u|^2 - sum |u|^2), O(N C), so
+    it runs every round at any N."""
+    n = len(labels)
+    if n < 2:
+        return {"label_cos_within": None, "label_cos_all": None}
+    dists = np.asarray(dists, dtype=np.float64)
+    self_dots = float(np.einsum("ij,ij->", dists, dists))
+    total = dists.sum(axis=0)
+    _, inverse, sizes = np.unique(labels, return_inverse=True, return_counts=True)
+    sums = np.zeros((len(sizes), dists.shape[1]))
+    np.add.at(sums, inverse, dists)
+    pairs_within = float((sizes * (sizes - 1)).sum())
+    within = (float(np.einsum("ij,ij->", sums, sums)) - self_dots) / pairs_within if pairs_within else None
+    return {"label_cos_within": within, "label_cos_all": (float(total @ total) - self_dots) / (n * (n - 1))}
+
+
+def cluster_numbers(labels: np.ndarray, ids=()) -> dict[int, int]:
+    """Internal cluster id -> the number a reader sees: 0..K-1, clusters ordered by their
+    lowest-numbered member, so that one partition is numbered alike whatever algorithm found it;
+    then the ``ids`` that have no member (a model no client chose), in id order."""
+    found, first = np.unique(labels[labels >= 0], return_index=True)
+    first = np.flatnonzero(labels >= 0)[first]
+    number = {int(found[j]): n for n, j in enumerate(np.argsort(first, kind="stable"))}
+    for k in sorted(int(k) for k in ids if int(k) not in number):
+        number[k] = len(number)
+    return number
+
+
+def cluster_table(labels: np.ndarray, groups: np.ndarray | None, evals: dict) -> list[dict[str, Any]]:
+    """Per found cluster (numbered by :func:`cluster_numbers`, the algorithm's own id beside):
+    members, the mix of true groups as ``group:count`` pairs, accuracy of its members (own model)."""
+    rows = []
+    for k, number in sorted(cluster_numbers(labels).items(), key=lambda kv: kv[1]):
+        members = np.flatnonzero(labels == k)
+        res = [evals[i] for i in members if i in evals]
+        n = sum(r.n_samples for r in res)
+        row = {"cluster": number, "id": k, "members": len(members),
+               "accuracy": sum(r.correct for r in res) / n if n else None}
+        if groups is not None:
+            mix = np.bincount(groups[members], minlength=int(groups.max()) + 1)
+            row["true_groups"] = " ".join(f"{g}:{c}" for g, c in enumerate(mix) if c)
+        rows.append(row)
+    return rows

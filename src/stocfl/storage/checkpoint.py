@@ -1,0 +1,110 @@
+"""Checkpoints without pickle: one safetensors file, the JSON state in its metadata header.
+
+Written to a temporary name and moved into place with ``os.replace``, so a kill at any moment
+leaves either the previous checkpoint or the new one, never half of one. A SHA-256 of the
+state (the JSON and every tensor's name, dtype, shape and bytes) is stored beside it and
+checked on load: a flipped byte anywhere is an error, never a silently different run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import save as to_bytes
+
+from stocfl.errors import UserError
+from stocfl.storage.files import fsync_dir, write_atomic
+
+
+def digest(tensors: dict[str, torch.Tensor], meta_json: str) -> str:
+    h = hashlib.sha256(meta_json.encode())
+    for k in sorted(tensors):
+        t = tensors[k].detach().contiguous().cpu()
+        h.update(f"\0{k}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def save(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    tensors = {k: v.detach().contiguous() for k, v in tensors.items()}
+    meta_json = json.dumps(meta)
+    write_atomic(path, to_bytes(tensors, metadata={"stocfl": meta_json, "sha256": digest(tensors, meta_json)}))
+
+
+def save_rows(path: Path, name: str, rows, n_rows: int, n_cols: int, meta: dict[str, Any]) -> None:
+    """What ``save(path, {name: (n_rows, n_cols) float32}, meta)`` writes, with the rows taken
+    one at a time from ``rows`` (an iterable of float32 arrays), so that writing them never
+    holds more than one: the undo log of a store of large models stays off the heap."""
+    meta_json = json.dumps(meta)
+    h = hashlib.sha256(meta_json.encode())
+    h.update(f"\0{name}\0{torch.float32}\0{(n_rows, n_cols)}\0".encode())
+    size = n_rows * n_cols * 4
+
+    def header(sha: str) -> bytes:
+        head = json.dumps({"__metadata__": {"stocfl": meta_json, "sha256": sha},
+                           name: {"dtype": "F32", "shape": [n_rows, n_cols], "data_offsets": [0, size]}},
+                          separators=(",", ":")).encode()
+        head += b" " * (-len(head) % 8)
+        return struct.pack("<Q", len(head)) + head
+
+    placeholder = header("0" * 64)  # a SHA-256 is 64 hex digits: the real header has the same length
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(placeholder)
+            written = 0
+            for row in rows:
+                b = memoryview(np.ascontiguousarray(row, dtype=np.float32)).cast("B")
+                if len(b) != n_cols * 4:
+                    raise ValueError(f"save_rows: a row of {len(b) // 4} numbers, expected {n_cols}")
+                h.update(b)
+                f.write(b)
+                written += 1
+            if written != n_rows:
+                raise ValueError(f"save_rows: {written} rows, expected {n_rows}")
+            f.seek(0)
+            f.write(header(h.hexdigest()))
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def _unreadable(path: Path, err: Exception) -> UserError:
+    return UserError(f"checkpoint {path} is unreadable ({type(err).__name__}); the run cannot resume from it")
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """The JSON state alone (the header), without reading or checking the tensors."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return json.loads(f.metadata()["stocfl"])
+    except Exception as err:  # a truncated or foreign file, whatever the library raises
+        raise _unreadable(path, err) from None
+
+
+def load(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            header = f.metadata()
+            meta_json = header["stocfl"]
+            meta = json.loads(meta_json)
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as err:
+        raise _unreadable(path, err) from None
+    stored = header.get("sha256")
+    if stored is not None and stored != digest(tensors, meta_json):
+        raise UserError(f"checkpoint {path} is corrupt (its checksum does not match its contents); the run cannot "
+                        f"resume from it")
+    return tensors, meta

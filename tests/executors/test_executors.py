@@ -1,0 +1,100 @@
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from stocfl.data.datasets import load_dataset
+from stocfl.errors import UserError
+from stocfl.executors import BatchedExecutor, SequentialExecutor, choose_engine
+from stocfl.client.models import build_module, make_model
+from stocfl.data.scenarios import build
+from stocfl.algorithms.stocfl.representation import Represent
+from stocfl.client.models import linear_anchor_weights
+from stocfl.client.tasks import Evaluate, Train, task_seed
+from stocfl.client.training import batch_plan
+
+from tests.reference import plain_training
+
+FED = build("dirichlet", load_dataset("digits"), 16, 30, alpha=0.5, seed=0)  # unequal client sizes
+MODEL, W0 = make_model("auto", FED.input_shape, 10, 0, seed=0)
+
+
+def _tasks(batch_size, prox=True):
+    center = W0 + 0.05 * torch.randn(W0.shape, generator=torch.Generator().manual_seed(1))
+    return [
+        Train(i, W0 + 0.001 * i, epochs=3, batch_size=batch_size, lr=0.1, seed=task_seed(0, 1, i),
+              prox_center=center if prox and i % 2 else None, prox_weight=0.5)
+        for i in range(FED.n_clients)
+    ]
+
+
+@pytest.mark.parametrize("batch_size", [0, 7, 10])
+@pytest.mark.parametrize("chunk", [0, 5])
+def test_batched_equals_sequential(batch_size, chunk):
+    assert len(set(FED.train_sizes.tolist())) > 3
+    tasks = _tasks(batch_size)
+    a = SequentialExecutor(FED, MODEL).run(tasks)
+    b = BatchedExecutor(FED, MODEL, chunk_size=chunk).run(tasks)
+    for x, y, t in zip(a, b, tasks):
+        assert x.n_samples == y.n_samples == FED.train_sizes[t.client]
+        assert torch.allclose(x.weights, y.weights, atol=1e-5, rtol=0)
+        assert not torch.equal(x.weights, t.weights)
+
+
+def test_sequential_matches_a_plain_pytorch_loop():
+    """Reference: nn.Module + torch.optim.SGD + the same batch order, prox term by autograd."""
+    t = _tasks(7)[3]
+    assert t.prox_center is not None
+    ref = plain_training(build_module("auto", FED.input_shape, 10), t, *FED.train_data(t.client))
+    got = SequentialExecutor(FED, MODEL).run([t])[0].weights
+    assert torch.allclose(ref, got, atol=1e-5)
+
+
+def test_same_seed_same_weights_other_seed_other_weights():
+    t = _tasks(7)[0]
+    ex = SequentialExecutor(FED, MODEL)
+    assert torch.equal(ex.run([t])[0].weights, ex.run([t])[0].weights)
+    other = copy.copy(t)
+    object.__setattr__(other, "seed", t.seed + 1)
+    assert not torch.equal(ex.run([t])[0].weights, ex.run([other])[0].weights)
+
+
+def test_evaluation_fast_path_is_exact():
+    ex = SequentialExecutor(FED, MODEL)
+    shared = [Evaluate(i, W0) for i in range(FED.n_clients)]
+    alone = [Evaluate(i, W0.clone()) for i in range(FED.n_clients)]  # distinct tensors: no grouping
+    for a, b in zip(ex.run(shared), ex.run(alone)):
+        assert a.correct == b.correct and a.n_samples == b.n_samples and abs(a.loss - b.loss) < 1e-6
+    x, y = FED.test_data(5)
+    logits = MODEL.forward(W0, x)
+    assert ex.run(shared)[5].correct == int((logits.argmax(1) == y).sum())
+    tr = ex.run([Evaluate(5, W0, "train")])[0]
+    assert tr.n_samples == FED.train_sizes[5]
+
+
+def test_mixed_task_list_keeps_order():
+    anchor = linear_anchor_weights(FED.input_shape, 10, 0)
+    tasks = [Evaluate(0, W0), _tasks(0)[1], Represent(2, anchor, anchor_model="linear"), Evaluate(3, W0, "train")]
+    out = BatchedExecutor(FED, MODEL).run(tasks)
+    assert [type(r).__name__ for r in out] == ["Evaluated", "Trained", "Represented", "Evaluated"]
+
+
+def test_wrong_weight_shape_is_refused():
+    with pytest.raises(UserError, match="parameters"):
+        SequentialExecutor(FED, MODEL).run([Train(0, torch.zeros(3), 1, 0, 0.1, 0)])
+
+
+def test_auto_engine_rule():
+    assert choose_engine("auto", 2410, 10, 30) == "batched"  # digits model: overhead-bound
+    assert choose_engine("auto", 1_628_170, 0, 200) == "sequential"  # MLP-2048, full batch: compute-bound
+    assert choose_engine("sequential", 10, 1, 1) == "sequential"
+
+
+def test_batch_plan_covers_every_sample_once_per_epoch():
+    plan = batch_plan(23, 2, 5, seed=9)
+    for epoch in plan:
+        assert sorted(torch.cat(epoch).tolist()) == list(range(23)) and [len(b) for b in epoch] == [5, 5, 5, 5, 3]
+    assert not torch.equal(torch.cat(plan[0]), torch.cat(plan[1]))
+    assert batch_plan(10, 3, 0, 1) == [None] * 3 and batch_plan(10, 1, 10, 1) == [None]
+    assert np.array_equal(torch.cat(batch_plan(23, 1, 5, 9)[0]), torch.cat(batch_plan(23, 1, 5, 9)[0]))

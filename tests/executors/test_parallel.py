@@ -1,0 +1,178 @@
+"""The parallel executor (client tasks in forked worker processes, one torch thread each)
+against the plain sequential loop at one thread, and its failures told in one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+from torch import nn
+
+from stocfl import config
+from stocfl.data.datasets import load_dataset
+from stocfl.errors import UserError
+from stocfl.executors import ParallelExecutor, SequentialExecutor, make_executor
+from stocfl.client.models import FlatModel, make_model
+from stocfl.data.scenarios import build
+from stocfl.client.tasks import KINDS, Train, register_task
+
+FED = build("rotated", load_dataset("digits"), 12, 20, seed=0)
+MODEL, W0 = make_model("auto", FED.input_shape, 10, 0, seed=0)
+PARALLEL = ParallelExecutor(FED, MODEL, workers=2)
+SEQUENTIAL = SequentialExecutor(FED, MODEL)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The reference runs at one torch thread, as each worker does: then the numbers are equal bit for bit."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+train_tasks = st.lists(st.tuples(
+    st.integers(0, FED.n_clients - 1),  # client
+    st.integers(0, 3),  # which weights: w0 or a row of a stacked matrix (a view into a larger storage)
+    st.integers(1, 2),  # epochs
+    st.sampled_from([0, 3, 7, 20]),  # batch size (0 = full batch)
+    st.sampled_from([0.01, 0.1, 0.5]),  # lr
+    st.integers(0, 2**31 - 1),  # seed
+    st.sampled_from([0.0, 0.1]),  # proximal weight (its center: another row)
+    st.sampled_from(["sgd", "adam"]),
+), min_size=1, max_size=9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(train_tasks)
+def test_the_parallel_executor_equals_the_sequential_loop(specs):
+    rows = W0 + 0.01 * torch.randn(3, len(W0), generator=torch.Generator().manual_seed(len(specs)))
+    tasks = [Train(c, W0 if k == 0 else rows[k - 1], e, b, lr, seed, prox_center=rows[(k + 1) % 3] if mu else None,
+                   prox_weight=mu, optimizer=opt, momentum=0.5 if opt == "sgd" else 0.0)
+             for c, k, e, b, lr, seed, mu, opt in specs]
+    got, want = PARALLEL.run(tasks), SEQUENTIAL.run(tasks)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.n_samples == w.n_samples
+        assert torch.equal(g.weights, w.weights)
+    # the rows went to the workers as copies of their own, not as the whole stacked storage
+    assert rows.untyped_storage().data_ptr() == rows.data_ptr() and not rows.is_shared()
+
+
+@dataclass(frozen=True, eq=False)
+class WhereAmI:
+    client: int
+    die: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class Here:
+    pid: int
+    threads: int
+
+
+def _where(data, task):
+    if task.die:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return Here(os.getpid(), torch.get_num_threads())
+
+
+def test_tasks_run_in_worker_processes_on_one_thread_each_and_a_kind_registered_later_reaches_them():
+    ex = ParallelExecutor(FED, MODEL, workers=2)
+    ex.run([Train(c, W0, 1, 0, 0.1, c) for c in range(4)])  # forks the workers
+    KINDS.pop(WhereAmI, None)
+    register_task(WhereAmI, Here, _where, message="test.whereami")
+    try:
+        got = ex.run([WhereAmI(c) for c in range(8)])
+        pids = {h.pid for h in got}
+        assert os.getpid() not in pids and 1 <= len(pids) <= 2
+        assert {h.threads for h in got} == {1}
+        KINDS.pop(WhereAmI)  # the same kind registered again with another function reaches them too
+        register_task(WhereAmI, Here, lambda data, task: Here(-task.client, 0), message="test.whereami")
+        assert [h.pid for h in ex.run([WhereAmI(c) for c in range(1, 4)])] == [-1, -2, -3]
+    finally:
+        KINDS.pop(WhereAmI, None)
+        ex.close()
+
+
+def test_a_worker_that_dies_is_one_line_and_the_executor_forks_anew():
+    ex = ParallelExecutor(FED, MODEL, workers=2)
+    KINDS.pop(WhereAmI, None)
+    register_task(WhereAmI, Here, _where, message="test.whereami")
+    try:
+        with pytest.raises(UserError, match="a worker process died"):
+            ex.run([WhereAmI(0), WhereAmI(1, die=True), WhereAmI(2)])
+        assert len(ex.run([WhereAmI(c) for c in range(3)])) == 3
+    finally:
+        KINDS.pop(WhereAmI, None)
+        ex.close()
+
+
+def test_bad_arguments_are_one_line():
+    with pytest.raises(UserError, match="runs on the CPU"):
+        ParallelExecutor(FED, MODEL, workers=2, device="meta")
+    with pytest.raises(UserError, match="workers must be"):
+        ParallelExecutor(FED, MODEL, workers=0)
+
+
+def test_auto_runs_whole_clients_side_by_side_when_it_has_threads_for_them():
+    module = nn.Sequential(nn.Flatten(), nn.Linear(64, 8192), nn.ReLU(), nn.Linear(8192, 10))
+    model = FlatModel(module)  # compute-bound per step: sequential work, not batched; momentum: not low-rank
+    cfg = config.validate({"train": {"batch_size": 20, "momentum": 0.9}, "run": {"device": "cpu"}})
+    torch.set_num_threads(2)
+    assert make_executor("auto", FED, model, cfg).name == "parallel"
+    torch.set_num_threads(1)
+    assert make_executor("auto", FED, model, cfg).name == "sequential"
+
+
+@given(n=st.integers(0, 500), workers=st.integers(1, 16))
+def test_guided_parts_cover_the_tasks_in_order_and_shrink(n, workers):
+    from stocfl.executors.parallel import part_sizes
+
+    sizes = part_sizes(n, workers)
+    assert sum(sizes) == n and all(s >= 1 for s in sizes) and sizes == sorted(sizes, reverse=True)
+    assert not sizes or sizes[0] == -(-n // (2 * workers))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's parent-death signal is Linux's")
+def test_the_workers_end_with_a_parent_that_is_killed():
+    """A parent killed mid-run (SIGKILL, or SIGTERM's default) must not leave its workers
+    waiting forever on a queue they hold both ends of."""
+    script = ("from stocfl.data.datasets import load_dataset\n"
+              "from stocfl.executors import ParallelExecutor\n"
+              "from stocfl.client.models import make_model\n"
+              "from stocfl.data.scenarios import build\n"
+              "import time\n"
+              "fed = build('rotated', load_dataset('digits'), 4, 20, seed=0)\n"
+              "model, _ = make_model('auto', fed.input_shape, 10, 0, seed=0)\n"
+              "executor = ParallelExecutor(fed, model, workers=2)\n"
+              "pool = executor._workers()\n"
+              "print(*pool._processes, flush=True)\n"
+              "time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        workers = [int(p) for p in parent.stdout.readline().split()]
+        assert len(workers) == 2 and all(_alive(p) for p in workers)
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in workers)
+
+
+def _alive(pid: int) -> bool:
+    """``pid`` runs and is not a zombie (a killed worker of the test's own child is reaped by init)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

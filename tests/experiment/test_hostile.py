@@ -1,0 +1,140 @@
+"""A malicious client among honest ones, its replies crafted and sent through the Flower codec
+and wire format (the loopback executor, one simulated SuperNode per client). Each bad reply
+drops that client for the round (counted in metrics.jsonl), exactly as if it had not
+answered; the run never crashes and no crafted number reaches an aggregate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from stocfl import config
+from stocfl.executors import SequentialExecutor
+from stocfl.flower.loopback import LoopbackExecutor
+from stocfl.experiment.loop import Experiment
+from stocfl.algorithms.stocfl.representation import Represented
+from stocfl.client.tasks import ClientsDropped, Evaluated, Trained
+
+EVIL = 3
+SMALL = ["scenario.n_clients=12", "scenario.samples_per_client=20", "run.rounds=4", "run.sample_rate=0.5",
+         "run.engine=sequential"]
+
+
+class Client(SequentialExecutor):
+    """Honest clients; client EVIL answers the tasks of type ``kind`` with ``craft(result)``, or
+    (``craft`` None) does not answer them at all."""
+
+    def __init__(self, fed, model, kind, craft):
+        super().__init__(fed, model)
+        self.kind, self.craft = kind, craft
+
+    def run(self, tasks):
+        results = super().run(tasks)
+        mine = [k for k, r in enumerate(results) if tasks[k].client == EVIL and isinstance(r, self.kind)]
+        if mine and self.craft is None:
+            raise ClientsDropped([EVIL], [f"client {EVIL}: no reply"])
+        for k in mine:
+            results[k] = self.craft(results[k])
+        return results
+
+
+CASES = {
+    "psi of the wrong length": ("stocfl", Represented, lambda r: Represented(r.psi[:-1], r.n_samples)),
+    "n_samples = inf": ("fedavg", Trained, lambda r: Trained(r.weights, float("inf"))),
+    "n_samples < 0": ("fedavg", Trained, lambda r: Trained(r.weights, -5)),
+    "n_samples = 10**12 (to outweigh everyone)": ("fedavg", Trained, lambda r: Trained(r.weights, 10**12)),
+    "weights of 1e38": ("fedavg", Trained, lambda r: Trained(torch.full_like(r.weights, 1e38), r.n_samples)),
+    "NaN weights": ("stocfl", Trained, lambda r: Trained(r.weights * float("nan"), r.n_samples)),
+    "correct = NaN": ("fedavg", Evaluated, lambda r: Evaluated(r.loss, float("nan"), r.n_samples)),
+    "correct = 10**6 > n_samples": ("fedavg", Evaluated, lambda r: Evaluated(r.loss, 10**6, r.n_samples)),
+    "loss = -1": ("fedavg", Evaluated, lambda r: Evaluated(-1.0, r.correct, r.n_samples)),
+}
+
+
+def _run(tmp_path, name, algorithm, kind, craft):
+    cfg = config.load(overrides=[*SMALL, f"algorithm.name={algorithm}"])
+    probe = Experiment(cfg, tmp_path / "probe")
+    ex = LoopbackExecutor(Client(probe.fed, probe.model, kind, craft))
+    summary = Experiment.create(cfg, tmp_path / name, ex).run(progress=False)
+    rows = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    return summary, rows
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_crafted_reply_drops_its_client_as_if_it_had_not_answered(tmp_path, case):
+    algorithm, kind, craft = CASES[case]
+    summary, rows = _run(tmp_path, "evil", algorithm, kind, craft)
+    _, silent = _run(tmp_path, "silent", algorithm, kind, None)
+    assert summary["rounds_done"] == 4 and 0 <= summary["accuracy"] <= 1
+    assert _strip(rows) == _strip(silent), "a crafted reply must count exactly as no reply"
+    if kind is not Evaluated:  # evaluation leaves a silent client out without counting a drop
+        assert any(EVIL in r["dropped_clients"] for r in rows), "client 3 is sampled in this run"
+
+
+def test_a_representation_of_huge_entries_is_renormalised_not_fatal(tmp_path):
+    """Psi entries near 3e38 once finished the rounds and then crashed the plots on every
+    resume; the server now re-normalises every Psi before use."""
+    scale = lambda r: Represented(r.psi / r.psi.abs().max() * 3e38, r.n_samples)  # noqa: E731
+    summary, rows = _run(tmp_path, "huge", "stocfl", Represented, scale)
+    honest, ref = _run(tmp_path, "honest", "stocfl", Represented, lambda r: r)
+    assert summary["ari"] == honest["ari"] and summary["n_clusters"] == honest["n_clusters"]
+    assert all(r["dropped"] == 0 for r in rows) and (tmp_path / "huge" / "embedding.png").exists()
+
+
+def test_a_second_node_claiming_a_served_client_is_refused(monkeypatch):
+    """A node that claims every client id receives no other client's tasks while their own
+    nodes are online; a restarted node (its old id gone offline) takes its client back."""
+    from types import SimpleNamespace
+
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from stocfl.flower.engine import FlowerExecutor
+
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1)  # the executor's messages belong to a run
+    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+
+    class Grid:
+        def __init__(self):
+            self.online, self.claims, self.pending = [1, 2], {1: [0], 2: [1], 3: [0, 1, 2], 4: [0]}, {}
+
+        def get_node_ids(self):
+            return list(self.online)
+
+        def push_messages(self, messages):
+            ids = []
+            for m in messages:
+                self.pending[f"m{len(self.pending)}"] = m
+                ids.append(f"m{len(self.pending) - 1}")
+            return ids
+
+        def pull_messages(self, ids):
+            out = []
+            for i in ids:  # what the executor reads of a reply to query.identify
+                node = self.pending[i].metadata.dst_node_id
+                out.append(SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i), has_error=lambda: False,
+                                           content={"client": {"client_ids": self.claims[node]}}))
+            return out
+
+    grid = Grid()
+    ex = FlowerExecutor(grid, timeout=5)
+    ex.refresh()
+    assert ex.node_of == {0: 1, 1: 2}
+    grid.online = [1, 2, 3]  # node 3 claims clients 0, 1 and 2
+    ex.refresh()
+    assert ex.node_of == {0: 1, 1: 2, 2: 3} and ex.refused_claims == 2
+    grid.online = [1, 2, 3, 4]  # node 4, node 1 restarted, claims client 0 while node 1 is still listed
+    ex.refresh()
+    assert ex.node_of == {0: 1, 1: 2, 2: 3} and ex.refused_claims == 3
+    ex.failed.add(1)  # node 1 stopped answering (as the executor notes on a timeout or error)
+    ex.refresh()
+    assert ex.node_of == {0: 4, 1: 2, 2: 3}, "the claim waits and is granted once node 1 fails"
+    grid.online = [2, 3, 4]  # node 1 offline
+    ex.refresh()
+    assert ex.node_of == {0: 4, 1: 2, 2: 3}

@@ -1,0 +1,211 @@
+"""Run files damaged between a stop and a resume: every file of a stopped run (config,
+metrics, checkpoint, a per-client store and its undo log) emptied, cut in half or with one
+bit flipped at several places. A resume either refuses with one line and exit code 2, or
+finishes with exactly the results of an uninterrupted run; never a traceback, never other
+results."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from stocfl import config
+from stocfl.storage import files
+from stocfl.cli import main
+from stocfl.errors import UserError
+from stocfl.experiment.loop import Experiment
+
+SMALL = ["scenario.n_clients=12", "scenario.samples_per_client=20", "run.rounds=5", "run.sample_rate=0.5",
+         "run.engine=sequential"]
+
+
+def _strip(obj):
+    if isinstance(obj, dict):
+        return {k: _strip(v) for k, v in obj.items() if k != "seconds"}
+    return obj
+
+
+def _results(d):
+    rows = [_strip(json.loads(x)) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    return rows, _strip(json.loads((d / "summary.json").read_text()))
+
+
+_runs: dict[str, tuple] = {}
+
+
+def stopped_run(algorithm: str, factory):
+    """(the pristine run stopped after round 3 of 5, the results of the uninterrupted run)."""
+    if algorithm not in _runs:
+        root = factory.mktemp(algorithm)
+        cfg = lambda: config.load(overrides=[*SMALL, f"algorithm.name={algorithm}"])  # noqa: E731
+        Experiment.create(cfg(), root / "ref").run(progress=False)
+        assert Experiment.create(cfg(), root / "stopped").run(progress=False, stop_after=3) is None
+        _runs[algorithm] = (root / "stopped", _results(root / "ref"))
+    return _runs[algorithm]
+
+
+@pytest.fixture(params=["stocfl", "ditto"])
+def runs(request, tmp_path_factory):
+    return stopped_run(request.param, tmp_path_factory)
+
+
+def _corruptions(size: int):
+    yield "empty", lambda b: b""
+    yield "half", lambda b: b[: len(b) // 2]
+    for frac in (0.0, 0.05, 0.3, 0.5, 0.8, 1.0):
+        pos = min(size - 1, int(frac * size))
+        yield f"flip@{pos}", lambda b, pos=pos: b[:pos] + bytes([b[pos] ^ 0x10]) + b[pos + 1:]
+
+
+RUN_FILES = ["config.toml", "metrics.jsonl", "checkpoint.safetensors"]
+STORE_FILES = ["ditto_personal.f32", "ditto_personal.undo.safetensors"]  # Ditto's per-client models
+
+
+@pytest.mark.parametrize("algorithm, name", [*(("stocfl", f) for f in RUN_FILES),
+                                             *(("ditto", f) for f in RUN_FILES + STORE_FILES)])
+def test_a_damaged_run_file_is_refused_or_harmless(algorithm, name, tmp_path_factory, tmp_path, capsys):
+    pristine, (ref_rows, ref_summary) = stopped_run(algorithm, tmp_path_factory)
+    assert (pristine / name).is_file()
+    outcomes = {}
+    data = (pristine / name).read_bytes()
+    for label, damage in _corruptions(len(data)):
+        run = tmp_path / label
+        shutil.copytree(pristine, run)
+        (run / name).write_bytes(damage(data))
+        capsys.readouterr()
+        code = main(["resume", "--quiet", str(run)])
+        err = capsys.readouterr().err.strip()
+        if code == 2:
+            assert err.startswith("stocfl: error:") and "\n" not in err, err
+            outcomes[label] = "refused"
+        else:
+            assert code == 0 and _results(run) == (ref_rows, ref_summary), f"{name} {label}: other results"
+            outcomes[label] = "same results"
+    # the damage that matters is always noticed
+    assert outcomes["empty"] == outcomes["half"] == "refused", outcomes
+
+
+def test_resume_refuses_a_config_that_is_not_the_runs(runs, tmp_path, capsys):
+    pristine, _ = runs
+    run = tmp_path / "edited"
+    shutil.copytree(pristine, run)
+    text = (run / "config.toml").read_text()
+    (run / "config.toml").write_text(text.replace("rounds = 5", "rounds = 7").replace("seed = 0", "seed = 1"))
+    assert main(["resume", "--quiet", str(run)]) == 2
+    assert "does not match the run's checkpoint" in capsys.readouterr().err
+
+
+def test_resume_drops_rows_a_kill_left_after_the_checkpoint(runs, tmp_path):
+    pristine, (ref_rows, ref_summary) = runs
+    run = tmp_path / "extra"
+    shutil.copytree(pristine, run)
+    with open(run / "metrics.jsonl", "a") as f:  # round 4 was written, its checkpoint was not
+        f.write(json.dumps({"round": 4, "accuracy": 0.5}) + "\n" + '{"round": 5, "accur')
+    assert main(["resume", "--quiet", str(run)]) == 0
+    assert _results(run) == (ref_rows, ref_summary)
+
+
+def test_write_atomic_leaves_the_old_file_when_the_write_fails(tmp_path, monkeypatch):
+    path = tmp_path / "f.txt"
+    files.write_atomic(path, "old")
+
+    def boom(*a):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(files.os, "replace", boom)
+    with pytest.raises(OSError):
+        files.write_atomic(path, "new")
+    assert path.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]  # no temporary file left behind
+
+
+def _write_many(path: str, tag: str) -> None:
+    for k in range(200):
+        files.write_atomic(Path(path), f"{tag} {k} " * 2000)
+
+
+def test_two_processes_writing_one_file_never_collide_and_leave_a_whole_version(tmp_path):
+    import multiprocessing
+
+    path = tmp_path / "table.json"
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_write_many, args=(str(path), tag)) for tag in ("a", "b")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]  # with one shared temporary name, one renamed the other's away
+    words = path.read_text().split()
+    assert len(words) == 4000 and len(set(words[:2])) == 2 and words == words[:2] * 2000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["table.json"]
+
+
+def test_a_client_store_the_disk_cannot_hold_is_one_line_before_the_first_round(tmp_path):
+    """Ditto's personal models get their disk blocks when the run starts: a write through the
+    memory map into a sparse file on a full disk would kill the process (SIGBUS) mid-round
+    without a word. The file-size limit (RLIMIT_FSIZE) makes the disk too small for real."""
+    import resource
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    limit = 200_000  # the store of 40 clients x the digits MLP is 385,600 bytes; every other run file is smaller
+
+    def small_disk():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    cmd = [sys.executable, "-m", "stocfl", "run", "configs/default.toml", "--set", "algorithm.name=ditto",
+           "--set", "run.rounds=2", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=small_disk, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert line.startswith(f"stocfl: error: {out / 'ditto_personal.f32'}: cannot reserve 0.37 MiB for 40 clients x 2410 parameters x 4 bytes (File too large)")
+    assert line.endswith("; free disk space, give the run a directory on a larger disk, or run fewer clients or a "
+                         "smaller model")
+    assert not (out / "ditto_personal.f32").exists() and not (out / "checkpoint.safetensors").exists()
+    # with room, the same command runs, and its store is allocated, not sparse
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    store = out / "ditto_personal.f32"
+    assert store.stat().st_blocks * 512 >= store.stat().st_size > limit
+
+
+def test_a_run_directory_is_written_by_one_process_at_a_time(tmp_path, capsys):
+    """Two writers of one run (a second 'stocfl resume', or two reproductions given the same
+    row) would interleave its metrics and checkpoints. A real process runs; this one is refused
+    in one line naming it, and continues the run once it is gone."""
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "stocfl", "run", "--quiet", "--out", str(out), "--set", "run.rounds=400",
+           "--set", "run.engine=sequential", "--set", "run.threads=1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text().strip():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
+            time.sleep(0.05)
+        assert files.holder(out) == proc.pid  # what a reproduction's table says of a row another process runs
+        assert main(["resume", "--quiet", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and f"is in use by another process (pid {proc.pid})" in err, err
+        with pytest.raises(UserError, match="in use by another process"):
+            Experiment.resume(out, overrides=["run.rounds=500"])
+        with files.exclusive(tmp_path):  # another directory is free; this process may take its own lock again
+            with files.exclusive(tmp_path):
+                pass
+    finally:
+        proc.kill()
+        proc.wait(60)
+    # the holder died (SIGKILL): the system dropped its lock, and the run continues where it stopped
+    assert files.holder(out) is None
+    stopped = Experiment.open(out).round
+    assert stopped >= 1
+    resumed = Experiment.resume(out, overrides=[f"run.rounds={stopped + 1}"])
+    assert resumed.run(progress=False)["rounds_done"] == stopped + 1
