@@ -23,21 +23,39 @@ import torch
 from scipy.cluster.hierarchy import fcluster, linkage
 
 from stocfl import config
-from stocfl.experiment.loop import Experiment
 from stocfl.client.tasks import Train, task_seed
+from stocfl.experiment.loop import Experiment
 
 SETTINGS = {
     # Briggs et al. section II-A/III: 100 clients x 600 MNIST images, label swap, their CNN,
     # B = 10, E = 3, lr 0.1, cf = 0.2, clustering after n = 10 rounds
-    "paper_label_swap": ["scenario.name=label_swap", "scenario.dataset=mnist", "scenario.n_clients=100",
-                         "scenario.samples_per_client=600", "model.name=cnn28", "train.epochs=3",
-                         "train.batch_size=10", "train.lr=0.1", "run.sample_rate=0.2"],
-    "digits": ["scenario.name=label_swap", "scenario.dataset=digits", "scenario.n_clients=40",
-               "scenario.samples_per_client=30", "train.epochs=3", "train.batch_size=10", "train.lr=0.1",
-               "run.sample_rate=0.2"],
+    "paper_label_swap": [
+        "scenario.name=label_swap",
+        "scenario.dataset=mnist",
+        "scenario.n_clients=100",
+        "scenario.samples_per_client=600",
+        "model.name=cnn28",
+        "train.epochs=3",
+        "train.batch_size=10",
+        "train.lr=0.1",
+        "run.sample_rate=0.2",
+    ],
+    "digits": [
+        "scenario.name=label_swap",
+        "scenario.dataset=digits",
+        "scenario.n_clients=40",
+        "scenario.samples_per_client=30",
+        "train.epochs=3",
+        "train.batch_size=10",
+        "train.lr=0.1",
+        "run.sample_rate=0.2",
+    ],
 }
-CUTS = {"l1": ["complete", "average", "single"], "l2": ["ward", "complete", "average", "single"],
-        "cosine": ["complete", "average", "single"]}
+CUTS = {
+    "l1": ["complete", "average", "single"],
+    "l2": ["ward", "complete", "average", "single"],
+    "cosine": ["complete", "average", "single"],
+}
 SCIPY_METRIC = {"l1": "cityblock", "l2": "euclidean", "cosine": "cosine"}
 
 
@@ -49,8 +67,9 @@ def updates(overrides: list[str], data_dir: str | None, warmup: int, cluster_epo
         w = exp.algorithm.global_model()
         c = exp.algorithm.ctx
         clients = c.training_clients
-        res = exp.executor.run([Train(i, w, cluster_epochs, c.batch_size, c.lr, task_seed(c.seed, warmup + 1, i))
-                                for i in clients])
+        res = exp.executor.run(
+            [Train(i, w, cluster_epochs, c.batch_size, c.lr, task_seed(c.seed, warmup + 1, i)) for i in clients]
+        )
     return torch.stack([r.weights - w for r in res]).double().numpy(), exp.fed.groups[clients], int(w.numel())
 
 
@@ -70,8 +89,10 @@ def study(dw: np.ndarray, groups: np.ndarray) -> dict:
                 members.append(members[int(a)] + members[int(b)])
             gap = (max(inside) if inside else 0.0, min(across) if across else float("inf"))
             out[f"{metric}/{method}"] = {
-                "highest_within_group": gap[0], "lowest_across_groups": gap[1], "separable": gap[0] < gap[1],
-                "top_heights": [round(float(x), 6) for x in sorted(heights)[-(k_true + 3):]],
+                "highest_within_group": gap[0],
+                "lowest_across_groups": gap[1],
+                "separable": gap[0] < gap[1],
+                "top_heights": [round(float(x), 6) for x in sorted(heights)[-(k_true + 3) :]],
                 "median_height": float(np.median(heights)),
             }
     return out
@@ -93,10 +114,17 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.perf_counter()
     dw, groups, n_params = updates(SETTINGS[args.setting], args.data_dir, args.warmup, args.cluster_epochs)
-    res = {"setting": args.setting, "overrides": SETTINGS[args.setting], "warmup": args.warmup,
-           "cluster_epochs": args.cluster_epochs, "clients": len(dw), "params": n_params,
-           "mean_update_l2": float(np.linalg.norm(dw, axis=1).mean()),
-           "mean_update_l1": float(np.abs(dw).sum(axis=1).mean()), "study": study(dw, groups)}
+    res = {
+        "setting": args.setting,
+        "overrides": SETTINGS[args.setting],
+        "warmup": args.warmup,
+        "cluster_epochs": args.cluster_epochs,
+        "clients": len(dw),
+        "params": n_params,
+        "mean_update_l2": float(np.linalg.norm(dw, axis=1).mean()),
+        "mean_update_l1": float(np.abs(dw).sum(axis=1).mean()),
+        "study": study(dw, groups),
+    }
     for item in filter(None, args.thresholds.split(",")):
         key, value = item.split("=")
         metric, method = key.split("/")

@@ -36,19 +36,36 @@ def one_run(device: str, rounds: int, data_dir: str, out: Path) -> dict:
         if kept["rounds"] == rounds:
             print(f"{device}: the finished run's outcome from {out / 'check.json'}")
             return kept
-    cfg = config.load(str(ROOT / "configs" / "rotated_mnist.toml"), [
-        "algorithm.name=stocfl", "scenario.n_clients=4800", "scenario.samples_per_client=50", f"run.rounds={rounds}",
-        "run.engine=lowrank", "run.chunk_size=480", f"run.device={device}", f"run.eval_every={rounds}"], data_dir)
+    cfg = config.load(
+        str(ROOT / "configs" / "rotated_mnist.toml"),
+        [
+            "algorithm.name=stocfl",
+            "scenario.n_clients=4800",
+            "scenario.samples_per_client=50",
+            f"run.rounds={rounds}",
+            "run.engine=lowrank",
+            "run.chunk_size=480",
+            f"run.device={device}",
+            f"run.eval_every={rounds}",
+        ],
+        data_dir,
+    )
     if (out / "config.toml").exists():
         result = stocfl.resume(out, progress=True)
     else:
         result = stocfl.run(cfg, out=out, progress=True)
     seconds = [r["seconds"] for r in result.metrics]
-    outcome = {"device": device, "processor": describe(resolve_device(device)), "rounds": rounds,
-               "seconds_per_round": float(np.mean(seconds[1:] or seconds)),
-               "first_round_seconds": seconds[0], "accuracy": result.summary["accuracy"],
-               "n_clusters": result.summary["n_clusters"], "ari": result.summary["ari"],
-               "labels": result.labels.tolist()}
+    outcome = {
+        "device": device,
+        "processor": describe(resolve_device(device)),
+        "rounds": rounds,
+        "seconds_per_round": float(np.mean(seconds[1:] or seconds)),
+        "first_round_seconds": seconds[0],
+        "accuracy": result.summary["accuracy"],
+        "n_clusters": result.summary["n_clusters"],
+        "ari": result.summary["ari"],
+        "labels": result.labels.tolist(),
+    }
     (out / "check.json").write_text(json.dumps(outcome) + "\n")
     return outcome
 
@@ -62,8 +79,10 @@ def main() -> int:
     ap.add_argument("--only-cpu", action="store_true", help="run the CPU reference alone (and stop there)")
     args = ap.parse_args()
     out = Path(args.out)
-    runs = {d: one_run(d, args.rounds, args.data_dir, out / d.replace(":", "_"))
-            for d in (("cpu",) if args.only_cpu else ("cpu", args.device))}
+    runs = {
+        d: one_run(d, args.rounds, args.data_dir, out / d.replace(":", "_"))
+        for d in (("cpu",) if args.only_cpu else ("cpu", args.device))
+    }
     if args.only_cpu:
         print(json.dumps({k: v for k, v in runs["cpu"].items() if k != "labels"}, indent=2))
         return 0

@@ -44,9 +44,18 @@ CLEAN = {"pathological": (400, 50), "rotated": (400, 50), "shifted": (400, 50), 
 
 
 def honest_representations(data_dir: str, seed: int = 0):
-    cfg = config.load(overrides=[
-        "algorithm.name=stocfl", "scenario.dataset=mnist", "scenario.name=rotated", "scenario.n_clients=400",
-        "scenario.samples_per_client=50", "model.name=mlp", f"run.seed={seed}"], data_dir=data_dir)
+    cfg = config.load(
+        overrides=[
+            "algorithm.name=stocfl",
+            "scenario.dataset=mnist",
+            "scenario.name=rotated",
+            "scenario.n_clients=400",
+            "scenario.samples_per_client=50",
+            "model.name=mlp",
+            f"run.seed={seed}",
+        ],
+        data_dir=data_dir,
+    )
     exp = Experiment(cfg, Path(tempfile.mkdtemp()))
     alg: StoCFL = exp.algorithm
     ex = SequentialExecutor(exp.fed, exp.model)
@@ -60,7 +69,7 @@ def cluster(psi: torch.Tensor, leave_out: float, seed: int = 0) -> ClusterSet:
     cs = ClusterSet(n + K_MAX, keep_vectors=leave_out > 0)
     order = np.random.default_rng(seed).permutation(n)
     for a in range(0, n, 40):
-        cs.merge_greedy([cs.add(int(i), psi[i]) for i in order[a: a + 40]], TAU, leave_out=leave_out)
+        cs.merge_greedy([cs.add(int(i), psi[i]) for i in order[a : a + 40]], TAU, leave_out=leave_out)
     return cs
 
 
@@ -105,8 +114,13 @@ def attack(data_dir: str, done: dict, save) -> None:
         from sklearn.metrics import adjusted_rand_score
 
         labels = cs.labels_[: len(psi)]
-        row = {"leave_out": lo, "honest_clusters": len(cs), "honest_ari": adjusted_rand_score(groups, labels),
-               "refused_honest": None, "pairs": {}}
+        row = {
+            "leave_out": lo,
+            "honest_clusters": len(cs),
+            "honest_ari": adjusted_rand_score(groups, labels),
+            "refused_honest": None,
+            "pairs": {},
+        }
         for a in range(4):
             for b in range(a + 1, 4):
                 ga = np.flatnonzero(groups == a).tolist()
@@ -126,11 +140,24 @@ def clean(data_dir: str, done: dict, save, leave_out: float) -> None:
             key = f"clean {scenario} leave_out={lo}"
             if key in done:
                 continue
-            cfg = config.load(overrides=[
-                "algorithm.name=stocfl", "scenario.dataset=mnist", f"scenario.name={scenario}",
-                f"scenario.n_clients={n}", f"scenario.samples_per_client={d}", "model.name=mlp", "run.rounds=50",
-                "run.sample_rate=0.1", "run.eval_every=25", "train.epochs=1", "train.batch_size=0", "train.lr=0.1",
-                f"algorithm.leave_out={lo}"], data_dir=data_dir)
+            cfg = config.load(
+                overrides=[
+                    "algorithm.name=stocfl",
+                    "scenario.dataset=mnist",
+                    f"scenario.name={scenario}",
+                    f"scenario.n_clients={n}",
+                    f"scenario.samples_per_client={d}",
+                    "model.name=mlp",
+                    "run.rounds=50",
+                    "run.sample_rate=0.1",
+                    "run.eval_every=25",
+                    "train.epochs=1",
+                    "train.batch_size=0",
+                    "train.lr=0.1",
+                    f"algorithm.leave_out={lo}",
+                ],
+                data_dir=data_dir,
+            )
             s = Experiment.create(cfg, Path(tempfile.mkdtemp()) / "run").run(progress=False)
             row = {k: s[k] for k in ("ari", "n_clusters", "accuracy", "global_accuracy", "seconds")}
             print(json.dumps({key: row}), flush=True)

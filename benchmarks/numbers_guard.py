@@ -23,15 +23,32 @@ import tempfile
 from pathlib import Path
 
 ALGORITHMS = ["fedavg", "fedprox", "ditto", "ifca", "cfl", "flhc", "fesem", "stocfl"]
-VOLATILE = {"seconds", "processor", "threads_available", "started", "finished", "elapsed", "torch", "python",
-            "host", "version", "out", "data_dir", "time", "wall_seconds"}
+VOLATILE = {
+    "seconds",
+    "processor",
+    "threads_available",
+    "started",
+    "finished",
+    "elapsed",
+    "torch",
+    "python",
+    "host",
+    "version",
+    "out",
+    "data_dir",
+    "time",
+    "wall_seconds",
+}
 
 
 def cases(only: str | None) -> list[tuple[str, list[str], bool]]:
     out = []
     for a in ALGORITHMS:
-        sets = [f"algorithm.name={a}"] + (["algorithm.warmup_rounds=5"] if a == "flhc" else []) \
+        sets = (
+            [f"algorithm.name={a}"]
+            + (["algorithm.warmup_rounds=5"] if a == "flhc" else [])
             + (["algorithm.warmup=10"] if a == "cfl" else [])
+        )
         out.append((f"digits-{a}", ["default.toml", *(f"--set={s}" for s in sets)], False))
     for engine in ("sequential", "parallel", "batched", "lowrank"):
         out.append((f"digits-stocfl-{engine}", ["default.toml", f"--set=run.engine={engine}"], False))
@@ -70,10 +87,14 @@ def record(path: Path, data_dir: str | None, only: str | None, stocfl: str, conf
                 results[name] = {"error": p.stderr.strip().splitlines()[-1:]}
             else:
                 rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x]
-                results[name] = {"summary": strip(json.loads((out / "summary.json").read_text())),
-                                 "metrics": strip(rows), "clients_csv": (out / "clients.csv").read_text()}
-            print(name, "error" if p.returncode else results[name]["summary"].get("accuracy"), file=sys.stderr,
-                  flush=True)
+                results[name] = {
+                    "summary": strip(json.loads((out / "summary.json").read_text())),
+                    "metrics": strip(rows),
+                    "clients_csv": (out / "clients.csv").read_text(),
+                }
+            print(
+                name, "error" if p.returncode else results[name]["summary"].get("accuracy"), file=sys.stderr, flush=True
+            )
             path.write_text(json.dumps(results, indent=1, sort_keys=True))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -88,8 +109,11 @@ def check(old: Path, new: Path) -> int:
             bad += 1
         elif a[name] != b[name]:
             x, y = a[name], b[name]
-            diff = [k for k in sorted(set(x.get("summary", {})) | set(y.get("summary", {})))
-                    if x.get("summary", {}).get(k) != y.get("summary", {}).get(k)]
+            diff = [
+                k
+                for k in sorted(set(x.get("summary", {})) | set(y.get("summary", {})))
+                if x.get("summary", {}).get(k) != y.get("summary", {}).get(k)
+            ]
             print(f"{name}: differs (summary keys {diff}; metrics equal: {x.get('metrics') == y.get('metrics')})")
             bad += 1
     print(f"{len(set(a) & set(b)) - bad} equal, {bad} differ or missing")
@@ -103,7 +127,9 @@ def main() -> int:
     r.add_argument("out", type=Path)
     r.add_argument("--data-dir", default=os.environ.get("STOCFL_DATA_DIR"))
     r.add_argument("--only")
-    r.add_argument("--stocfl", default=f"{sys.executable} -m stocfl", help="the command to run (default: this Python's stocfl)")
+    r.add_argument(
+        "--stocfl", default=f"{sys.executable} -m stocfl", help="the command to run (default: this Python's stocfl)"
+    )
     r.add_argument("--configs", type=Path, default=Path(__file__).resolve().parents[1] / "configs")
     c = sub.add_parser("check")
     c.add_argument("old", type=Path)

@@ -66,26 +66,41 @@ def measure(n: int) -> dict:
     for i in range(n):
         g = groups[i]
         train.append((means[g] + rng.normal(0, 1, (per, d)).astype(np.float32), rng.integers(0, 4, per) + 4 * (g % 2)))
-        tests.append((means[g] + rng.normal(0, 1, (test, d)).astype(np.float32), rng.integers(0, 4, test) + 4 * (g % 2)))
+        tests.append(
+            (means[g] + rng.normal(0, 1, (test, d)).astype(np.float32), rng.integers(0, 4, test) + 4 * (g % 2))
+        )
     fed = stocfl.Federation.from_arrays(train, tests, groups.tolist(), n_classes=8)
     del train, tests
     after_data = rss_mib()
     rounds = 3
-    cfg = stocfl.as_config({"algorithm": {"name": "stocfl", "keep_representations": False, "psi_epochs": 2},
-                            "run": {"rounds": rounds, "sample_rate": 0.01, "eval_every": rounds, "engine": "batched"},
-                            "train": {"epochs": 1, "batch_size": 0, "lr": 0.1}, "model": {"name": "digits_mlp"}})
+    cfg = stocfl.as_config(
+        {
+            "algorithm": {"name": "stocfl", "keep_representations": False, "psi_epochs": 2},
+            "run": {"rounds": rounds, "sample_rate": 0.01, "eval_every": rounds, "engine": "batched"},
+            "train": {"epochs": 1, "batch_size": 0, "lr": 0.1},
+            "model": {"name": "digits_mlp"},
+        }
+    )
     t = time.perf_counter()
     exp = Experiment.create(cfg, None, federation=fed)
     summary = exp.run(progress=False)
     seconds = time.perf_counter() - t
     tensors, meta = exp.algorithm.encode_state()
     ints, floats = count_numbers(meta)
-    return {"n_clients": n, "rounds": rounds, "sampled_per_round": exp.sample_size(),
-            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-            "rss_after_data_mib": round(after_data, 1), "seconds": round(seconds, 2),
-            "state_tensor_bytes": int(sum(t.numel() * t.element_size() for t in tensors.values())),
-            "state_json_ints": ints, "state_json_floats": floats,
-            "clusters": summary["n_clusters"], "ari": summary["ari"], "accuracy": summary["accuracy"]}
+    return {
+        "n_clients": n,
+        "rounds": rounds,
+        "sampled_per_round": exp.sample_size(),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "rss_after_data_mib": round(after_data, 1),
+        "seconds": round(seconds, 2),
+        "state_tensor_bytes": int(sum(t.numel() * t.element_size() for t in tensors.values())),
+        "state_json_ints": ints,
+        "state_json_floats": floats,
+        "clusters": summary["n_clusters"],
+        "ari": summary["ari"],
+        "accuracy": summary["accuracy"],
+    }
 
 
 def main() -> int:
@@ -97,8 +112,11 @@ def main() -> int:
     for n in sizes:
         if any(r["n_clients"] == n for r in done):
             continue
-        line = subprocess.run([sys.executable, __file__, "--one", str(n)], check=True, capture_output=True,
-                              text=True).stdout.strip().splitlines()[-1]
+        line = (
+            subprocess.run([sys.executable, __file__, "--one", str(n)], check=True, capture_output=True, text=True)
+            .stdout.strip()
+            .splitlines()[-1]
+        )
         done.append(json.loads(line))
         done.sort(key=lambda r: r["n_clients"])
         OUT.write_text(json.dumps(done, indent=2) + "\n")

@@ -30,7 +30,9 @@ def algorithm_params(name: str) -> str:
     cls = algorithm_class(name)
     rows = ["| key in `[algorithm]` | default | meaning |", "|---|---|---|"]
     for key, f in cls.Params.model_fields.items():
-        rows.append(f"| `{f.alias or key}` | `{_cell(_toml(f.default))}` | {_cell(f.description)}{_cell(_choices(f))} |")
+        rows.append(
+            f"| `{f.alias or key}` | `{_cell(_toml(f.default))}` | {_cell(f.description)}{_cell(_choices(f))} |"
+        )
     if len(rows) == 2:
         rows.append("| (none) | | |")
     return "\n".join(rows) + "\n"
@@ -55,3 +57,16 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     markdown = markdown.replace("<!-- stocfl:config -->", config_reference())
     markdown = markdown.replace("<!-- stocfl:engines -->", engines())
     return re.sub(r"<!-- stocfl:params (\w+) -->", lambda m: algorithm_params(m.group(1)), markdown)
+
+
+def on_files(files, config):
+    """The reproductions' tables (``reproductions/*.md`` and their figures) become pages of the
+    site under ``reproductions/``, as committed: the docs link them, and they are never copied."""
+    from pathlib import Path
+
+    from mkdocs.structure.files import File
+
+    root = Path(__file__).resolve().parents[1] / "reproductions"
+    for path in sorted([*root.glob("*.md"), *root.glob("*.png")]):
+        files.append(File.generated(config, f"reproductions/{path.name}", abs_src_path=str(path)))
+    return files

@@ -36,8 +36,10 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args()
     if a.batch_size < 0 or a.lr <= 0 or a.epochs < 1 or a.rounds < 1 or not 1 <= a.per_round <= 100:
-        print("plain_fedavg: need --batch-size >= 0, --lr > 0, --epochs >= 1, --rounds >= 1, "
-              "1 <= --per-round <= 100", file=sys.stderr)
+        print(
+            "plain_fedavg: need --batch-size >= 0, --lr > 0, --epochs >= 1, --rounds >= 1, 1 <= --per-round <= 100",
+            file=sys.stderr,
+        )
         return 2
     torch.set_num_threads(a.threads)
     try:
@@ -46,8 +48,11 @@ def main() -> int:
         print(f"plain_fedavg: {e}", file=sys.stderr)
         return 2
     if len(d.y_train) < 60000:
-        print(f"plain_fedavg: {a.dataset} in {a.data_dir} has {len(d.y_train)} train images, 100 clients x 600 "
-              "need 60,000 (reproductions/fashion-mnist.sh builds a data directory with all of them)", file=sys.stderr)
+        print(
+            f"plain_fedavg: {a.dataset} in {a.data_dir} has {len(d.y_train)} train images, 100 clients x 600 "
+            "need 60,000 (reproductions/fashion-mnist.sh builds a data directory with all of them)",
+            file=sys.stderr,
+        )
         return 2
     x, y = d.x_train[:60000].reshape(60000, -1), d.y_train[:60000]
     xt, yt = d.x_test.reshape(len(d.y_test), -1), d.y_test
@@ -73,7 +78,7 @@ def main() -> int:
             for _ in range(a.epochs):
                 order = torch.randperm(600, generator=g) if a.batch_size else torch.arange(600)
                 for i in range(0, 600, bs):
-                    idx = order[i:i + bs]
+                    idx = order[i : i + bs]
                     opt.zero_grad()
                     torch.nn.functional.cross_entropy(local(xi[idx]), yi[idx]).backward()
                     opt.step()
@@ -82,8 +87,11 @@ def main() -> int:
         if r % 5 == 0 or r == a.rounds:
             with torch.no_grad():
                 acc = float((model(xt).argmax(1) == yt).float().mean()) * 100
-            print(f"{a.dataset} batch={a.batch_size or 'full'} lr={a.lr} round {r}: {acc:.2f}% "
-                  f"({time.time() - t0:.0f} s)", flush=True)
+            print(
+                f"{a.dataset} batch={a.batch_size or 'full'} lr={a.lr} round {r}: {acc:.2f}% "
+                f"({time.time() - t0:.0f} s)",
+                flush=True,
+            )
     return 0
 
 

@@ -12,8 +12,9 @@ from stocfl.client.training import batch_plan
 
 def torch_optimizer(opt: Optimizer, params):
     if opt.name == "adam":
-        return torch.optim.Adam(params, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps,
-                                weight_decay=opt.weight_decay, foreach=False)
+        return torch.optim.Adam(
+            params, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay, foreach=False
+        )
     return torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay, foreach=False)
 
 

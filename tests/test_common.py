@@ -10,20 +10,21 @@ import json
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stocfl import config
-from stocfl.storage import checkpoint
-from stocfl.experiment import metrics
-from stocfl.algorithms.aggregation import Aggregator
 from stocfl.algorithms import ALGORITHMS, Context
-from stocfl.data.datasets import load_dataset
-from stocfl.executors import BatchedExecutor, ParallelExecutor, SequentialExecutor
-from stocfl.flower.loopback import LoopbackExecutor
+from stocfl.algorithms.aggregation import Aggregator
 from stocfl.client.models import FlatModel, build_module, make_model
-from stocfl.experiment.loop import Experiment
-from stocfl.data.scenarios import build
 from stocfl.client.tasks import ClientsDropped, Evaluate
+from stocfl.data.datasets import load_dataset
+from stocfl.data.scenarios import build
+from stocfl.executors import BatchedExecutor, ParallelExecutor, SequentialExecutor
+from stocfl.experiment import metrics
+from stocfl.experiment.loop import Experiment
+from stocfl.flower.loopback import LoopbackExecutor
+from stocfl.storage import checkpoint
 
 FED = build("rotated", load_dataset("digits"), 16, 20, seed=0, holdout=0.25)
 MODEL, W0 = make_model("auto", FED.input_shape, 10, 0, seed=0)
@@ -31,16 +32,32 @@ MODULE = build_module("auto", FED.input_shape, 10, 0)
 PARTICIPANTS = FED.participants
 HELDOUT = FED.heldout_clients
 # small settings under which every algorithm does its characteristic step within 3 rounds
-PARAMS = {"flhc": {"warmup_rounds": 1}, "fesem": {"n_centers": 2}, "ifca": {"n_models": 2},
-          "cfl": {"warmup": 0, "eps1": 100.0, "eps2": 0.0}}
+PARAMS = {
+    "flhc": {"warmup_rounds": 1},
+    "fesem": {"n_centers": 2},
+    "ifca": {"n_models": 2},
+    "cfl": {"warmup": 0, "eps1": 100.0, "eps2": 0.0},
+}
 SAMPLES = [PARTICIPANTS[0:6], PARTICIPANTS[3:9], PARTICIPANTS[6:12]]
 
 
 def context(fed=FED, w0=W0, sample_size=6, workdir=None, aggregator=Aggregator()) -> Context:
-    return Context(fed.n_clients, w0, epochs=1, batch_size=10, lr=0.1, seed=0, input_shape=fed.input_shape,
-                   n_classes=fed.n_classes, init_model=lambda seed: FlatModel.init_weights(MODULE, seed),
-                   last_layer=MODEL.numels[-1] + MODEL.numels[-2], participants=tuple(fed.participants),
-                   sample_size=sample_size, workdir=workdir, aggregator=aggregator)
+    return Context(
+        fed.n_clients,
+        w0,
+        epochs=1,
+        batch_size=10,
+        lr=0.1,
+        seed=0,
+        input_shape=fed.input_shape,
+        n_classes=fed.n_classes,
+        init_model=lambda seed: FlatModel.init_weights(MODULE, seed),
+        last_layer=MODEL.numels[-1] + MODEL.numels[-2],
+        participants=tuple(fed.participants),
+        sample_size=sample_size,
+        workdir=workdir,
+        aggregator=aggregator,
+    )
 
 
 class Recording:
@@ -185,8 +202,13 @@ class FailAll(SequentialExecutor):
         return super().run(tasks)
 
 
-SMALL = ["scenario.n_clients=16", "scenario.samples_per_client=20", "run.rounds=4", "run.sample_rate=0.5",
-         "scenario.holdout=0.25"]
+SMALL = [
+    "scenario.n_clients=16",
+    "scenario.samples_per_client=20",
+    "run.rounds=4",
+    "run.sample_rate=0.5",
+    "scenario.holdout=0.25",
+]
 RUN_PARAMS = {"flhc": ["algorithm.warmup_rounds=1"], "fesem": ["algorithm.n_centers=2"]}
 
 
@@ -228,21 +250,27 @@ def test_clustering_scores_count_placed_participants_only():
 
 def _label_cosines_by_pairs(counts: np.ndarray, labels: np.ndarray) -> dict:
     """Every pair's cosine from the raw histograms, averaged (zero histogram: cosine 0)."""
+
     def cos(a, b):
         na, nb = np.linalg.norm(a), np.linalg.norm(b)
         return 0.0 if na == 0 or nb == 0 else float(a @ b / (na * nb))
+
     pairs = [(i, j) for i in range(len(labels)) for j in range(len(labels)) if i != j]
     within = [cos(counts[i], counts[j]) for i, j in pairs if labels[i] == labels[j]]
     every = [cos(counts[i], counts[j]) for i, j in pairs]
-    return {"label_cos_within": float(np.mean(within)) if within else None,
-            "label_cos_all": float(np.mean(every)) if every else None}
+    return {
+        "label_cos_within": float(np.mean(within)) if within else None,
+        "label_cos_all": float(np.mean(every)) if every else None,
+    }
 
 
 @settings(deadline=None, max_examples=150)
 @given(st.integers(1, 12), st.integers(1, 6), st.data())
 def test_label_cosines_equal_the_mean_over_pairs(n, classes, data):
-    counts = np.array(data.draw(st.lists(st.lists(st.integers(0, 30), min_size=classes, max_size=classes),
-                                         min_size=n, max_size=n)), dtype=float)
+    counts = np.array(
+        data.draw(st.lists(st.lists(st.integers(0, 30), min_size=classes, max_size=classes), min_size=n, max_size=n)),
+        dtype=float,
+    )
     labels = np.array(data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)))
     norms = np.linalg.norm(counts, axis=1, keepdims=True)
     unit = np.divide(counts, norms, out=np.zeros_like(counts), where=norms > 0)
@@ -276,9 +304,18 @@ def test_evaluating_changes_no_algorithms_training(name, tmp_path):
     sets = [f"algorithm.{k}={v}" for k, v in PARAMS.get(name, {}).items()]
     states = []
     for every in (1, 4):
-        cfg = config.load(overrides=["scenario.n_clients=16", "scenario.holdout=0.25", "run.rounds=4",
-                                     "run.sample_rate=0.5", "run.engine=sequential", f"run.eval_every={every}",
-                                     f"algorithm.name={name}", *sets])
+        cfg = config.load(
+            overrides=[
+                "scenario.n_clients=16",
+                "scenario.holdout=0.25",
+                "run.rounds=4",
+                "run.sample_rate=0.5",
+                "run.engine=sequential",
+                f"run.eval_every={every}",
+                f"algorithm.name={name}",
+                *sets,
+            ]
+        )
         out = tmp_path / str(every)
         summary = Experiment.create(cfg, out).run(progress=False)
         states.append((checkpoint.load(out / "checkpoint.safetensors")[0], summary))

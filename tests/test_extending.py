@@ -13,8 +13,8 @@ from pydantic import Field
 
 import stocfl
 from stocfl.algorithms.base import Placement
-from stocfl.executors import BatchedExecutor, SequentialExecutor
 from stocfl.client.tasks import Train
+from stocfl.executors import BatchedExecutor, SequentialExecutor
 from stocfl.flower.loopback import LoopbackExecutor
 
 
@@ -58,8 +58,12 @@ class WithParams(EXAMPLE.LabelSetClustering):
     Params = LabelSetParams
 
 
-CONFIG = {"algorithm": {"name": "labelsets"}, "scenario": {"name": "pathological", "n_clients": 16},
-          "run": {"rounds": 4, "sample_rate": 0.5, "engine": "sequential"}, "train": {"epochs": 2, "lr": 0.1}}
+CONFIG = {
+    "algorithm": {"name": "labelsets"},
+    "scenario": {"name": "pathological", "n_clients": 16},
+    "run": {"rounds": 4, "sample_rate": 0.5, "engine": "sequential"},
+    "train": {"epochs": 2, "lr": 0.1},
+}
 
 
 def _play(executor_kind: str):
@@ -67,9 +71,11 @@ def _play(executor_kind: str):
 
     cfg = stocfl.as_config(CONFIG)
     probe = Experiment(cfg, None)
-    ex = {"sequential": lambda: SequentialExecutor(probe.fed, probe.model),
-          "batched": lambda: BatchedExecutor(probe.fed, probe.model),
-          "codec": lambda: LoopbackExecutor(SequentialExecutor(probe.fed, probe.model), nodes=3)}[executor_kind]()
+    ex = {
+        "sequential": lambda: SequentialExecutor(probe.fed, probe.model),
+        "batched": lambda: BatchedExecutor(probe.fed, probe.model),
+        "codec": lambda: LoopbackExecutor(SequentialExecutor(probe.fed, probe.model), nodes=3),
+    }[executor_kind]()
     exp = Experiment.create(cfg, None, ex)
     summary = exp.run(progress=False)
     return summary, exp
@@ -130,25 +136,33 @@ class _FedAvgLike(stocfl.Algorithm):
 stocfl.register_algorithm(_FedAvgLike)
 
 
-@pytest.mark.parametrize("override, message", [
-    # each one printed a wrong figure (a user's "accuracy" as the run's, or the accuracy of the
-    # first clients only) or stopped with a traceback
-    ({"round": lambda self, r, s, run: {"accuracy": 1.0}}, "round(1) returned 'accuracy', a figure the runner"),
-    ({"round": lambda self, r, s, run: {"ari": 1.0}}, "returned 'ari', a figure the runner measures"),
-    ({"round": lambda self, r, s, run: None}, "round(1) returned a value of type NoneType"),
-    ({"round": lambda self, r, s, run: {"x": np.int64(3)}}, "diagnostics that are not JSON"),
-    ({"client_models": lambda self, clients, run: [self.w]}, "client_models() returned 1 models for"),
-    ({"client_models": lambda self, clients, run: [self.w[:5]] * len(clients)}, "client_models() gave client 0"),
-    ({"global_model": lambda self: self.w[:10]}, "global_model() returned a torch.float32 tensor of shape (10,)"),
-    ({"global_model": lambda self: self.w.numpy()}, "global_model() returned a value of type ndarray"),
-    ({"cluster_models": lambda self: {"a": self.w}}, "cluster_models() has key 'a'"),
-    ({"cluster_models": lambda self: {0: self.w.double()}}, "cluster_models()[0] is a torch.float64 tensor"),
-    ({"cluster_labels": lambda self: np.zeros(3, dtype=np.int64)}, "cluster_labels() returned an array of int64 of"),
-    ({"cluster_labels": lambda self: [0] * self.ctx.n_clients}, "cluster_labels() returned a value of type list"),
-    ({"place_new": lambda self, clients, run: []}, "place_new() must return one Placement per client asked"),
-    ({"place_new": lambda self, clients, run: [Placement(i, 0, None, False, self.w[:3]) for i in clients]},
-     "place_new() gave client"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        # each one printed a wrong figure (a user's "accuracy" as the run's, or the accuracy of the
+        # first clients only) or stopped with a traceback
+        ({"round": lambda self, r, s, run: {"accuracy": 1.0}}, "round(1) returned 'accuracy', a figure the runner"),
+        ({"round": lambda self, r, s, run: {"ari": 1.0}}, "returned 'ari', a figure the runner measures"),
+        ({"round": lambda self, r, s, run: None}, "round(1) returned a value of type NoneType"),
+        ({"round": lambda self, r, s, run: {"x": np.int64(3)}}, "diagnostics that are not JSON"),
+        ({"client_models": lambda self, clients, run: [self.w]}, "client_models() returned 1 models for"),
+        ({"client_models": lambda self, clients, run: [self.w[:5]] * len(clients)}, "client_models() gave client 0"),
+        ({"global_model": lambda self: self.w[:10]}, "global_model() returned a torch.float32 tensor of shape (10,)"),
+        ({"global_model": lambda self: self.w.numpy()}, "global_model() returned a value of type ndarray"),
+        ({"cluster_models": lambda self: {"a": self.w}}, "cluster_models() has key 'a'"),
+        ({"cluster_models": lambda self: {0: self.w.double()}}, "cluster_models()[0] is a torch.float64 tensor"),
+        (
+            {"cluster_labels": lambda self: np.zeros(3, dtype=np.int64)},
+            "cluster_labels() returned an array of int64 of",
+        ),
+        ({"cluster_labels": lambda self: [0] * self.ctx.n_clients}, "cluster_labels() returned a value of type list"),
+        ({"place_new": lambda self, clients, run: []}, "place_new() must return one Placement per client asked"),
+        (
+            {"place_new": lambda self, clients, run: [Placement(i, 0, None, False, self.w[:3]) for i in clients]},
+            "place_new() gave client",
+        ),
+    ],
+)
 def test_a_user_algorithms_faulty_output_is_one_user_error_naming_the_method(override, message):
     stocfl.register_algorithm(type("Faulty", (_FedAvgLike,), {**override, "name": "faulty"}))
     with pytest.raises(stocfl.UserError) as err:  # (held-out clients: placed by place_new at the end)
@@ -176,10 +190,13 @@ stocfl.register_engine(stocfl.Engine("drops_one", "a faulty engine", executor=la
 stocfl.register_engine(stocfl.Engine("short_path", "a faulty path", executor=lambda f, m, cfg: _ShortBatchedPath(f, m)))
 
 
-@pytest.mark.parametrize("engine, message", [
-    ("drops_one", r"the executor returned \d+ results for \d+ tasks"),  # was an IndexError
-    ("short_path", r"the Train tasks' batched path returned \d+ results for \d+ tasks"),  # was a client 'dropped'
-])
+@pytest.mark.parametrize(
+    "engine, message",
+    [
+        ("drops_one", r"the executor returned \d+ results for \d+ tasks"),  # was an IndexError
+        ("short_path", r"the Train tasks' batched path returned \d+ results for \d+ tasks"),  # was a client 'dropped'
+    ],
+)
 def test_an_engine_that_returns_too_few_results_is_one_user_error(engine, message):
     with pytest.raises(stocfl.UserError, match=message):
         stocfl.run({"run": {"rounds": 1, "engine": engine}})

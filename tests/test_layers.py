@@ -36,8 +36,10 @@ def module_name(path: Path) -> str:
 
 def layer(name: str) -> int:
     # the most specific entry wins: flower.codec before flower
-    best = max(((len(n), k) for k, names in enumerate(LAYERS) for n in names
-                if name == n or (n and name.startswith(n + "."))), default=None)
+    best = max(
+        ((len(n), k) for k, names in enumerate(LAYERS) for n in names if name == n or (n and name.startswith(n + "."))),
+        default=None,
+    )
     if best is not None:
         return best[1]
     raise AssertionError(f"module stocfl.{name} has no layer in tests/test_layers.py; add it")
@@ -52,9 +54,12 @@ def imports() -> dict[str, list[tuple[str, bool]]]:
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "stocfl":
                 # from stocfl.pkg import mod imports the module pkg.mod (and pkg, but a package's
                 # __init__ re-exporting its modules is no cycle with them)
-                mods = [f"{node.module}.{a.name}" for a in node.names
-                        if (ROOT.parent / f"{node.module}.{a.name}".replace(".", "/")).with_suffix(".py").is_file()
-                        or (ROOT.parent / f"{node.module}.{a.name}".replace(".", "/") / "__init__.py").is_file()]
+                mods = [
+                    f"{node.module}.{a.name}"
+                    for a in node.names
+                    if (ROOT.parent / f"{node.module}.{a.name}".replace(".", "/")).with_suffix(".py").is_file()
+                    or (ROOT.parent / f"{node.module}.{a.name}".replace(".", "/") / "__init__.py").is_file()
+                ]
                 names = mods if len(mods) == len(node.names) else [node.module] + mods
             elif isinstance(node, ast.Import):
                 names = [a.name for a in node.names if a.name.split(".")[0] == "stocfl"]
@@ -66,14 +71,23 @@ def imports() -> dict[str, list[tuple[str, bool]]]:
 
 
 def test_no_module_imports_a_layer_above_it():
-    bad = [f"stocfl.{m} (layer {layer(m)}) imports stocfl.{t} (layer {layer(t)})"
-           for m, found in imports().items() for t, _ in found if layer(t) > layer(m)]
+    bad = [
+        f"stocfl.{m} (layer {layer(m)}) imports stocfl.{t} (layer {layer(t)})"
+        for m, found in imports().items()
+        for t, _ in found
+        if layer(t) > layer(m)
+    ]
     assert not bad, "\n".join(bad)
 
 
 def test_algorithms_import_no_executor_flower_or_runner():
-    bad = [(m, t) for m, found in imports().items() if m.startswith("algorithms")
-           for t, _ in found if t.split(".")[0] in {"executors", "flower", "runner", "build", "results", "api"}]
+    bad = [
+        (m, t)
+        for m, found in imports().items()
+        if m.startswith("algorithms")
+        for t, _ in found
+        if t.split(".")[0] in {"executors", "flower", "runner", "build", "results", "api"}
+    ]
     assert not bad, bad
 
 
@@ -99,9 +113,20 @@ def test_module_level_imports_have_no_cycle():
 LAB = Path(stocfl_lab.__file__).parent
 # what the lab may import: stocfl's public face (the package, its folder packages' exports, the
 # config schema, the error form, the command line's parser helpers), never a module inside a folder
-PUBLIC_MODULES = {"stocfl", "stocfl.config", "stocfl.errors", "stocfl.cli", "stocfl.devices", "stocfl.data",
-                  "stocfl.client", "stocfl.algorithms", "stocfl.executors", "stocfl.storage", "stocfl.experiment",
-                  "stocfl.flower"}
+PUBLIC_MODULES = {
+    "stocfl",
+    "stocfl.config",
+    "stocfl.errors",
+    "stocfl.cli",
+    "stocfl.devices",
+    "stocfl.data",
+    "stocfl.client",
+    "stocfl.algorithms",
+    "stocfl.executors",
+    "stocfl.storage",
+    "stocfl.experiment",
+    "stocfl.flower",
+}
 
 
 def _imported(path: Path):
@@ -114,8 +139,12 @@ def _imported(path: Path):
 
 
 def test_the_library_never_imports_the_lab():
-    bad = [f"{p.relative_to(ROOT)} imports {m}" for p in sorted(ROOT.rglob("*.py")) for m, _ in _imported(p)
-           if m.split(".")[0] == "stocfl_lab"]
+    bad = [
+        f"{p.relative_to(ROOT)} imports {m}"
+        for p in sorted(ROOT.rglob("*.py"))
+        for m, _ in _imported(p)
+        if m.split(".")[0] == "stocfl_lab"
+    ]
     assert not bad, bad
 
 
@@ -133,6 +162,9 @@ def test_the_lab_imports_only_stocfls_public_api():
             exported = set(getattr(importlib.import_module(m), "__all__", ()))
             if m in {"stocfl.config", "stocfl.errors", "stocfl.cli", "stocfl.devices"}:
                 continue  # modules of their own: their public names are those without a leading underscore
-            bad += [f"{p.name} imports {m}.{n}, which {m}.__all__ does not export" for n in names
-                    if n not in exported and f"{m}.{n}" not in PUBLIC_MODULES]
+            bad += [
+                f"{p.name} imports {m}.{n}, which {m}.__all__ does not export"
+                for n in names
+                if n not in exported and f"{m}.{n}" not in PUBLIC_MODULES
+            ]
     assert not bad, "\n".join(bad)

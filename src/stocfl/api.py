@@ -13,18 +13,19 @@ the command line prints.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from stocfl import config as config_mod
 from stocfl.config import Config
+from stocfl.data.federation import Federation
 from stocfl.errors import UserError
 from stocfl.executors import ENGINES, engine_of
-from stocfl.data.federation import Federation
 
 
 @dataclass
@@ -53,6 +54,60 @@ class Result:
     models: dict[str, dict[str, torch.Tensor]]
     out: Path | None
 
+    def __repr__(self) -> str:
+        s = self.summary
+
+        def num(key, pct=False):
+            v = s.get(key)
+            return "n/a" if v is None else (f"{100 * v:.2f}%" if pct else f"{v:.3g}")
+
+        where = f", out={str(self.out)!r}" if self.out is not None else ""
+        return (
+            f"Result({s.get('algorithm')} on {s.get('scenario')} ({s.get('dataset')}), seed {s.get('seed')}, "
+            f"{s.get('rounds_done')} rounds: accuracy {num('accuracy', True)}, global {num('global_accuracy', True)}, "
+            f"{s.get('n_clusters')} clusters, ARI {num('ari')}; {len(self.models)} models{where})"
+        )
+
+
+@dataclass
+class Comparison:
+    """What :func:`compare` gives back: per algorithm label, mean +- std over seeds.
+
+    Attributes
+    ----------
+    rows : list of dict
+        One per label: ``accuracy_mean``, ``accuracy_std``, ``accuracy_n`` and the same for
+        ``global_accuracy``, ``ari``, ``n_clusters``, ``seconds`` (as ``stocfl compare``'s
+        compare.csv).
+    results : dict of str to list of Result
+        Every run, by label, one per seed.
+    """
+
+    rows: list[dict[str, Any]]
+    results: dict[str, list[Result]]
+
+    def markdown(self) -> str:
+        """The table as ``stocfl compare`` prints it."""
+        from stocfl.experiment.compare import markdown
+
+        return markdown(self.rows)
+
+    def __str__(self) -> str:
+        return self.markdown()
+
+    def __repr__(self) -> str:
+        return (
+            f"Comparison of {', '.join(self.results)} over {max(map(len, self.results.values()), default=0)} seed(s):\n"
+            + self.markdown()
+        )
+
+    def plot(self, path: str | Path, title: str = "") -> None:
+        """Mean accuracy per evaluated round of each label (band: +- one std over seeds) as a PNG."""
+        from stocfl.experiment.compare import plot, table
+
+        _, curves = table({k: [(r.summary, r.metrics) for r in v] for k, v in self.results.items()})
+        plot(curves, Path(path), title)
+
 
 def as_config(config: Any = None) -> Config:
     """A validated :class:`Config` from a TOML path, a nested dict, a Config or None (defaults)."""
@@ -65,10 +120,20 @@ def as_config(config: Any = None) -> Config:
     raise UserError(f"config: expected a TOML path, a dict or a stocfl Config, got {type(config).__name__}")
 
 
-def run(config: Any = None, *, federation: Federation | None = None, model: torch.nn.Module | None = None,
-        loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, out: str | Path | None = None,
-        progress: bool = False) -> Result:
+def run(
+    config: Any = None,
+    *,
+    federation: Federation | None = None,
+    model: torch.nn.Module | None = None,
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    out: str | Path | None = None,
+    progress: bool = True,
+    label: str | None = None,
+) -> Result:
     """Run an experiment and return its :class:`Result`.
+
+    The run sets torch's thread count to ``run.threads`` while it runs and puts the caller's
+    back when it ends.
 
     Parameters
     ----------
@@ -83,6 +148,11 @@ def run(config: Any = None, *, federation: Federation | None = None, model: torc
         default: cross-entropy. (StoCFL's linear anchor keeps cross-entropy.)
     out : path, optional
         A results directory to write (resumable with :func:`resume`); None = nothing is written.
+    progress : bool, default True
+        A progress bar in a terminal, one line a round on stderr elsewhere (a notebook, a log);
+        False: silent.
+    label : str, optional
+        The run's name in its progress lines (default: the algorithm's).
     """
     from stocfl.experiment.loop import Experiment
 
@@ -92,22 +162,32 @@ def run(config: Any = None, *, federation: Federation | None = None, model: torc
     if model is not None and not isinstance(model, torch.nn.Module):
         raise UserError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     # a federation replaces [scenario] and a model [model]: a key set there would be ignored without a word
-    replaced = [(what, section, default) for given, what, section, default in (
-        (federation, "a federation", "scenario", config_mod.ScenarioConfig()),
-        (model, "a model", "model", config_mod.ModelConfig())) if given is not None]
+    replaced = [
+        (what, section, default)
+        for given, what, section, default in (
+            (federation, "a federation", "scenario", config_mod.ScenarioConfig()),
+            (model, "a model", "model", config_mod.ModelConfig()),
+        )
+        if given is not None
+    ]
     for what, section, default in replaced:
         for key, value in getattr(cfg, section).model_dump().items():
             if key != "data_dir" and value != getattr(default, key):
                 how = " (hold clients out with Federation.from_arrays(..., holdout=...))" if key == "holdout" else ""
-                raise UserError(f"config: {section}.{key} = {value!r} has no effect with {what} given in Python, "
-                                f"which replaces [{section}]; remove it from the config{how}")
+                raise UserError(
+                    f"config: {section}.{key} = {value!r} has no effect with {what} given in Python, "
+                    f"which replaces [{section}]; remove it from the config{how}"
+                )
     if loss is not None and not callable(loss):
         raise UserError(f"loss: expected a function loss(logits, y) -> per-sample values, got {type(loss).__name__}")
     if engine_of(cfg.run.engine).launch is not None:
-        raise UserError(f"run.engine = {cfg.run.engine} runs from the command line ('stocfl run'); use one of "
-                        f"{', '.join(n for n, e in ENGINES.items() if e.executor is not None)} from Python")
-    exp = Experiment.create(cfg, None if out is None else Path(out), federation=federation, module=model, loss=loss)
-    return _result(exp, exp.run(progress=progress))
+        raise UserError(
+            f"run.engine = {cfg.run.engine} runs from the command line ('stocfl run'); use one of "
+            f"{', '.join(n for n, e in ENGINES.items() if e.executor is not None)} from Python"
+        )
+    with _threads_kept():
+        exp = Experiment.create(cfg, None if out is None else Path(out), federation=federation, module=model, loss=loss)
+        return _result(exp, exp.run(progress=progress, label=label))
 
 
 def run_into(out: str | Path, config: Any = None, *, progress: bool = False) -> dict[str, Any]:
@@ -124,9 +204,16 @@ def run_into(out: str | Path, config: Any = None, *, progress: bool = False) -> 
     return launch(cfg.to_dict(), out, lambda ex: Experiment.create(cfg, out, ex), cfg.scenario.n_clients, progress)
 
 
-def resume(out: str | Path, *, federation: Federation | None = None, model: torch.nn.Module | None = None,
-           loss: Callable | None = None, data_dir: str | None = None, progress: bool = False,
-           overrides: list[str] = ()) -> Result:
+def resume(
+    out: str | Path,
+    *,
+    federation: Federation | None = None,
+    model: torch.nn.Module | None = None,
+    loss: Callable | None = None,
+    data_dir: str | None = None,
+    progress: bool = True,
+    overrides: list[str] = (),
+) -> Result:
     """Continue the run in ``out`` (stopped or killed) to its end; ``federation``, ``model`` and
     ``loss`` as given to :func:`run` when it was started with them: the same data, the same
     module with the same initial weights, the same loss (the checkpoint's digests of them are
@@ -134,9 +221,97 @@ def resume(out: str | Path, *, federation: Federation | None = None, model: torc
     (``run.eval_every`` may change too)."""
     from stocfl.experiment.loop import Experiment
 
-    exp = Experiment.resume(Path(out), data_dir, federation=federation, module=model, loss=loss,
-                            overrides=list(overrides))
-    return _result(exp, exp.run(progress=progress))
+    with _threads_kept():
+        exp = Experiment.resume(
+            Path(out), data_dir, federation=federation, module=model, loss=loss, overrides=list(overrides)
+        )
+        return _result(exp, exp.run(progress=progress))
+
+
+def compare(
+    algorithms: list[str],
+    config: Any = None,
+    *,
+    seeds: list[int] = (0,),
+    federation: Federation | None = None,
+    model: torch.nn.Module | None = None,
+    loss: Callable | None = None,
+    out: str | Path | None = None,
+    progress: bool = True,
+) -> Comparison:
+    """Several algorithms x seeds on one federation: what ``stocfl compare`` does, from Python.
+
+    Parameters
+    ----------
+    algorithms : list of str
+        Each ``"NAME [key=value ...]"``, e.g. ``["fedavg", "ifca n_models=2", "stocfl tau=0.4"]``;
+        its label in the table is the spec.
+    config : path, dict, Config or None
+        The shared setting (scenario, model, training, rounds); its ``[algorithm]`` is replaced
+        by each spec's, and ``run.seed`` by each seed.
+    seeds : list of int
+        The seeds, one run each per algorithm.
+    federation, model, loss
+        As for :func:`run`, shared by every run.
+    out : path, optional
+        A directory for every run (``LABEL-seedN``) and the table (compare.md, compare.csv,
+        compare.png); None = nothing is written.
+    """
+    from stocfl.errors import first_repeated
+    from stocfl.experiment.compare import markdown, parse_spec, plot, setting, table
+    from stocfl.storage import write_atomic, write_csv
+
+    base = as_config(config).to_dict()
+    seeds = list(seeds)
+    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise UserError(f"compare: seeds {seeds!r}: give a list of distinct integers, e.g. [0, 1, 2]")
+    if (k := first_repeated(seeds)) is not None:
+        raise UserError(f"compare: seed {seeds[k]} is given twice; give distinct seeds, e.g. [0, 1, 2]")
+    if isinstance(algorithms, str) or not algorithms:
+        raise UserError("compare: algorithms: give a list of specs, e.g. ['fedavg', 'ifca n_models=2']")
+    parsed = [parse_spec(s) for s in algorithms]
+    labels = [label for label, _ in parsed]
+    if (k := first_repeated(labels)) is not None:
+        raise UserError(f"compare: {algorithms[k]!r} is given twice; give each algorithm once")
+    configs = {
+        label: [config_mod.apply({**copy.deepcopy(base), "algorithm": {}}, [*algo, f"run.seed={s}"]) for s in seeds]
+        for label, algo in parsed
+    }  # every spec checked before any run
+    where = None if out is None else Path(out)
+    results: dict[str, list[Result]] = {}
+    for label, cfgs in configs.items():
+        results[label] = [
+            run(
+                cfg,
+                federation=federation,
+                model=model,
+                loss=loss,
+                progress=progress,
+                label=label,
+                out=None if where is None else where / f"{label}-seed{cfg.run.seed}",
+            )
+            for cfg in cfgs
+        ]
+    comparison = Comparison(table({k: [(r.summary, r.metrics) for r in v] for k, v in results.items()})[0], results)
+    if where is not None:
+        write_csv(where / "compare.csv", comparison.rows)
+        write_atomic(where / "compare.md", markdown(comparison.rows))
+        plot(
+            table({k: [(r.summary, r.metrics) for r in v] for k, v in results.items()})[1],
+            where / "compare.png",
+            setting(next(iter(configs.values()))[0]),
+        )
+    return comparison
+
+
+class _threads_kept:
+    """torch's thread count as the caller had it, put back when a run ends (a run sets its own)."""
+
+    def __enter__(self):
+        self.threads = torch.get_num_threads()
+
+    def __exit__(self, *exc):
+        torch.set_num_threads(self.threads)
 
 
 def _result(exp, summary: dict[str, Any]) -> Result:

@@ -18,6 +18,7 @@ from stocfl.algorithms.aggregation import RULES
 from stocfl.bounds import MAX_COUNT, MAX_EPOCHS, MAX_HIDDEN, MAX_LR, MAX_WEIGHT
 from stocfl.errors import UserError
 
+
 class Section(BaseModel):
     """Strict: unknown keys are errors, a string is never read as a number, no inf or NaN."""
 
@@ -26,38 +27,44 @@ class Section(BaseModel):
 
 class RunConfig(Section):
     rounds: int = Field(20, ge=1, le=MAX_COUNT, description="communication rounds T")
-    sample_rate: float = Field(
-        0.1, gt=0, le=1, description="fraction of clients sampled per round; m = ceil(rate * N)"
-    )
+    sample_rate: float = Field(0.1, gt=0, le=1, description="fraction of clients sampled per round; m = ceil(rate * N)")
     seed: int = Field(0, ge=0, le=2**32 - 1, description="seeds data split, model init, sampling and local SGD")
     eval_every: int = Field(1, ge=1, le=MAX_COUNT, description="evaluate all clients every k rounds (and at the end)")
     engine: str = Field(
-        "auto", description="executor of client tasks: sequential, parallel (the sequential loop in one worker process "
+        "auto",
+        description="executor of client tasks: sequential, parallel (the sequential loop in one worker process "
         "per thread, one thread each), batched, lowrank (exact low-rank training of a dense first layer); auto picks "
         "one by a cost model; flower-sim sends them as Flower messages (simulation "
-        "engine); or a registered engine"
+        "engine); or a registered engine",
     )
     threads: int = Field(0, ge=0, le=1024, description="torch threads; 0 = the free cores of this machine")
     device: str = Field(
-        "auto", description="where client work runs: auto (cuda when present, else cpu), cpu, cuda, cuda:N or mps; "
-        "the server's state stays on the cpu"
+        "auto",
+        description="where client work runs: auto (cuda when present, else cpu), cpu, cuda, cuda:N or mps; "
+        "the server's state stays on the cpu",
     )
     client_timeout: float = Field(
-        0.0, ge=0, le=7 * 86400, description="Flower engines: seconds to wait for the replies to one task list; clients that "
-        "miss it are dropped from the round (0 = wait without limit)"
+        0.0,
+        ge=0,
+        le=7 * 86400,
+        description="Flower engines: seconds to wait for the replies to one task list; clients that "
+        "miss it are dropped from the round (0 = wait without limit)",
     )
     chunk_size: int = Field(
         0, ge=0, le=MAX_COUNT, description="clients per batched computation (batched engine); 0 = from a memory budget"
     )
     tensorboard: bool = Field(
-        False, description="also write each round's figures as TensorBoard scalars into DIR/tensorboard (needs "
-        "pip install 'stocfl[tensorboard]')"
+        False,
+        description="also write each round's figures as TensorBoard scalars into DIR/tensorboard (needs "
+        "pip install 'stocfl[tensorboard]')",
     )
     sim_nodes: int = Field(
-        0, ge=0, le=MAX_COUNT, description="flower-sim: simulated SuperNodes, node i serving clients i, i+k, i+2k, ... "
-        "(one message per node and kind of task); 0 = one SuperNode per client"
+        0,
+        ge=0,
+        le=MAX_COUNT,
+        description="flower-sim: simulated SuperNodes, node i serving clients i, i+k, i+2k, ... "
+        "(one message per node and kind of task); 0 = one SuperNode per client",
     )
-
 
     @field_validator("device")
     @classmethod
@@ -79,21 +86,21 @@ class RunConfig(Section):
 class ScenarioConfig(Section):
     name: str = Field("rotated", description="non-IID scenario: one of the built-ins or a registered one")
     dataset: str = Field("digits", description="source data set (digits needs no files) or a registered one")
-    data_dir: str = Field(
-        "", description="directory of the data sets; empty = $STOCFL_DATA_DIR (digits needs none)"
-    )
+    data_dir: str = Field("", description="directory of the data sets; empty = $STOCFL_DATA_DIR (digits needs none)")
     n_clients: int = Field(40, ge=1, le=MAX_COUNT, description="number of clients N (writers: number of writers)")
     samples_per_client: int = Field(
         30, ge=1, le=MAX_COUNT, description="train samples per client |D| (dirichlet: the mean; writers: a cap)"
     )
     test_per_client: int = Field(
-        0, ge=0, le=MAX_COUNT, description="test samples per client; 0 = an equal share of the group's test pool, at most |D|"
+        0,
+        ge=0,
+        le=MAX_COUNT,
+        description="test samples per client; 0 = an equal share of the group's test pool, at most |D|",
     )
     alpha: float = Field(0.5, ge=1e-3, le=1e6, description="Dirichlet concentration (dirichlet scenario)")
     holdout: float = Field(
         0.0, ge=0, lt=1, description="fraction of clients kept out of training and placed as new clients at the end"
     )
-
 
     @field_validator("name")
     @classmethod
@@ -119,11 +126,10 @@ class ScenarioConfig(Section):
 
 class ModelConfig(Section):
     name: str = Field(
-        "auto", description="auto = digits_mlp on digits, mlp on 28x28 data, cifar_cnn on CIFAR-10; or a registered "
-        "model"
+        "auto",
+        description="auto = digits_mlp on digits, mlp on 28x28 data, cifar_cnn on CIFAR-10; or a registered model",
     )
     hidden: int = Field(200, ge=1, le=MAX_HIDDEN, description="hidden width of the mlp (the paper's MNIST model: 2048)")
-
 
     @field_validator("name")
     @classmethod
@@ -150,8 +156,9 @@ class TrainConfig(Section):
     weight_decay: float = Field(0.0, ge=0, le=MAX_WEIGHT, description="L2 weight decay added to the gradient")
     betas: list[float] = Field([0.9, 0.999], description="adam: [beta1, beta2], each in [0, 1)")
     local_bn: bool = Field(
-        False, description="FedBN: every BatchNorm layer's weights and statistics stay with the client (needs a model "
-        "with BatchNorm)"
+        False,
+        description="FedBN: every BatchNorm layer's weights and statistics stay with the client (needs a model "
+        "with BatchNorm)",
     )
 
     @field_validator("betas")
@@ -164,11 +171,15 @@ class TrainConfig(Section):
 
 class AggregationConfig(Section):
     rule: Literal[RULES] = Field(
-        "mean", description="how the server combines trained models: mean (weighted by |D_i|), clip (updates "
-        "clipped to clip_norm, then the weighted mean), median or trimmed_mean (coordinate-wise, unweighted)"
+        "mean",
+        description="how the server combines trained models: mean (weighted by |D_i|), clip (updates "
+        "clipped to clip_norm, then the weighted mean), median or trimmed_mean (coordinate-wise, unweighted)",
     )
     clip_norm: float = Field(
-        0.0, ge=0, le=MAX_WEIGHT, description="clip: largest update norm; 0 = the median update norm of each aggregation"
+        0.0,
+        ge=0,
+        le=MAX_WEIGHT,
+        description="clip: largest update norm; 0 = the median update norm of each aggregation",
     )
     trim: float = Field(0.1, ge=0, lt=0.5, description="trimmed_mean: fraction of values dropped at each end")
 
@@ -192,19 +203,27 @@ class Config(Section):
     def to_dict(self) -> dict[str, Any]:
         """The resolved config, every default filled in (what a run saves)."""
         out = self.model_dump(mode="json")
-        out["algorithm"] = {"name": self.algorithm["name"], **self.algorithm_params().model_dump(mode="json", by_alias=True)}
+        out["algorithm"] = {
+            "name": self.algorithm["name"],
+            **self.algorithm_params().model_dump(mode="json", by_alias=True),
+        }
         return out
 
 
 def _one_line(err: ValidationError, prefix: tuple = ()) -> str:
     e = err.errors()[0]
     loc = prefix + tuple(str(p) for p in e["loc"])
-    if len(e["loc"]) > 1 and re.fullmatch(r"int|float|str|bool|none|(literal|list|dict|function-\w+)\[.*\]",
-                                         str(e["loc"][-1])):
+    if len(e["loc"]) > 1 and re.fullmatch(
+        r"int|float|str|bool|none|(literal|list|dict|function-\w+)\[.*\]", str(e["loc"][-1])
+    ):
         # a key of several types (tau: a number or "auto"): pydantic names each type tried; say them together
         members = [x for x in err.errors() if x["loc"][:-1] == e["loc"][:-1]]
-        wants = [x["ctx"]["expected"].replace("'", '"') if x["type"] == "literal_error"
-                 else _house_style(x).removeprefix("expected ") for x in members]
+        wants = [
+            x["ctx"]["expected"].replace("'", '"')
+            if x["type"] == "literal_error"
+            else _house_style(x).removeprefix("expected ")
+            for x in members
+        ]
         return f"config: {'.'.join(loc[:-1])}: expected {' or '.join(wants)} (got {e.get('input')!r})"
     key = ".".join(loc)
     if e["type"] == "extra_forbidden":
@@ -220,10 +239,22 @@ def _one_line(err: ValidationError, prefix: tuple = ()) -> str:
     return f"config: {key}: {msg.rstrip('.')} (got {got!r})"
 
 
-_BOUNDS = {"greater_than_equal": ("ge", ">="), "less_than_equal": ("le", "<="), "greater_than": ("gt", ">"),
-           "less_than": ("lt", "<")}
-_EXPECTED = {"int": "an integer", "float": "a number", "bool": "true or false", "string": "a string",
-             "list": "a list", "dict": "a table", "model": "a table", "tuple": "a list"}
+_BOUNDS = {
+    "greater_than_equal": ("ge", ">="),
+    "less_than_equal": ("le", "<="),
+    "greater_than": ("gt", ">"),
+    "less_than": ("lt", "<"),
+}
+_EXPECTED = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "string": "a string",
+    "list": "a list",
+    "dict": "a table",
+    "model": "a table",
+    "tuple": "a list",
+}
 
 
 def _house_style(e: dict[str, Any]) -> str:
@@ -290,20 +321,58 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return parts, parsed
 
 
+PACKAGED = Path(__file__).resolve().parent / "configs"  # the configs that ship with stocfl: the papers' settings
+
+
+def packaged() -> dict[str, Path]:
+    """The configs that ship with stocfl, by name (``stocfl config --list``)."""
+    return {p.stem: p for p in sorted(PACKAGED.glob("*.toml"))}
+
+
+def describe_packaged() -> str:
+    """One line a packaged config: its name and the first line of its opening comment."""
+    lines = []
+    for name, path in packaged().items():
+        words = " ".join(x.lstrip("# ").strip() for x in path.read_text().splitlines()[:6] if x.startswith("#"))
+        first = re.split(r"\.\s+(?=[A-Z])", words)[0].rstrip(".")
+        lines.append(f"{name:<28} {first if len(first) <= 100 else first[:99] + '...'}")
+    return "\n".join(lines)
+
+
+def resolve(path: str | Path) -> Path:
+    """A config file: ``path`` where it is a file, else the packaged config of that name
+    (``rotated_mnist_4800x50``, with or without ``.toml`` or a ``configs/`` in front)."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    name = p.name.removesuffix(".toml")
+    found = packaged()
+    if name in found and (p.parent == Path(".") or p.parent.name == "configs"):
+        return found[name]
+    what = "is a directory" if p.is_dir() else "not found"
+    raise UserError(
+        f"config file {p} {what}; pass an existing TOML file or the name of a packaged config (stocfl config --list)"
+    )
+
+
 def load(path: str | Path | None = None, overrides: list[str] = (), data_dir: str | None = None) -> Config:
-    """Read a TOML config (or the defaults), apply ``--set`` overrides, validate."""
+    """Read a TOML config (a path or a packaged config's name; None: the defaults), apply
+    ``--set`` overrides, validate."""
     raw: dict[str, Any] = {}
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            what = "is a directory" if p.is_dir() else "not found"
-            raise UserError(f"config file {p} {what}; pass an existing TOML file (see configs/)")
+        p = resolve(path)
         try:
             raw = tomllib.loads(p.read_text(encoding="utf-8-sig"))  # -sig: a byte-order mark some editors write
         except tomllib.TOMLDecodeError as err:
             raise UserError(f"config file {p}: not valid TOML ({err}); fix the syntax") from None
         except UnicodeDecodeError:
             raise UserError(f"config file {p}: not UTF-8 text; pass a TOML file") from None
+    return apply(raw, overrides, data_dir)
+
+
+def apply(raw: dict[str, Any], overrides: list[str] = (), data_dir: str | None = None) -> Config:
+    """``--set`` overrides applied to a config given as a nested dict (changed in place), then
+    validated: what :func:`load` does once it has read the file."""
     given: dict[str, Any] = {}  # algorithm parameters the overrides set, in any order with the name
     for item in overrides:
         parts, value = parse_override(item)
@@ -340,24 +409,35 @@ def _toml(value) -> str:
     return json.dumps(value) if isinstance(value, str) else repr(value)
 
 
-def describe() -> str:
-    """Every key with its default and meaning, in aligned columns (``stocfl config``)."""
+def reference() -> list[tuple[str, str, str, str]]:
+    """Every key as (section, key, default as TOML, meaning): the configuration reference that
+    ``stocfl config`` prints and the docs render."""
     from stocfl.algorithms import ALGORITHMS
     from stocfl.data.scenarios import SCENARIOS
 
-    entries: list[tuple[str, str, str] | str] = []
+    entries: list[tuple[str, str, str, str]] = []
     for section, field in Config.model_fields.items():
         if section == "algorithm":
             continue
-        entries.append(f"[{section}]")
         for key, f in field.annotation.model_fields.items():
             extra = f"; now: {', '.join(SCENARIOS)}" if (section, key) == ("scenario", "name") else _choices(f)
-            entries.append((key, _toml(f.default), f"{f.description}{extra}"))
-    entries.append("[algorithm]")
-    entries.append(("name", '"fedavg"', f"one of: {', '.join(ALGORITHMS)}"))
+            entries.append((section, key, _toml(f.default), f"{f.description}{extra}"))
+    entries.append(("algorithm", "name", '"fedavg"', f"one of: {', '.join(ALGORITHMS)}"))
     for name, cls in ALGORITHMS.items():
         for key, f in cls.Params.model_fields.items():
-            entries.append((f.alias or key, _toml(f.default), f"({name}) {f.description}{_choices(f)}"))
-    kw = max(len(e[0]) for e in entries if isinstance(e, tuple))
-    vw = max(len(e[1]) for e in entries if isinstance(e, tuple))
-    return "\n".join(e if isinstance(e, str) else f"  {e[0]:<{kw}} = {e[1]:<{vw}}  # {e[2]}" for e in entries)
+            entries.append(("algorithm", f.alias or key, _toml(f.default), f"({name}) {f.description}{_choices(f)}"))
+    return entries
+
+
+def describe() -> str:
+    """Every key with its default and meaning, in aligned columns (``stocfl config``)."""
+    entries = reference()
+    kw = max(len(e[1]) for e in entries)
+    vw = max(len(e[2]) for e in entries)
+    lines, section = [], None
+    for sec, key, default, meaning in entries:
+        if sec != section:
+            lines.append(f"[{sec}]")
+            section = sec
+        lines.append(f"  {key:<{kw}} = {default:<{vw}}  # {meaning}")
+    return "\n".join(lines)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import platform
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -28,12 +29,15 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise UserError(f"config: run.device = {name!r}, but this machine has no CUDA device torch can use; "
-                            f"use cpu or auto")
+            raise UserError(
+                f"config: run.device = {name!r}, but this machine has no CUDA device torch can use; use cpu or auto"
+            )
         index = int(name.split(":")[1]) if ":" in name else 0
         if index >= torch.cuda.device_count():
-            raise UserError(f"config: run.device = {name!r}, but this machine has {torch.cuda.device_count()} CUDA "
-                            f"device(s) (cuda:0..cuda:{torch.cuda.device_count() - 1})")
+            raise UserError(
+                f"config: run.device = {name!r}, but this machine has {torch.cuda.device_count()} CUDA "
+                f"device(s) (cuda:0..cuda:{torch.cuda.device_count() - 1})"
+            )
     if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
         raise UserError("config: run.device = 'mps', but this machine has no Apple GPU torch can use; use cpu or auto")
     return torch.device(name)
@@ -72,8 +76,12 @@ def move(value: Any, device: torch.device, memo: dict[int, torch.Tensor] | None 
     return map_tensors(value, lambda v: v.device != device, lambda v: v.to(device), memo)
 
 
-def map_tensors(value: Any, applies: Callable[[torch.Tensor], bool], fn: Callable[[torch.Tensor], torch.Tensor],
-                memo: dict[int, torch.Tensor] | None = None) -> Any:
+def map_tensors(
+    value: Any,
+    applies: Callable[[torch.Tensor], bool],
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    memo: dict[int, torch.Tensor] | None = None,
+) -> Any:
     """A dataclass with ``fn`` applied to each tensor field for which ``applies`` holds, once per
     tensor (``memo``: id -> result); anything else is returned as it is."""
     if not dataclasses.is_dataclass(value):
@@ -93,5 +101,11 @@ def federation_on(fed, device: torch.device):
     """The federation with its data tensors on ``device`` (itself on the CPU)."""
     if device.type == "cpu":
         return fed
-    return dataclasses.replace(fed, **{f.name: getattr(fed, f.name).to(device) for f in dataclasses.fields(fed)
-                                       if isinstance(getattr(fed, f.name), torch.Tensor)})
+    return dataclasses.replace(
+        fed,
+        **{
+            f.name: getattr(fed, f.name).to(device)
+            for f in dataclasses.fields(fed)
+            if isinstance(getattr(fed, f.name), torch.Tensor)
+        },
+    )

@@ -15,8 +15,10 @@ def refuse_builtin(register: str, name: str, builtin: bool) -> None:
     """A user's registration may not replace a built-in: its results would be reported under
     the built-in's name (a "fedavg" row that is not FedAvg)."""
     if builtin:
-        raise UserError(f"{register}: {name!r} is built in; register yours under another name (a built-in keeps "
-                        f"its meaning in every config and table)")
+        raise UserError(
+            f"{register}: {name!r} is built in; register yours under another name (a built-in keeps "
+            f"its meaning in every config and table)"
+        )
 
 
 class UserError(Exception):

@@ -7,14 +7,15 @@ import numpy as np
 import pytest
 import scipy.stats
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stocfl import config
 from stocfl.algorithms import aggregation
 from stocfl.algorithms.aggregation import Aggregator
+from stocfl.client.tasks import Trained
 from stocfl.errors import UserError
 from stocfl.experiment.loop import Experiment
-from stocfl.client.tasks import Trained
 from tests.experiment.test_hostile import Client
 
 
@@ -35,10 +36,16 @@ def reference(rule, vectors, weights, start, clip_norm, trim):
 
 
 @settings(max_examples=150, deadline=None)
-@given(rule=st.sampled_from(aggregation.RULES), n=st.integers(1, 9), d=st.integers(1, 23),
-       block=st.integers(1, 40), clip_norm=st.sampled_from([0.0, 0.1, 1.0, 5.0]),
-       trim=st.sampled_from([0.0, 0.1, 0.2, 0.34, 0.49]), seed=st.integers(0, 2**16),
-       ties=st.booleans())
+@given(
+    rule=st.sampled_from(aggregation.RULES),
+    n=st.integers(1, 9),
+    d=st.integers(1, 23),
+    block=st.integers(1, 40),
+    clip_norm=st.sampled_from([0.0, 0.1, 1.0, 5.0]),
+    trim=st.sampled_from([0.0, 0.1, 0.2, 0.34, 0.49]),
+    seed=st.integers(0, 2**16),
+    ties=st.booleans(),
+)
 def test_every_rule_equals_the_plain_reference(rule, n, d, block, clip_norm, trim, seed, ties):
     g = torch.Generator().manual_seed(seed)
     vectors = [torch.randn(d, generator=g) * 3 for _ in range(n)]
@@ -58,15 +65,27 @@ def test_every_rule_equals_the_plain_reference(rule, n, d, block, clip_norm, tri
 
 def test_clip_with_one_start_per_vector_is_the_mean_of_clipped_moves():
     a, b = torch.zeros(3), torch.ones(3) * 10
-    got = Aggregator("clip", clip_norm=1.0)([a + torch.tensor([3.0, 0, 0]), b + torch.tensor([0, 0.5, 0])], [1, 1], [a, b])
+    got = Aggregator("clip", clip_norm=1.0)(
+        [a + torch.tensor([3.0, 0, 0]), b + torch.tensor([0, 0.5, 0])], [1, 1], [a, b]
+    )
     torch.testing.assert_close(got, torch.tensor([5.5, 5.25, 5.0]))
 
 
 def _run(tmp_path, name, rule, craft, algorithm="fedavg"):
-    cfg = config.load(overrides=[
-        "scenario.name=iid", "scenario.n_clients=10", "scenario.samples_per_client=60", "run.rounds=8",
-        "run.sample_rate=1.0", "train.lr=0.1", "train.epochs=2", "run.engine=sequential",
-        f"aggregation.rule={rule}", f"algorithm.name={algorithm}"])
+    cfg = config.load(
+        overrides=[
+            "scenario.name=iid",
+            "scenario.n_clients=10",
+            "scenario.samples_per_client=60",
+            "run.rounds=8",
+            "run.sample_rate=1.0",
+            "train.lr=0.1",
+            "train.epochs=2",
+            "run.engine=sequential",
+            f"aggregation.rule={rule}",
+            f"algorithm.name={algorithm}",
+        ]
+    )
     probe = Experiment(cfg, tmp_path / f"{name}-probe")
     return Experiment.create(cfg, tmp_path / name, Client(probe.fed, probe.model, Trained, craft)).run(progress=False)
 
@@ -85,10 +104,15 @@ def test_robust_rules_hold_where_the_mean_is_taken_over(tmp_path, algorithm, rul
         assert honest > 0.7 and abs(evil - honest) < 0.03, (rule, evil, honest)
 
 
-@pytest.mark.parametrize("bad, key", [("aggregation.rule='max'", "aggregation.rule"),
-                                      ("aggregation.trim=0.5", "aggregation.trim"),
-                                      ("aggregation.clip_norm=inf", "aggregation.clip_norm"),
-                                      ("aggregation.clip_norm=-1.0", "aggregation.clip_norm")])
+@pytest.mark.parametrize(
+    "bad, key",
+    [
+        ("aggregation.rule='max'", "aggregation.rule"),
+        ("aggregation.trim=0.5", "aggregation.trim"),
+        ("aggregation.clip_norm=inf", "aggregation.clip_norm"),
+        ("aggregation.clip_norm=-1.0", "aggregation.clip_norm"),
+    ],
+)
 def test_bad_aggregation_keys_are_named(bad, key):
     with pytest.raises(UserError, match=key):
         config.load(overrides=[bad])

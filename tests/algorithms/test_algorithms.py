@@ -6,16 +6,25 @@ import torch
 from stocfl.algorithms import ALGORITHMS, Context
 from stocfl.algorithms.fedavg import FedAvg
 from stocfl.algorithms.fedprox import FedProx
-from stocfl.data.datasets import load_dataset
-from stocfl.executors import BatchedExecutor, SequentialExecutor
 from stocfl.client.models import make_model
+from stocfl.data.datasets import load_dataset
 from stocfl.data.scenarios import build
+from stocfl.executors import BatchedExecutor, SequentialExecutor
 
 FED = build("dirichlet", load_dataset("digits"), 12, 30, alpha=1.0, seed=0)
 MODEL, W0 = make_model("auto", FED.input_shape, 10, 0, seed=0)
-CTX = Context(FED.n_clients, W0, epochs=2, batch_size=10, lr=0.1, seed=0, input_shape=FED.input_shape, n_classes=10,
-              init_model=lambda seed: make_model("auto", FED.input_shape, 10, 0, seed)[1],
-              last_layer=MODEL.numels[-1] + MODEL.numels[-2])
+CTX = Context(
+    FED.n_clients,
+    W0,
+    epochs=2,
+    batch_size=10,
+    lr=0.1,
+    seed=0,
+    input_shape=FED.input_shape,
+    n_classes=10,
+    init_model=lambda seed: make_model("auto", FED.input_shape, 10, 0, seed)[1],
+    last_layer=MODEL.numels[-1] + MODEL.numels[-2],
+)
 FAST = {"flhc": {"warmup_rounds": 1}}
 
 

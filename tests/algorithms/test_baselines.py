@@ -11,8 +11,8 @@ from stocfl.algorithms.cfl import CFL, CFLParams
 from stocfl.algorithms.ditto import Ditto, DittoParams
 from stocfl.algorithms.flhc import DEFAULT_THRESHOLD, FLHC, FLHCParams
 from stocfl.algorithms.ifca import IFCA, IFCAParams
-from stocfl.storage.store import ClientStore
 from stocfl.client.tasks import Evaluate, Evaluated, Train, Trained
+from stocfl.storage.store import ClientStore
 
 P = 6
 DIRS = torch.eye(P)[:2]
@@ -20,8 +20,16 @@ GROUP_DIR = [DIRS[0], -DIRS[0], DIRS[1], -DIRS[1]]  # four groups whose updates 
 
 
 def ctx(n, w0=None):
-    return Context(n, torch.zeros(P) if w0 is None else w0, epochs=1, batch_size=0, lr=0.1, seed=0,
-                   init_model=lambda s: torch.full((P,), float(s)), last_layer=2)
+    return Context(
+        n,
+        torch.zeros(P) if w0 is None else w0,
+        epochs=1,
+        batch_size=0,
+        lr=0.1,
+        seed=0,
+        init_model=lambda s: torch.full((P,), float(s)),
+        last_layer=2,
+    )
 
 
 def fake_run(groups, scale=1.0, noise=0.05):
@@ -96,8 +104,9 @@ def test_cfl_cluster_warmup_holds_the_halves_of_a_split_that_many_rounds():
 def test_flhc_clusters_updates_not_weights(metric, linkage):
     groups = np.random.default_rng(2).permutation(np.repeat(np.arange(4), 6))
     # weights far from the origin: cosines of WEIGHTS are all ~1, only the updates tell groups apart
-    alg = FLHC(FLHCParams(warmup_rounds=1, metric=metric, linkage=linkage, n_clusters=4),
-               ctx(24, torch.full((P,), 50.0)))
+    alg = FLHC(
+        FLHCParams(warmup_rounds=1, metric=metric, linkage=linkage, n_clusters=4), ctx(24, torch.full((P,), 50.0))
+    )
     run = fake_run(groups)
     alg.round(1, [0, 1, 2], run)
     diag = alg.round(2, [0, 1, 2], run)
@@ -142,8 +151,9 @@ def test_flhc_distance_threshold_and_parameter_rules():
     with pytest.raises(ValueError, match="ward"):
         FLHCParams(metric="l1", linkage="ward")
     groups = np.repeat(np.arange(4), 3)
-    alg = FLHC(FLHCParams(warmup_rounds=0, n_clusters=0, distance_threshold=0.5, metric="l2",
-                          linkage="complete"), ctx(12))
+    alg = FLHC(
+        FLHCParams(warmup_rounds=0, n_clusters=0, distance_threshold=0.5, metric="l2", linkage="complete"), ctx(12)
+    )
     alg.round(1, [0], fake_run(groups, noise=0.01))
     assert len(alg.models) == 4
 

@@ -18,9 +18,21 @@ def _load(data_dir, extra):
 
 
 def test_cfl_splits_shifted_mnist_into_the_four_groups(tmp_path, data_dir):
-    cfg = _load(data_dir, ["scenario.name=shifted", "scenario.n_clients=20", "scenario.samples_per_client=500",
-                           "run.rounds=16", "run.sample_rate=1.0", "run.eval_every=8", "algorithm.name=cfl",
-                           "algorithm.warmup=10", "algorithm.eps1=0.4", "algorithm.eps2=0.8"])
+    cfg = _load(
+        data_dir,
+        [
+            "scenario.name=shifted",
+            "scenario.n_clients=20",
+            "scenario.samples_per_client=500",
+            "run.rounds=16",
+            "run.sample_rate=1.0",
+            "run.eval_every=8",
+            "algorithm.name=cfl",
+            "algorithm.warmup=10",
+            "algorithm.eps1=0.4",
+            "algorithm.eps2=0.8",
+        ],
+    )
     s = Experiment.create(cfg, tmp_path / "cfl").run(progress=False)
     assert s["n_clusters"] == 4 and s["ari"] == 1.0, s
     rows = [json.loads(x) for x in (tmp_path / "cfl" / "metrics.jsonl").read_text().splitlines()]
@@ -28,18 +40,38 @@ def test_cfl_splits_shifted_mnist_into_the_four_groups(tmp_path, data_dir):
 
 
 def test_flhc_l1_complete_recovers_label_swap_groups(tmp_path, data_dir):
-    cfg = _load(data_dir, ["scenario.name=label_swap", "scenario.n_clients=40", "scenario.samples_per_client=300",
-                           "run.rounds=11", "run.sample_rate=0.2", "run.eval_every=11", "algorithm.name=flhc",
-                           "algorithm.metric=\"l1\"", "algorithm.linkage=\"complete\"", "algorithm.n_clusters=4"])
+    cfg = _load(
+        data_dir,
+        [
+            "scenario.name=label_swap",
+            "scenario.n_clients=40",
+            "scenario.samples_per_client=300",
+            "run.rounds=11",
+            "run.sample_rate=0.2",
+            "run.eval_every=11",
+            "algorithm.name=flhc",
+            'algorithm.metric="l1"',
+            'algorithm.linkage="complete"',
+            "algorithm.n_clusters=4",
+        ],
+    )
     s = Experiment.create(cfg, tmp_path / "flhc").run(progress=False)
     assert s["n_clusters"] == 4 and s["ari"] == 1.0, s
 
 
-@pytest.mark.parametrize("scenario, algo", [("pathological", ["algorithm.name=fesem", "algorithm.n_centers=4"]),
-                                            ("rotated", ["algorithm.name=ditto"])])
+@pytest.mark.parametrize(
+    "scenario, algo",
+    [("pathological", ["algorithm.name=fesem", "algorithm.n_centers=4"]), ("rotated", ["algorithm.name=ditto"])],
+)
 def test_per_client_models_survive_a_stop_and_an_unrecorded_store_write(tmp_path, data_dir, scenario, algo):
-    extra = [f"scenario.name={scenario}", "scenario.n_clients=40", "scenario.samples_per_client=100",
-             "run.rounds=6", "run.sample_rate=0.3", *algo]
+    extra = [
+        f"scenario.name={scenario}",
+        "scenario.n_clients=40",
+        "scenario.samples_per_client=100",
+        "run.rounds=6",
+        "run.sample_rate=0.3",
+        *algo,
+    ]
     ref = Experiment.create(_load(data_dir, extra), tmp_path / "ref")
     ref_summary = ref.run(progress=False)
     cut = Experiment.create(_load(data_dir, extra), tmp_path / "cut")
@@ -65,12 +97,14 @@ def test_fesem_accuracy_rises_with_rounds_on_dirichlet_mnist_at_ten_percent(tmp_
     """FeSEM's setting (configs/dirichlet_mnist.toml: 100 clients, Dirichlet 0.5, 10% per round).
     With the centres updated from the fresh local models, accuracy climbs: measured 43.0% after
     round 1, 85.3% after round 10 (the former order, centres from stale models: 54.2%)."""
-    from pathlib import Path
 
     path = REPO / "configs" / "dirichlet_mnist.toml"
     cfg = config.load(path, ["algorithm.name=fesem", "run.rounds=10", "run.eval_every=1"], str(data_dir))
     s = Experiment.create(cfg, tmp_path / "fesem").run(progress=False)
-    acc = [r["accuracy"] for r in map(json.loads, (tmp_path / "fesem" / "metrics.jsonl").read_text().splitlines())
-           if r["accuracy"] is not None]
+    acc = [
+        r["accuracy"]
+        for r in map(json.loads, (tmp_path / "fesem" / "metrics.jsonl").read_text().splitlines())
+        if r["accuracy"] is not None
+    ]
     assert len(acc) == 10 and acc[0] < acc[4] < acc[-1], acc
     assert s["accuracy"] >= 0.8 and s["accuracy"] - acc[0] >= 0.2, acc

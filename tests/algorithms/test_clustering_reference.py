@@ -14,7 +14,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from stocfl.algorithms.stocfl.clustering import EPS, ClusterSet
 
@@ -76,8 +77,12 @@ class Reference:
         while len(self.clusters) > 1:
             ids = sorted(self.clusters)
             cent = {c: self.centroid(c) for c in ids}
-            cos = {(a, b): float(torch.dot(cent[a], cent[b])) for ia, a in enumerate(ids) for b in ids[ia + 1:]
-                   if (a, b) not in self.blocked}
+            cos = {
+                (a, b): float(torch.dot(cent[a], cent[b]))
+                for ia, a in enumerate(ids)
+                for b in ids[ia + 1 :]
+                if (a, b) not in self.blocked
+            }
             if not cos:
                 break
             top = max(cos.values())
@@ -128,8 +133,7 @@ def scenarios(draw):
     n = draw(st.integers(1, 28))
     seed = draw(st.integers(0, 2**31 - 1))
     g = torch.Generator().manual_seed(seed)
-    taus = st.one_of(st.sampled_from([-1.0, 0.0, 0.5, 1.0, 0.7071067811865476, 0.3162277660168379]),
-                     st.floats(-1, 1))
+    taus = st.one_of(st.sampled_from([-1.0, 0.0, 0.5, 1.0, 0.7071067811865476, 0.3162277660168379]), st.floats(-1, 1))
     tau0 = draw(taus)
     n_groups = draw(st.integers(1, 5))
     centers = torch.randn(n_groups, dim, generator=g, dtype=torch.float64)
@@ -144,8 +148,9 @@ def scenarios(draw):
             ref = ref / ref.norm()
             v = _with_cosine(ref, min(1.0, max(-1.0, tau0 + draw(st.sampled_from(OFFSETS)))), g)
         elif kind == "integer":
-            v = torch.tensor(draw(st.lists(st.integers(-1 if lattice else -2, 2), min_size=dim, max_size=dim)),
-                             dtype=torch.float64)
+            v = torch.tensor(
+                draw(st.lists(st.integers(-1 if lattice else -2, 2), min_size=dim, max_size=dim)), dtype=torch.float64
+            )
         elif kind == "random":
             v = torch.randn(dim, generator=g, dtype=torch.float64)
         else:
@@ -189,8 +194,7 @@ def replay(case, reload_between_rounds=False, leave_out=0.0):
         for i in batch:
             ref.add(i, sent[i])
         merged: list[tuple[int, int]] = []
-        merges = cs.merge_greedy(new, tau, on_merge=lambda keep, gone: merged.append((keep, gone)),
-                                 leave_out=leave_out)
+        merges = cs.merge_greedy(new, tau, on_merge=lambda keep, gone: merged.append((keep, gone)), leave_out=leave_out)
         yield cs, ref, merges, ref.merge(tau, leave_out), tau, merged
 
 

@@ -1,5 +1,3 @@
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -9,12 +7,12 @@ from stocfl.algorithms.fedavg import FedAvg
 from stocfl.algorithms.fedprox import FedProx
 from stocfl.algorithms.stocfl.algorithm import StoCFL, StoCFLParams
 from stocfl.algorithms.stocfl.clustering import ClusterSet
-from stocfl.data.datasets import load_dataset
-from stocfl.executors import BatchedExecutor, SequentialExecutor
-from stocfl.client.models import make_model
-from stocfl.data.scenarios import build
 from stocfl.algorithms.stocfl.representation import Represent, Represented, count_sketch
 from stocfl.algorithms.stocfl.tau import suggest_tau
+from stocfl.client.models import make_model
+from stocfl.data.datasets import load_dataset
+from stocfl.data.scenarios import build
+from stocfl.executors import BatchedExecutor, SequentialExecutor
 from tests.helpers import REPO
 
 FED = build("rotated", load_dataset("digits"), 24, 30, seed=0)
@@ -111,8 +109,10 @@ def test_merged_models_weigh_by_trained_samples_untrained_weigh_zero():
 def test_a_client_whose_psi_is_rejected_still_trains_w():
     class ZeroPsi(SequentialExecutor):
         def run(self, tasks):
-            return [Represented(torch.zeros_like(r.psi), r.n_samples) if isinstance(r, Represented) and t.client == 5
-                    else r for t, r in zip(tasks, super().run(tasks))]
+            return [
+                Represented(torch.zeros_like(r.psi), r.n_samples) if isinstance(r, Represented) and t.client == 5 else r
+                for t, r in zip(tasks, super().run(tasks))
+            ]
 
     ex = ZeroPsi(FED, MODEL)
     alg = StoCFL(StoCFLParams(), CTX)
@@ -173,7 +173,8 @@ def test_tau_suggested_is_from_full_size_psi_where_all_fit_else_says_sketched(mo
         resumed.round(t, s, ex.run)
     assert {len(v) for v in resumed.reps.values()} == {mod.PLOT_DIM}
     assert resumed.summary([])["tau_suggested_from"] == (
-        f"Psi of {len(seen)} clients, sketched from {sent} to {mod.PLOT_DIM} numbers (an estimate)")
+        f"Psi of {len(seen)} clients, sketched from {sent} to {mod.PLOT_DIM} numbers (an estimate)"
+    )
 
 
 def _psi(ex, client, params=None):
@@ -185,8 +186,13 @@ def test_bad_representations_are_rejected():
     alg = StoCFL(StoCFLParams(), CTX)
     psi = torch.zeros(5)
     accepted, _ = alg.cluster_newcomers(
-        [Represented(psi, 10), Represented(torch.tensor([1.0, float("nan"), 0, 0, 0]), 10),
-         Represented(torch.tensor([1.0, 0, 0, 0, 0]), 10)], [0, 1, 2])
+        [
+            Represented(psi, 10),
+            Represented(torch.tensor([1.0, float("nan"), 0, 0, 0]), 10),
+            Represented(torch.tensor([1.0, 0, 0, 0, 0]), 10),
+        ],
+        [0, 1, 2],
+    )
     assert accepted == [2] and alg.cluster_labels()[:3].tolist() == [-1, -1, 0]
 
 
@@ -194,7 +200,7 @@ def test_objective_is_eq2():
     cs = ClusterSet(3)
     for i, v in enumerate(([1.0, 0.0], [0.0, 2.0], [1.0, 1.0])):
         cs.add(i, torch.tensor(v))
-    assert cs.objective() == pytest.approx(0 + 2 ** -0.5 + 2 ** -0.5)
+    assert cs.objective() == pytest.approx(0 + 2**-0.5 + 2**-0.5)
 
 
 def test_count_sketch_preserves_cosines_and_is_seeded():
@@ -264,8 +270,8 @@ def test_new_clients_join_their_group():
 
 @pytest.mark.parametrize("kind", ["gradient", "update"])
 def test_linear_anchor_fast_path_equals_autograd(kind):
-    from stocfl.client.training import local_sgd
     from stocfl.client.models import linear_anchor_weights, linear_model
+    from stocfl.client.training import local_sgd
 
     lin = linear_model(FED.input_shape, 10)
     w = linear_anchor_weights(FED.input_shape, 10, 3)
@@ -281,13 +287,17 @@ def test_linear_anchor_fast_path_equals_autograd(kind):
     assert torch.allclose(fast, g / g.norm(), atol=1e-5)
 
 
-@pytest.mark.parametrize("scenario, per_client", [("rotated", 30), ("shifted", 30), ("hybrid", 30), ("pathological", 20)])
+@pytest.mark.parametrize(
+    "scenario, per_client", [("rotated", 30), ("shifted", 30), ("hybrid", 30), ("pathological", 20)]
+)
 def test_groups_found_on_digits_with_defaults(tmp_path, scenario, per_client):
     from stocfl import config
     from stocfl.experiment.loop import Experiment
 
-    cfg = config.load(REPO / "configs" / "default.toml",
-                      [f"scenario.name={scenario}", f"scenario.samples_per_client={per_client}", "run.eval_every=50"])
+    cfg = config.load(
+        REPO / "configs" / "default.toml",
+        [f"scenario.name={scenario}", f"scenario.samples_per_client={per_client}", "run.eval_every=50"],
+    )
     s = Experiment.create(cfg, tmp_path / scenario).run(progress=False)
     assert s["ari"] >= 0.99 and s["accuracy"] > s["global_accuracy"], s
     for name in ("accuracy.png", "similarity.png", "embedding.png", "clusters.csv"):
@@ -334,8 +344,11 @@ def test_merge_check_runs_in_stocfl_checkpoints_and_logs_refusals():
     alg = _run(StoCFL(StoCFLParams(tau=0.3, leave_out=0.2), CTX))
     tensors, meta = alg.encode_state()
     clusters = meta["fields"]["clusters"]["meta"]
-    assert tensors["clusters/member_vectors"].shape[0] == len(clusters["vector_clients"]) == int(
-        (alg.cluster_labels() >= 0).sum())
+    assert (
+        tensors["clusters/member_vectors"].shape[0]
+        == len(clusters["vector_clients"])
+        == int((alg.cluster_labels() >= 0).sum())
+    )
     fresh = StoCFL(StoCFLParams(tau=0.3, leave_out=0.2), CTX)
     fresh.decode_state(tensors, meta)
     ex = SequentialExecutor(FED, MODEL)

@@ -13,11 +13,24 @@ SIZES = {"pathological": (400, 50), "rotated": (400, 50), "shifted": (400, 50), 
 
 def _stocfl(tmp_path, data_dir, scenario, extra=()):
     n, d = SIZES[scenario]
-    cfg = config.load(overrides=[
-        "algorithm.name=stocfl", "scenario.dataset=mnist", f"scenario.name={scenario}", f"scenario.n_clients={n}",
-        f"scenario.samples_per_client={d}", "model.name=mlp", "run.rounds=50", "run.sample_rate=0.1",
-        "run.eval_every=25", "train.epochs=1", "train.batch_size=0", "train.lr=0.1", *extra,
-    ], data_dir=str(data_dir))
+    cfg = config.load(
+        overrides=[
+            "algorithm.name=stocfl",
+            "scenario.dataset=mnist",
+            f"scenario.name={scenario}",
+            f"scenario.n_clients={n}",
+            f"scenario.samples_per_client={d}",
+            "model.name=mlp",
+            "run.rounds=50",
+            "run.sample_rate=0.1",
+            "run.eval_every=25",
+            "train.epochs=1",
+            "train.batch_size=0",
+            "train.lr=0.1",
+            *extra,
+        ],
+        data_dir=str(data_dir),
+    )
     return Experiment.create(cfg, tmp_path / scenario).run(progress=False)
 
 
@@ -32,8 +45,18 @@ def test_rotated_mnist_groups_found_with_projection(tmp_path, data_dir):
 @pytest.mark.parametrize("scenario", list(SIZES))
 def test_groups_found_within_50_rounds(tmp_path, data_dir, scenario, dim):
     s = _stocfl(tmp_path, data_dir, scenario, [f"algorithm.dim={dim}"])
-    print(json.dumps({"scenario": scenario, "dim": dim, "ari": s["ari"], "clusters": s["n_clusters"],
-                      "accuracy": s["accuracy"], "global_accuracy": s["global_accuracy"]}))
+    print(
+        json.dumps(
+            {
+                "scenario": scenario,
+                "dim": dim,
+                "ari": s["ari"],
+                "clusters": s["n_clusters"],
+                "accuracy": s["accuracy"],
+                "global_accuracy": s["global_accuracy"],
+            }
+        )
+    )
     assert s["ari"] >= 0.99, s
 
 

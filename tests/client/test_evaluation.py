@@ -7,7 +7,8 @@ import sys
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from stocfl.client.models import EVAL_CHUNK_MAX, EVAL_CHUNK_MIN, FlatModel, make_model
@@ -63,15 +64,19 @@ def test_a_dropout_model_gives_the_same_numbers_for_the_same_seed_and_is_evaluat
     import stocfl
     from stocfl.errors import UserError
 
-    cfg = {"run": {"rounds": 2}, "scenario": {"n_clients": 8, "samples_per_client": 20},
-           "algorithm": {"name": "fedavg"}}
+    cfg = {
+        "run": {"rounds": 2},
+        "scenario": {"n_clients": 8, "samples_per_client": 20},
+        "algorithm": {"name": "fedavg"},
+    }
     first = stocfl.run(cfg, model=_dropout_module())
     torch.rand(1000)  # the global generator moves on between the runs
     again = stocfl.run(cfg, model=_dropout_module())
     # auto: only the sequential loop (alone, or in parallel's workers with more than one thread) draws as each
     # client alone
-    assert first.summary["engine"] == ("parallel" if torch.get_num_threads() > 1 and sys.platform == "linux"
-                                       else "sequential")
+    assert first.summary["engine"] == (
+        "parallel" if torch.get_num_threads() > 1 and sys.platform == "linux" else "sequential"
+    )
     assert first.summary["accuracy"] == again.summary["accuracy"]
     assert all(torch.equal(a, b) for a, b in zip(first.models["global"].values(), again.models["global"].values()))
     # evaluation is the module's eval mode: dropout off, the same logits every time
@@ -83,7 +88,9 @@ def test_a_dropout_model_gives_the_same_numbers_for_the_same_seed_and_is_evaluat
     with torch.no_grad():
         assert torch.equal(flat.forward(w, x), module.eval()(x)) and torch.equal(flat.forward(w, x), flat.forward(w, x))
     # training draws dropout masks: two steps from the same weights differ unless seeded alike
-    assert not torch.equal(flat.forward_train(w[: flat.n_trainable], [], x), flat.forward_train(w[: flat.n_trainable], [], x))
+    assert not torch.equal(
+        flat.forward_train(w[: flat.n_trainable], [], x), flat.forward_train(w[: flat.n_trainable], [], x)
+    )
     for engine in ("batched", "lowrank"):
         with pytest.raises(UserError, match=f"run.engine = {engine}: the model has layers that draw random numbers"):
             stocfl.run({**cfg, "run": {"rounds": 1, "engine": engine}}, model=_dropout_module())

@@ -8,24 +8,36 @@ import dataclasses
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import stocfl
-from stocfl.data.datasets import load_dataset
-from stocfl.executors import BatchedExecutor, SequentialExecutor
 from stocfl.client.models import build_module, make_model
 from stocfl.client.optim import Optimizer
-from stocfl.data.scenarios import build
 from stocfl.client.tasks import Train, task_seed
+from stocfl.data.datasets import load_dataset
+from stocfl.data.scenarios import build
+from stocfl.executors import BatchedExecutor, SequentialExecutor
 from tests.reference import plain_training, torch_optimizer
 
-
 OPTIMIZERS = st.one_of(
-    st.builds(Optimizer, st.just("sgd"), st.sampled_from([0.01, 0.1, 0.5]), st.sampled_from([0.0, 0.5, 0.9, 0.99]),
-              st.sampled_from([0.0, 1e-4, 0.1])),
-    st.builds(Optimizer, st.just("adam"), st.sampled_from([1e-3, 0.01, 0.1]), st.just(0.0),
-              st.sampled_from([0.0, 1e-4, 0.1]), st.sampled_from([0.0, 0.5, 0.9]), st.sampled_from([0.9, 0.999])),
+    st.builds(
+        Optimizer,
+        st.just("sgd"),
+        st.sampled_from([0.01, 0.1, 0.5]),
+        st.sampled_from([0.0, 0.5, 0.9, 0.99]),
+        st.sampled_from([0.0, 1e-4, 0.1]),
+    ),
+    st.builds(
+        Optimizer,
+        st.just("adam"),
+        st.sampled_from([1e-3, 0.01, 0.1]),
+        st.just(0.0),
+        st.sampled_from([0.0, 1e-4, 0.1]),
+        st.sampled_from([0.0, 0.5, 0.9]),
+        st.sampled_from([0.9, 0.999]),
+    ),
 )
 
 
@@ -67,14 +79,20 @@ def test_a_stack_of_clients_steps_like_each_alone_and_inactive_rows_stay(opt, c,
 
 FED = build("dirichlet", load_dataset("digits"), 12, 30, alpha=0.5, seed=0)  # unequal client sizes
 MODEL, W0 = make_model("auto", FED.input_shape, 10, 0, seed=0)
-SETTINGS = {"momentum": dict(optimizer="sgd", momentum=0.9, weight_decay=1e-3),
-            "adam": dict(optimizer="adam", beta1=0.8, beta2=0.99, weight_decay=1e-3)}
+SETTINGS = {
+    "momentum": dict(optimizer="sgd", momentum=0.9, weight_decay=1e-3),
+    "adam": dict(optimizer="adam", beta1=0.8, beta2=0.99, weight_decay=1e-3),
+}
 
 
 def _tasks(kind, batch_size, lr):
     center = W0 + 0.05 * torch.randn(W0.shape, generator=torch.Generator().manual_seed(1))
-    return [Train(i, W0 + 0.001 * i, 3, batch_size, lr, task_seed(0, 1, i), center if i % 2 else None, 0.5,
-                  **SETTINGS[kind]) for i in range(FED.n_clients)]
+    return [
+        Train(
+            i, W0 + 0.001 * i, 3, batch_size, lr, task_seed(0, 1, i), center if i % 2 else None, 0.5, **SETTINGS[kind]
+        )
+        for i in range(FED.n_clients)
+    ]
 
 
 @pytest.mark.parametrize("kind, lr", [("momentum", 0.05), ("adam", 0.01)])
@@ -92,16 +110,21 @@ def test_batched_equals_sequential_with_every_optimizer(kind, lr, batch_size):
     tasks = _tasks(kind, batch_size, lr)
     a = SequentialExecutor(FED, MODEL).run(tasks)
     b = BatchedExecutor(FED, MODEL, chunk_size=5).run(tasks)
-    plain = SequentialExecutor(FED, MODEL).run([dataclasses.replace(t, optimizer="sgd", momentum=0.0,
-                                                                    weight_decay=0.0) for t in tasks])
+    plain = SequentialExecutor(FED, MODEL).run(
+        [dataclasses.replace(t, optimizer="sgd", momentum=0.0, weight_decay=0.0) for t in tasks]
+    )
     for x, y, z in zip(a, b, plain):
         assert torch.allclose(x.weights, y.weights, atol=1e-5, rtol=0)
         assert not torch.allclose(x.weights, z.weights, atol=1e-4), "the optimizer setting is used"
 
 
 def test_adam_from_the_config_runs_and_the_same_seed_gives_the_same_numbers():
-    cfg = {"train": {"optimizer": "adam", "lr": 0.01, "epochs": 2, "weight_decay": 1e-4}, "run": {"rounds": 5},
-           "algorithm": {"name": "fedavg"}, "scenario": {"name": "iid", "n_clients": 10, "samples_per_client": 50}}
+    cfg = {
+        "train": {"optimizer": "adam", "lr": 0.01, "epochs": 2, "weight_decay": 1e-4},
+        "run": {"rounds": 5},
+        "algorithm": {"name": "fedavg"},
+        "scenario": {"name": "iid", "n_clients": 10, "samples_per_client": 50},
+    }
     a, b = stocfl.run(cfg), stocfl.run(cfg)
     assert a.metrics == [dict(r, seconds=a.metrics[k]["seconds"]) for k, r in enumerate(b.metrics)]
     assert a.summary["accuracy"] > 0.5

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from stocfl.data.datasets import _fashion, _read_idx, load_dataset
-from stocfl.errors import UserError
 from stocfl.data.scenarios import build
+from stocfl.errors import UserError
 
 
 def test_digits_is_embedded():
@@ -79,12 +79,15 @@ def _mnist_dir(root, images=None, labels=None):
     return root
 
 
-@pytest.mark.parametrize("case, expected", [
-    ("bit flip in the compressed stream", "not a valid gzip"),
-    ("label 12", r"labels range over 0..12, expected 0..9"),
-    ("27x27 images", r"images of shape \(20, 27, 27\), expected \(N, 28, 28\)"),
-    ("fewer labels than images", "19 labels"),
-])
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("bit flip in the compressed stream", "not a valid gzip"),
+        ("label 12", r"labels range over 0..12, expected 0..9"),
+        ("27x27 images", r"images of shape \(20, 27, 27\), expected \(N, 28, 28\)"),
+        ("fewer labels than images", "19 labels"),
+    ],
+)
 def test_corrupt_mnist_is_one_line_naming_the_file(tmp_path, case, expected):
     rng = np.random.default_rng(1)
     if case == "label 12":
@@ -104,15 +107,22 @@ def test_corrupt_mnist_is_one_line_naming_the_file(tmp_path, case, expected):
     assert "mnist/t" in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("bad, expected", [
-    ({"x_train_first100": np.full((100, 28, 28), np.nan)}, "NaN or inf"),
-    ({"x_train_first100": np.full((100, 28, 28), 300.0)}, r"pixels range over 300.0..300.0"),
-    ({"y_test_first2000": np.full(2000, -1)}, r"labels range over -1..-1"),
-    ({"y_test_first2000": np.zeros(2000, dtype=np.float32)}, "labels of type float32"),
-])
+@pytest.mark.parametrize(
+    "bad, expected",
+    [
+        ({"x_train_first100": np.full((100, 28, 28), np.nan)}, "NaN or inf"),
+        ({"x_train_first100": np.full((100, 28, 28), 300.0)}, r"pixels range over 300.0..300.0"),
+        ({"y_test_first2000": np.full(2000, -1)}, r"labels range over -1..-1"),
+        ({"y_test_first2000": np.zeros(2000, dtype=np.float32)}, "labels of type float32"),
+    ],
+)
 def test_corrupt_fashion_mnist_is_one_line_naming_the_file(tmp_path, bad, expected):
-    arrays = {"x_test_first2000": np.zeros((2000, 28, 28), np.uint8), "y_test_first2000": np.zeros(2000, np.int64),
-              "x_train_first100": np.zeros((100, 28, 28), np.uint8), "y_train_first100": np.zeros(100, np.int64)}
+    arrays = {
+        "x_test_first2000": np.zeros((2000, 28, 28), np.uint8),
+        "y_test_first2000": np.zeros(2000, np.int64),
+        "x_train_first100": np.zeros((100, 28, 28), np.uint8),
+        "y_train_first100": np.zeros(100, np.int64),
+    }
     (tmp_path / "fashion_mnist").mkdir()
     np.savez(tmp_path / "fashion_mnist" / "fashion_mnist_subset.npz", **{**arrays, **bad})
     with pytest.raises(UserError, match=expected) as err:
@@ -138,7 +148,9 @@ def test_official_fashion_mnist_files_give_the_whole_set(tmp_path, data_dir):
         _write_idx(d / f"{s}-labels-idx1-ubyte.gz", rng.integers(0, 10, len(x)))
     f = load_dataset("fashion_mnist", tmp_path)
     assert f.x_train.shape == (2400, 1, 28, 28) and len(f.y_test) == 400 and "partial" not in f.note
-    assert torch.equal((f.x_train[:, 0] * 255).round().to(torch.uint8), torch.from_numpy(images["train"].astype(np.uint8)))
+    assert torch.equal(
+        (f.x_train[:, 0] * 255).round().to(torch.uint8), torch.from_numpy(images["train"].astype(np.uint8))
+    )
     fed = build("hybrid", "mnist", 20, 200, data_dir=tmp_path)  # 2,000 Fashion-MNIST train images
     assert np.bincount(fed.groups).tolist() == [10, 10]
     fashion = [i for i in range(20) if fed.groups[i] == 1]

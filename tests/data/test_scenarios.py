@@ -3,12 +3,20 @@ import pytest
 import torch
 
 from stocfl.data.datasets import load_dataset
-from stocfl.errors import UserError
 from stocfl.data.scenarios import LABEL_GROUPS, PERMUTATIONS, SHIFTS, SWAPS, build
+from stocfl.errors import UserError
 
 DIGITS = load_dataset("digits")
-GROUPED = {"iid": 1, "pathological": 4, "rotated": 4, "shifted": 4, "label_swap": 4, "permuted_labels": 4, "hybrid": 2,
-           "rotated_pathological": 8}
+GROUPED = {
+    "iid": 1,
+    "pathological": 4,
+    "rotated": 4,
+    "shifted": 4,
+    "label_swap": 4,
+    "permuted_labels": 4,
+    "hybrid": 2,
+    "rotated_pathological": 8,
+}
 
 
 @pytest.mark.parametrize("name, k", GROUPED.items())

@@ -14,33 +14,48 @@ import torch.nn.functional as F
 from torch import nn
 
 import stocfl
-from stocfl.data.datasets import load_dataset
-from stocfl.executors import BatchedExecutor, SequentialExecutor
 from stocfl.client.models import FlatModel
-from stocfl.data.scenarios import build
 from stocfl.client.tasks import Evaluate, Train, task_seed
 from stocfl.client.training import batch_plan
+from stocfl.data.datasets import load_dataset
+from stocfl.data.scenarios import build
+from stocfl.executors import BatchedExecutor, SequentialExecutor
 from tests.experiment.test_api import rotated_clients
 
 
 def bn_mlp(in_features=64, hidden=32, n_classes=10):
-    return nn.Sequential(nn.Flatten(), nn.Linear(in_features, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
-                         nn.Linear(hidden, n_classes))
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(in_features, hidden), nn.BatchNorm1d(hidden), nn.ReLU(), nn.Linear(hidden, n_classes)
+    )
 
 
 class Block(nn.Module):
     def __init__(self, c):
         super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU(),
-                                  nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c))
+        self.body = nn.Sequential(
+            nn.Conv2d(c, c, 3, padding=1, bias=False),
+            nn.BatchNorm2d(c),
+            nn.ReLU(),
+            nn.Conv2d(c, c, 3, padding=1, bias=False),
+            nn.BatchNorm2d(c),
+        )
 
     def forward(self, x):
         return torch.relu(x + self.body(x))
 
 
 def small_resnet(n_classes=10, c=16):
-    return nn.Sequential(nn.Conv2d(3, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU(), Block(c),
-                         nn.MaxPool2d(2), Block(c), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, n_classes))
+    return nn.Sequential(
+        nn.Conv2d(3, c, 3, padding=1, bias=False),
+        nn.BatchNorm2d(c),
+        nn.ReLU(),
+        Block(c),
+        nn.MaxPool2d(2),
+        Block(c),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(c, n_classes),
+    )
 
 
 FED = build("dirichlet", load_dataset("digits"), 8, 30, alpha=0.5, seed=0)
@@ -56,8 +71,11 @@ def test_local_training_equals_a_plain_loop_in_train_mode(optimizer):
     t = Train(2, w0, 2, 7, 0.05, task_seed(0, 1, 2), optimizer=optimizer)
     ref = bn_mlp()
     ref.load_state_dict(flat.state_dict(w0))
-    opt = (torch.optim.Adam(ref.parameters(), lr=0.05, foreach=False) if optimizer == "adam"
-           else torch.optim.SGD(ref.parameters(), lr=0.05))
+    opt = (
+        torch.optim.Adam(ref.parameters(), lr=0.05, foreach=False)
+        if optimizer == "adam"
+        else torch.optim.SGD(ref.parameters(), lr=0.05)
+    )
     ref.train()
     x, y = FED.train_data(2)
     for epoch in batch_plan(len(y), t.epochs, t.batch_size, t.seed):
@@ -68,7 +86,7 @@ def test_local_training_equals_a_plain_loop_in_train_mode(optimizer):
     got = SequentialExecutor(FED, flat).run([t])[0].weights
     want = FlatModel.flatten(ref)
     assert torch.allclose(got, want, atol=1e-5), float((got - want).abs().max())
-    assert not torch.equal(got[flat.n_trainable:], w0[flat.n_trainable:]), "the running statistics moved"
+    assert not torch.equal(got[flat.n_trainable :], w0[flat.n_trainable :]), "the running statistics moved"
     batched = BatchedExecutor(FED, flat).run([t])[0].weights
     assert torch.equal(batched, got)
     (ev,) = SequentialExecutor(FED, flat).run([Evaluate(2, got)])  # eval mode: the running statistics
@@ -78,8 +96,14 @@ def test_local_training_equals_a_plain_loop_in_train_mode(optimizer):
 
 
 def test_running_statistics_average_with_the_weights():
-    result = stocfl.run({"algorithm": {"name": "fedavg"}, "run": {"rounds": 3, "sample_rate": 0.5},
-                         "scenario": {"name": "iid", "n_clients": 8}}, model=bn_mlp())
+    result = stocfl.run(
+        {
+            "algorithm": {"name": "fedavg"},
+            "run": {"rounds": 3, "sample_rate": 0.5},
+            "scenario": {"name": "iid", "n_clients": 8},
+        },
+        model=bn_mlp(),
+    )
     g = result.models["global"]
     assert g["2.num_batches_tracked"].dtype == torch.int64 and int(g["2.num_batches_tracked"]) > 0
     assert not torch.allclose(g["2.running_var"], torch.ones(32))
@@ -92,19 +116,37 @@ def test_the_second_api_example_own_bn_model_adam_stocfl_in_memory(tmp_path, mon
     train, test, groups = rotated_clients()
     fed = stocfl.Federation.from_arrays(train, test, groups)
     torch.manual_seed(0)
-    result = stocfl.run({"algorithm": {"name": "stocfl"}, "run": {"rounds": 10, "sample_rate": 0.5},
-                         "train": {"optimizer": "adam", "lr": 0.01, "epochs": 2}}, federation=fed, model=bn_mlp())
+    result = stocfl.run(
+        {
+            "algorithm": {"name": "stocfl"},
+            "run": {"rounds": 10, "sample_rate": 0.5},
+            "train": {"optimizer": "adam", "lr": 0.01, "epochs": 2},
+        },
+        federation=fed,
+        model=bn_mlp(),
+    )
     assert list(tmp_path.iterdir()) == []
     assert result.summary["ari"] == 1.0 and result.summary["accuracy"] > 0.6, result.summary
 
 
 def test_a_small_resnet_with_batchnorm_learns_cifar10(data_dir):
     torch.manual_seed(0)
-    result = stocfl.run({"algorithm": {"name": "fedavg"}, "run": {"rounds": 4, "sample_rate": 1.0, "eval_every": 4},
-                         "scenario": {"name": "iid", "dataset": "cifar10", "data_dir": str(data_dir),
-                                      "n_clients": 4, "samples_per_client": 250, "test_per_client": 100},
-                         "train": {"optimizer": "adam", "lr": 0.01, "epochs": 1, "batch_size": 25}},
-                        model=small_resnet())
+    result = stocfl.run(
+        {
+            "algorithm": {"name": "fedavg"},
+            "run": {"rounds": 4, "sample_rate": 1.0, "eval_every": 4},
+            "scenario": {
+                "name": "iid",
+                "dataset": "cifar10",
+                "data_dir": str(data_dir),
+                "n_clients": 4,
+                "samples_per_client": 250,
+                "test_per_client": 100,
+            },
+            "train": {"optimizer": "adam", "lr": 0.01, "epochs": 1, "batch_size": 25},
+        },
+        model=small_resnet(),
+    )
     assert result.summary["accuracy"] > 0.2, result.summary  # chance is 0.1; measured 0.275
     assert int(result.models["global"]["1.num_batches_tracked"]) > 0
 
@@ -158,8 +200,12 @@ def fedbn_reference(module, train, test, rounds, epochs, lr):
             own[i] = {k: v.clone() for k, v in sd.items() if k.rpartition(".")[0] in norms}
             states.append(sd)
             sizes.append(len(y))
-        g.load_state_dict({k: (sum(n * s[k].double() for s, n in zip(states, sizes)) / sum(sizes)).to(v.dtype)
-                           for k, v in states[0].items()})
+        g.load_state_dict(
+            {
+                k: (sum(n * s[k].double() for s, n in zip(states, sizes)) / sum(sizes)).to(v.dtype)
+                for k, v in states[0].items()
+            }
+        )
     correct = []
     for i, (x, y) in enumerate(test):
         m = with_own(i).eval()
@@ -176,8 +222,13 @@ def test_local_bn_is_fedbn_against_a_plain_torch_loop(engine):
     fed = stocfl.Federation.from_arrays(train, test, groups)
     torch.manual_seed(0)
     module = bn_mlp()
-    cfg = stocfl.as_config({"algorithm": {"name": "fedavg"}, "run": {"rounds": 3, "sample_rate": 1.0, "engine": engine},
-                            "train": {"epochs": 2, "batch_size": 0, "lr": 0.1, "local_bn": True}})
+    cfg = stocfl.as_config(
+        {
+            "algorithm": {"name": "fedavg"},
+            "run": {"rounds": 3, "sample_rate": 1.0, "engine": engine},
+            "train": {"epochs": 2, "batch_size": 0, "lr": 0.1, "local_bn": True},
+        }
+    )
     exp = Experiment.create(cfg, None, federation=fed, module=module)
     exp.run(progress=False)
     g, own, correct = fedbn_reference(module, train, test, 3, 2, 0.1)
@@ -194,20 +245,25 @@ def test_local_bn_is_fedbn_against_a_plain_torch_loop(engine):
 def test_local_bn_changes_the_run_checkpoints_and_needs_batchnorm(tmp_path):
     train, test, groups = feature_shift_clients()
     fed = stocfl.Federation.from_arrays(train, test, groups)
-    base = {"algorithm": {"name": "stocfl"}, "run": {"rounds": 4, "sample_rate": 0.5},
-            "train": {"epochs": 2, "lr": 0.1, "local_bn": True}}
+    base = {
+        "algorithm": {"name": "stocfl"},
+        "run": {"rounds": 4, "sample_rate": 0.5},
+        "train": {"epochs": 2, "lr": 0.1, "local_bn": True},
+    }
     torch.manual_seed(0)
     module = bn_mlp()
     whole = stocfl.run(base, federation=fed, model=copy.deepcopy(module), out=tmp_path / "a")
     off = stocfl.run({**base, "train": {"epochs": 2, "lr": 0.1}}, federation=fed, model=copy.deepcopy(module))
     assert whole.metrics[-1]["accuracy"] != off.metrics[-1]["accuracy"] or not torch.equal(
-        whole.models["global"]["2.running_mean"], off.models["global"]["2.running_mean"])
+        whole.models["global"]["2.running_mean"], off.models["global"]["2.running_mean"]
+    )
     # stopped after 2 rounds and resumed: the same numbers as the run in one go
     from stocfl.experiment.loop import Experiment
 
     cfg = stocfl.as_config(base)
-    Experiment.create(cfg, tmp_path / "b", federation=fed, module=copy.deepcopy(module)).run(progress=False,
-                                                                                               stop_after=2)
+    Experiment.create(cfg, tmp_path / "b", federation=fed, module=copy.deepcopy(module)).run(
+        progress=False, stop_after=2
+    )
     again = stocfl.resume(tmp_path / "b", federation=fed, model=copy.deepcopy(module))
     assert [r["accuracy"] for r in again.metrics] == [r["accuracy"] for r in whole.metrics]
     assert (tmp_path / "b" / "local_bn.f32").exists()
@@ -218,8 +274,8 @@ def test_local_bn_changes_the_run_checkpoints_and_needs_batchnorm(tmp_path):
 def test_local_bn_keeps_the_entries_of_the_clients_own_model():
     """Two Train tasks of one client in a list (Ditto's and StoCFL's global and own model): both
     start from the client's entries, and it keeps those of the task with a proximal center."""
-    from stocfl.executors.localbn import LocalBatchNorm
     from stocfl.client.tasks import Trained
+    from stocfl.executors.localbn import LocalBatchNorm
 
     local = LocalBatchNorm(torch.tensor([1, 3]), n_clients=2)
     seen = []

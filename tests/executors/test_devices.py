@@ -8,11 +8,11 @@ import torch
 
 import stocfl
 from stocfl.cli import main
+from stocfl.client.models import make_model
+from stocfl.client.tasks import Evaluate, Train, Trained
+from stocfl.data.scenarios import build
 from stocfl.devices import federation_on, move, resolve_device
 from stocfl.executors import BatchedExecutor, SequentialExecutor
-from stocfl.client.models import make_model
-from stocfl.data.scenarios import build
-from stocfl.client.tasks import Evaluate, Train, Trained
 
 
 def test_device_names_resolve_or_say_what_is_missing():
@@ -69,13 +69,20 @@ def test_every_executor_on_cuda_gives_the_cpu_numbers(dataset, model, request):
     fed = build("rotated", dataset, 8, 20, seed=0, data_dir=data_dir)
     flat, w0 = make_model(model, fed.input_shape, fed.n_classes, 0, seed=0)
     center = w0 + 0.01
-    tasks = ([Train(i, w0, 2, 0, 0.1, i) for i in range(3)] + [Train(3, w0, 2, 5, 0.1, 3)]
-             + [Train(i, w0, 2, 5, 0.1, i, prox_center=center, prox_weight=0.5) for i in range(4, 6)]
-             + [Train(6, w0, 1, 5, 0.01, 6, optimizer="adam")]
-             + [Evaluate(i, w0) for i in range(8)] + [Represent(i, w0, epochs=2) for i in range(8)])
+    tasks = (
+        [Train(i, w0, 2, 0, 0.1, i) for i in range(3)]
+        + [Train(3, w0, 2, 5, 0.1, 3)]
+        + [Train(i, w0, 2, 5, 0.1, i, prox_center=center, prox_weight=0.5) for i in range(4, 6)]
+        + [Train(6, w0, 1, 5, 0.01, 6, optimizer="adam")]
+        + [Evaluate(i, w0) for i in range(8)]
+        + [Represent(i, w0, epochs=2) for i in range(8)]
+    )
     ref = SequentialExecutor(fed, flat).run(tasks)
-    executors = [SequentialExecutor(fed, flat, device="cuda"), BatchedExecutor(fed, flat, chunk_size=3, device="cuda"),
-                 BatchedExecutor(fed, flat, lowrank=True, device="cuda")]
+    executors = [
+        SequentialExecutor(fed, flat, device="cuda"),
+        BatchedExecutor(fed, flat, chunk_size=3, device="cuda"),
+        BatchedExecutor(fed, flat, lowrank=True, device="cuda"),
+    ]
     # float32 on another device sums in another order. The MLP's weights agree to 1e-5; cuDNN's
     # convolutions (their algorithm picked at run time) round more, and Adam divides by sqrt(v),
     # so a coordinate whose gradient is rounding noise (a pixel that is always 0) moves up to lr
@@ -103,6 +110,8 @@ def test_every_executor_on_cuda_gives_the_cpu_numbers(dataset, model, request):
             for f in ("weights", "psi"):
                 if hasattr(a, f) and (d := disagreement(f, getattr(a, f), getattr(b, f), t)) is not None:
                     wrong.append((ex.name, i, f, d))
-            if hasattr(a, "correct") and (a.correct != b.correct or abs(a.loss - b.loss) > 1e-4 * max(1.0, abs(a.loss))):
+            if hasattr(a, "correct") and (
+                a.correct != b.correct or abs(a.loss - b.loss) > 1e-4 * max(1.0, abs(a.loss))
+            ):
                 wrong.append((ex.name, i, "evaluated", a.correct, b.correct, a.loss, b.loss))
     assert not wrong, wrong

@@ -4,16 +4,14 @@ import numpy as np
 import pytest
 import torch
 
-from stocfl.data.datasets import load_dataset
-from stocfl.errors import UserError
-from stocfl.executors import BatchedExecutor, SequentialExecutor, choose_engine
-from stocfl.client.models import build_module, make_model
-from stocfl.data.scenarios import build
 from stocfl.algorithms.stocfl.representation import Represent
-from stocfl.client.models import linear_anchor_weights
+from stocfl.client.models import build_module, linear_anchor_weights, make_model
 from stocfl.client.tasks import Evaluate, Train, task_seed
 from stocfl.client.training import batch_plan
-
+from stocfl.data.datasets import load_dataset
+from stocfl.data.scenarios import build
+from stocfl.errors import UserError
+from stocfl.executors import BatchedExecutor, SequentialExecutor, choose_engine
 from tests.reference import plain_training
 
 FED = build("dirichlet", load_dataset("digits"), 16, 30, alpha=0.5, seed=0)  # unequal client sizes
@@ -23,8 +21,16 @@ MODEL, W0 = make_model("auto", FED.input_shape, 10, 0, seed=0)
 def _tasks(batch_size, prox=True):
     center = W0 + 0.05 * torch.randn(W0.shape, generator=torch.Generator().manual_seed(1))
     return [
-        Train(i, W0 + 0.001 * i, epochs=3, batch_size=batch_size, lr=0.1, seed=task_seed(0, 1, i),
-              prox_center=center if prox and i % 2 else None, prox_weight=0.5)
+        Train(
+            i,
+            W0 + 0.001 * i,
+            epochs=3,
+            batch_size=batch_size,
+            lr=0.1,
+            seed=task_seed(0, 1, i),
+            prox_center=center if prox and i % 2 else None,
+            prox_weight=0.5,
+        )
         for i in range(FED.n_clients)
     ]
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
-from stocfl.executors.lowrank import LowRankTrainer, flops, structure
 from stocfl.client.models import FlatModel
 from stocfl.client.training import local_sgd
+from stocfl.executors.lowrank import LowRankTrainer, flops, structure
 
 
 def mlp(d, h, k, bias=True, depth=1):
@@ -29,8 +30,11 @@ def reference_and_lowrank(dtype, d, h, k, sizes, epochs, batch, lr, mu, prox, bi
     assert s is not None
     c, n_max = len(sizes), max(sizes)
     w = (0.3 * torch.randn(c, flat.n_params, generator=g)).to(dtype)
-    centers = (w + 0.2 * torch.randn(c, flat.n_params, generator=g).to(dtype)) if prox == "other" else (
-        w.clone() if prox == "start" else None)
+    centers = (
+        (w + 0.2 * torch.randn(c, flat.n_params, generator=g).to(dtype))
+        if prox == "other"
+        else (w.clone() if prox == "start" else None)
+    )
     x = torch.zeros(c, n_max, 1, d, dtype=dtype)
     y = torch.zeros(c, n_max, dtype=torch.long)
     for i, n in enumerate(sizes):
@@ -38,18 +42,41 @@ def reference_and_lowrank(dtype, d, h, k, sizes, epochs, batch, lr, mu, prox, bi
         y[i, :n] = torch.randint(0, k, (n,), generator=g)
     seeds = [seed * 31 + i for i in range(c)]
     mus = torch.full((c,), mu if centers is not None else 0.0)
-    ref = torch.stack([local_sgd(flat, x[i, :n], y[i, :n], w[i], epochs, batch, lr, seeds[i],
-                                 None if centers is None else centers[i], float(mus[i]))
-                       for i, n in enumerate(sizes)])
+    ref = torch.stack(
+        [
+            local_sgd(
+                flat,
+                x[i, :n],
+                y[i, :n],
+                w[i],
+                epochs,
+                batch,
+                lr,
+                seeds[i],
+                None if centers is None else centers[i],
+                float(mus[i]),
+            )
+            for i, n in enumerate(sizes)
+        ]
+    )
     got = LowRankTrainer(s).train(w.clone(), centers, mus, x, y, sizes, epochs, batch, lr, seeds)
     return ref, got, w
 
 
-cases = dict(d=st.integers(2, 40), h=st.integers(1, 12), k=st.integers(2, 5),
-             sizes=st.lists(st.integers(1, 12), min_size=1, max_size=4), epochs=st.integers(1, 3),
-             batch=st.sampled_from([0, 1, 3, 5]), lr=st.sampled_from([0.01, 0.1, 0.5]),
-             mu=st.sampled_from([0.0, 0.1, 1.0]), prox=st.sampled_from([None, "start", "other"]),
-             bias=st.booleans(), depth=st.integers(1, 2), seed=st.integers(0, 10_000))
+cases = dict(
+    d=st.integers(2, 40),
+    h=st.integers(1, 12),
+    k=st.integers(2, 5),
+    sizes=st.lists(st.integers(1, 12), min_size=1, max_size=4),
+    epochs=st.integers(1, 3),
+    batch=st.sampled_from([0, 1, 3, 5]),
+    lr=st.sampled_from([0.01, 0.1, 0.5]),
+    mu=st.sampled_from([0.0, 0.1, 1.0]),
+    prox=st.sampled_from([None, "start", "other"]),
+    bias=st.booleans(),
+    depth=st.integers(1, 2),
+    seed=st.integers(0, 10_000),
+)
 
 
 def assert_agrees(dtype, rel, kw):

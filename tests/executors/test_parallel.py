@@ -12,16 +12,17 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from stocfl import config
+from stocfl.client.models import FlatModel, make_model
+from stocfl.client.tasks import KINDS, Train, register_task
 from stocfl.data.datasets import load_dataset
+from stocfl.data.scenarios import build
 from stocfl.errors import UserError
 from stocfl.executors import ParallelExecutor, SequentialExecutor, make_executor
-from stocfl.client.models import FlatModel, make_model
-from stocfl.data.scenarios import build
-from stocfl.client.tasks import KINDS, Train, register_task
 
 FED = build("rotated", load_dataset("digits"), 12, 20, seed=0)
 MODEL, W0 = make_model("auto", FED.input_shape, 10, 0, seed=0)
@@ -38,25 +39,41 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-train_tasks = st.lists(st.tuples(
-    st.integers(0, FED.n_clients - 1),  # client
-    st.integers(0, 3),  # which weights: w0 or a row of a stacked matrix (a view into a larger storage)
-    st.integers(1, 2),  # epochs
-    st.sampled_from([0, 3, 7, 20]),  # batch size (0 = full batch)
-    st.sampled_from([0.01, 0.1, 0.5]),  # lr
-    st.integers(0, 2**31 - 1),  # seed
-    st.sampled_from([0.0, 0.1]),  # proximal weight (its center: another row)
-    st.sampled_from(["sgd", "adam"]),
-), min_size=1, max_size=9)
+train_tasks = st.lists(
+    st.tuples(
+        st.integers(0, FED.n_clients - 1),  # client
+        st.integers(0, 3),  # which weights: w0 or a row of a stacked matrix (a view into a larger storage)
+        st.integers(1, 2),  # epochs
+        st.sampled_from([0, 3, 7, 20]),  # batch size (0 = full batch)
+        st.sampled_from([0.01, 0.1, 0.5]),  # lr
+        st.integers(0, 2**31 - 1),  # seed
+        st.sampled_from([0.0, 0.1]),  # proximal weight (its center: another row)
+        st.sampled_from(["sgd", "adam"]),
+    ),
+    min_size=1,
+    max_size=9,
+)
 
 
 @settings(max_examples=40, deadline=None)
 @given(train_tasks)
 def test_the_parallel_executor_equals_the_sequential_loop(specs):
     rows = W0 + 0.01 * torch.randn(3, len(W0), generator=torch.Generator().manual_seed(len(specs)))
-    tasks = [Train(c, W0 if k == 0 else rows[k - 1], e, b, lr, seed, prox_center=rows[(k + 1) % 3] if mu else None,
-                   prox_weight=mu, optimizer=opt, momentum=0.5 if opt == "sgd" else 0.0)
-             for c, k, e, b, lr, seed, mu, opt in specs]
+    tasks = [
+        Train(
+            c,
+            W0 if k == 0 else rows[k - 1],
+            e,
+            b,
+            lr,
+            seed,
+            prox_center=rows[(k + 1) % 3] if mu else None,
+            prox_weight=mu,
+            optimizer=opt,
+            momentum=0.5 if opt == "sgd" else 0.0,
+        )
+        for c, k, e, b, lr, seed, mu, opt in specs
+    ]
     got, want = PARALLEL.run(tasks), SEQUENTIAL.run(tasks)
     assert len(got) == len(want)
     for g, w in zip(got, want):
@@ -145,17 +162,19 @@ def test_guided_parts_cover_the_tasks_in_order_and_shrink(n, workers):
 def test_the_workers_end_with_a_parent_that_is_killed():
     """A parent killed mid-run (SIGKILL, or SIGTERM's default) must not leave its workers
     waiting forever on a queue they hold both ends of."""
-    script = ("from stocfl.data.datasets import load_dataset\n"
-              "from stocfl.executors import ParallelExecutor\n"
-              "from stocfl.client.models import make_model\n"
-              "from stocfl.data.scenarios import build\n"
-              "import time\n"
-              "fed = build('rotated', load_dataset('digits'), 4, 20, seed=0)\n"
-              "model, _ = make_model('auto', fed.input_shape, 10, 0, seed=0)\n"
-              "executor = ParallelExecutor(fed, model, workers=2)\n"
-              "pool = executor._workers()\n"
-              "print(*pool._processes, flush=True)\n"
-              "time.sleep(120)\n")
+    script = (
+        "from stocfl.data.datasets import load_dataset\n"
+        "from stocfl.executors import ParallelExecutor\n"
+        "from stocfl.client.models import make_model\n"
+        "from stocfl.data.scenarios import build\n"
+        "import time\n"
+        "fed = build('rotated', load_dataset('digits'), 4, 20, seed=0)\n"
+        "model, _ = make_model('auto', fed.input_shape, 10, 0, seed=0)\n"
+        "executor = ParallelExecutor(fed, model, workers=2)\n"
+        "pool = executor._workers()\n"
+        "print(*pool._processes, flush=True)\n"
+        "time.sleep(120)\n"
+    )
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         workers = [int(p) for p in parent.stdout.readline().split()]

@@ -13,8 +13,8 @@ from torch import nn
 import stocfl
 from stocfl.algorithms.fedavg import FedAvg
 from stocfl.cli import main
-from stocfl.data.datasets import load_dataset
 from stocfl.client.tasks import Train, Trained
+from stocfl.data.datasets import load_dataset
 
 
 def rotated_clients(n_per_group=4, per_client=30, test=20):
@@ -38,8 +38,16 @@ def test_the_readme_example_runs_in_memory_and_writes_nothing(tmp_path, monkeypa
     train, test, groups = rotated_clients()
     fed = stocfl.Federation.from_arrays(train=train, test=test, groups=groups)
     my_module = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
-    result = stocfl.run({"algorithm": {"name": "stocfl", "tau": 0.5}, "run": {"rounds": 20, "sample_rate": 0.5},
-                         "train": {"epochs": 2, "lr": 0.1}}, federation=fed, model=my_module, out=None)
+    result = stocfl.run(
+        {
+            "algorithm": {"name": "stocfl", "tau": 0.5},
+            "run": {"rounds": 20, "sample_rate": 0.5},
+            "train": {"epochs": 2, "lr": 0.1},
+        },
+        federation=fed,
+        model=my_module,
+        out=None,
+    )
     assert list(tmp_path.iterdir()) == [], "out=None writes nothing"
     assert 0.5 < result.summary["accuracy"] <= 1 and result.summary["ari"] == 1.0
     assert [m["round"] for m in result.metrics] == list(range(1, 21))
@@ -79,24 +87,37 @@ def test_a_python_run_resumes_only_on_the_same_federation_and_model(tmp_path):
     from stocfl.experiment.loop import Experiment
 
     train, test, groups = rotated_clients()
+
     def module(seed):
         torch.manual_seed(seed)
         return nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+
     cfg = {"algorithm": {"name": "stocfl"}, "run": {"rounds": 4, "sample_rate": 0.5}}
     whole = stocfl.run(cfg, federation=stocfl.Federation.from_arrays(train, test, groups), model=module(0))
-    Experiment.create(config.validate(cfg), tmp_path / "r", federation=stocfl.Federation.from_arrays(train, test, groups),
-                      module=module(0)).run(progress=False, stop_after=2)
+    Experiment.create(
+        config.validate(cfg),
+        tmp_path / "r",
+        federation=stocfl.Federation.from_arrays(train, test, groups),
+        module=module(0),
+    ).run(progress=False, stop_after=2)
     # other data, another w_0, another architecture: each continued the run silently on what it was given
     other = [(x[..., ::-1].copy(), y) for x, y in train]  # mirrored images
-    for fed, m, message in [(stocfl.Federation.from_arrays(other, test, groups), module(0), "the federation given"),
-                            (stocfl.Federation.from_arrays(train, test, groups, holdout=[0]), module(0), "federation"),
-                            (stocfl.Federation.from_arrays(train, test, groups), module(1), "initial weights w_0"),
-                            (stocfl.Federation.from_arrays(train, test, groups),
-                             nn.Sequential(nn.Flatten(), nn.Linear(64, 4), nn.Linear(4, 10)), "the model given")]:
+    for fed, m, message in [
+        (stocfl.Federation.from_arrays(other, test, groups), module(0), "the federation given"),
+        (stocfl.Federation.from_arrays(train, test, groups, holdout=[0]), module(0), "federation"),
+        (stocfl.Federation.from_arrays(train, test, groups), module(1), "initial weights w_0"),
+        (
+            stocfl.Federation.from_arrays(train, test, groups),
+            nn.Sequential(nn.Flatten(), nn.Linear(64, 4), nn.Linear(4, 10)),
+            "the model given",
+        ),
+    ]:
         with pytest.raises(stocfl.UserError, match=message):
             stocfl.resume(tmp_path / "r", federation=fed, model=m)
     # the same arrays and the same seeded module, built anew (as in a new process): the run it would have been
-    again = stocfl.resume(tmp_path / "r", federation=stocfl.Federation.from_arrays(train, test, groups), model=module(0))
+    again = stocfl.resume(
+        tmp_path / "r", federation=stocfl.Federation.from_arrays(train, test, groups), model=module(0)
+    )
     strip = lambda rs: [{k: v for k, v in r.items() if k != "seconds"} for r in rs]  # noqa: E731
     assert strip(again.metrics) == strip(whole.metrics)
 
@@ -115,17 +136,24 @@ def test_registered_names_work_from_a_toml_config(tmp_path):
         n = len(dataset.y_train) // n_clients
         m = len(dataset.y_test) // n_clients
         return stocfl.Federation.from_arrays(
-            [(dataset.x_train[i * n:(i + 1) * n], dataset.y_train[i * n:(i + 1) * n]) for i in range(n_clients)],
-            [(dataset.x_test[i * m:(i + 1) * m], dataset.y_test[i * m:(i + 1) * m]) for i in range(n_clients)],
-            groups=[i * 2 // n_clients for i in range(n_clients)])
+            [(dataset.x_train[i * n : (i + 1) * n], dataset.y_train[i * n : (i + 1) * n]) for i in range(n_clients)],
+            [(dataset.x_test[i * m : (i + 1) * m], dataset.y_test[i * m : (i + 1) * m]) for i in range(n_clients)],
+            groups=[i * 2 // n_clients for i in range(n_clients)],
+        )
 
     stocfl.register_dataset("my_digits", loader)
-    stocfl.register_model("tiny", lambda shape, n_classes, hidden: nn.Sequential(
-        nn.Flatten(), nn.Linear(int(np.prod(shape)), hidden), nn.Tanh(), nn.Linear(hidden, n_classes)))
+    stocfl.register_model(
+        "tiny",
+        lambda shape, n_classes, hidden: nn.Sequential(
+            nn.Flatten(), nn.Linear(int(np.prod(shape)), hidden), nn.Tanh(), nn.Linear(hidden, n_classes)
+        ),
+    )
     stocfl.register_scenario("halves", halves)
     path = tmp_path / "mine.toml"
-    path.write_text('[run]\nrounds = 3\n[scenario]\nname = "halves"\ndataset = "my_digits"\nn_clients = 4\n'
-                    '[model]\nname = "tiny"\nhidden = 16\n[algorithm]\nname = "fedavg"\n')
+    path.write_text(
+        '[run]\nrounds = 3\n[scenario]\nname = "halves"\ndataset = "my_digits"\nn_clients = 4\n'
+        '[model]\nname = "tiny"\nhidden = 16\n[algorithm]\nname = "fedavg"\n'
+    )
     result = stocfl.run(path)
     assert result.summary["dataset"] == "my_digits" and result.summary["n_clients"] == 4
     assert set(result.models["global"]) == {"1.weight", "1.bias", "3.weight", "3.bias"}
@@ -133,47 +161,67 @@ def test_registered_names_work_from_a_toml_config(tmp_path):
     assert main(["run", str(path), "--out", str(tmp_path / "cli"), "--quiet"]) == 0  # the CLI, same process
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda t, s: stocfl.Federation.from_arrays(t, s[:-1]), "give one of each per client"),
-    (lambda t, s: stocfl.Federation.from_arrays([(t[0][0], t[0][1][:-1])] + t[1:], s), "client 0 train"),
-    (lambda t, s: stocfl.Federation.from_arrays(t, s, n_classes=5), "outside 0..4"),
-    (lambda t, s: stocfl.Federation.from_arrays([(t[0][0] * np.nan, t[0][1])] + t[1:], s), "NaN"),
-    (lambda t, s: stocfl.Federation.from_arrays([(t[0][0][:, :, :4], t[0][1])] + t[1:], s), "different shapes"),
-    (lambda t, s: stocfl.Federation.from_arrays(t, s, groups=[0, 1]), "groups must be 8 integers"),
-    (lambda t, s: stocfl.Federation.from_arrays([(t[0][0], -t[0][1] - 1)] + t[1:], s), "negative"),
-    (lambda t, s: stocfl.Federation.from_arrays([t[0][0]] + t[1:], s), "must be a pair"),
-    (lambda t, s: stocfl.Federation.from_arrays(t, s, n_classes="10"), "n_classes = '10'; expected an integer"),
-    (lambda t, s: stocfl.Federation.from_arrays(t, s, n_classes=10.5), "n_classes = 10.5"),  # was truncated to 10
-    (lambda t, s: stocfl.Federation.from_arrays(t, s, holdout=[-1]), "holdout must be client ids in 0..7"),
-    (lambda t, s: _from_items(t, s, label=lambda y: y + 0.5), "labels must be whole numbers"),  # was truncated
-    (lambda t, s: _from_items(t, s, label=lambda y: [y, y]), "item 0's label has shape (2,)"),
-    (lambda t, s: _from_items(t, s, label=lambda y: "cat"), "not arrays of numbers"),
-    (lambda t, s: _from_items(t, s, item=lambda x, y: (x, y, 0)), "item 0 is not a pair (x, y)"),
-    (lambda t, s: stocfl.run({"run": {"rounds": 0}}), "config: run.rounds"),
-    (lambda t, s: stocfl.run({"algorithm": {"name": "stocfl", "tau": 3}}), "config: algorithm.tau"),
-    (lambda t, s: stocfl.run(42), "config: expected a TOML path"),
-    (lambda t, s: stocfl.run(None, model="mlp"), "model: expected a torch.nn.Module"),
-    # the federation's clients replace [scenario]: these ran without holding out, on the federation's clients
-    (lambda t, s: stocfl.run({"scenario": {"holdout": 0.25}}, federation=stocfl.Federation.from_arrays(t, s)),
-     "scenario.holdout = 0.25 has no effect with a federation given in Python"),
-    (lambda t, s: stocfl.run({"scenario": {"n_clients": 100}}, federation=stocfl.Federation.from_arrays(t, s)),
-     "scenario.n_clients = 100 has no effect"),
-    (lambda t, s: stocfl.run({"model": {"hidden": 64}}, model=nn.Sequential(nn.Flatten(), nn.Linear(64, 10))),
-     "model.hidden = 64 has no effect with a model given in Python, which replaces [model]"),
-    (lambda t, s: stocfl.run(None, federation=stocfl.Federation.from_arrays(t, s),
-                             model=nn.Sequential(nn.Flatten(), nn.Linear(10, 10))), "does not fit"),
-    (lambda t, s: stocfl.register_model("auto", lambda *a: None), "identifier other than 'auto'"),
-    # a user's "fedavg" (or "mlp", "digits", ...) would be reported under the built-in's name
-    (lambda t, s: stocfl.register_model("mlp", lambda *a: None), "register_model: 'mlp' is built in"),
-    (lambda t, s: stocfl.register_dataset("digits", lambda d: None), "register_dataset: 'digits' is built in"),
-    (lambda t, s: stocfl.register_scenario("rotated", lambda *a: None), "register_scenario: 'rotated' is built in"),
-    (lambda t, s: stocfl.register_algorithm(type("Mine", (FedAvg,), {"name": "fedavg"})), "'fedavg' is built in"),
-    (lambda t, s: stocfl.register_engine(stocfl.Engine("batched", "mine", executor=lambda *a: None)),
-     "register_engine: 'batched' is built in"),
-    (lambda t, s: stocfl.register_task(Train, Trained, lambda data, task: None), "register_task: 'Train' is built in"),
-    (lambda t, s: stocfl.register_task(int, Trained, lambda data, task: None), "must be dataclasses"),
-    (lambda t, s: stocfl.run({"scenario": {"dataset": "nope"}}), "config: scenario.dataset: unknown data set"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda t, s: stocfl.Federation.from_arrays(t, s[:-1]), "give one of each per client"),
+        (lambda t, s: stocfl.Federation.from_arrays([(t[0][0], t[0][1][:-1])] + t[1:], s), "client 0 train"),
+        (lambda t, s: stocfl.Federation.from_arrays(t, s, n_classes=5), "outside 0..4"),
+        (lambda t, s: stocfl.Federation.from_arrays([(t[0][0] * np.nan, t[0][1])] + t[1:], s), "NaN"),
+        (lambda t, s: stocfl.Federation.from_arrays([(t[0][0][:, :, :4], t[0][1])] + t[1:], s), "different shapes"),
+        (lambda t, s: stocfl.Federation.from_arrays(t, s, groups=[0, 1]), "groups must be 8 integers"),
+        (lambda t, s: stocfl.Federation.from_arrays([(t[0][0], -t[0][1] - 1)] + t[1:], s), "negative"),
+        (lambda t, s: stocfl.Federation.from_arrays([t[0][0]] + t[1:], s), "must be a pair"),
+        (lambda t, s: stocfl.Federation.from_arrays(t, s, n_classes="10"), "n_classes = '10'; expected an integer"),
+        (lambda t, s: stocfl.Federation.from_arrays(t, s, n_classes=10.5), "n_classes = 10.5"),  # was truncated to 10
+        (lambda t, s: stocfl.Federation.from_arrays(t, s, holdout=[-1]), "holdout must be client ids in 0..7"),
+        (lambda t, s: _from_items(t, s, label=lambda y: y + 0.5), "labels must be whole numbers"),  # was truncated
+        (lambda t, s: _from_items(t, s, label=lambda y: [y, y]), "item 0's label has shape (2,)"),
+        (lambda t, s: _from_items(t, s, label=lambda y: "cat"), "not arrays of numbers"),
+        (lambda t, s: _from_items(t, s, item=lambda x, y: (x, y, 0)), "item 0 is not a pair (x, y)"),
+        (lambda t, s: stocfl.run({"run": {"rounds": 0}}), "config: run.rounds"),
+        (lambda t, s: stocfl.run({"algorithm": {"name": "stocfl", "tau": 3}}), "config: algorithm.tau"),
+        (lambda t, s: stocfl.run(42), "config: expected a TOML path"),
+        (lambda t, s: stocfl.run(None, model="mlp"), "model: expected a torch.nn.Module"),
+        # the federation's clients replace [scenario]: these ran without holding out, on the federation's clients
+        (
+            lambda t, s: stocfl.run({"scenario": {"holdout": 0.25}}, federation=stocfl.Federation.from_arrays(t, s)),
+            "scenario.holdout = 0.25 has no effect with a federation given in Python",
+        ),
+        (
+            lambda t, s: stocfl.run({"scenario": {"n_clients": 100}}, federation=stocfl.Federation.from_arrays(t, s)),
+            "scenario.n_clients = 100 has no effect",
+        ),
+        (
+            lambda t, s: stocfl.run({"model": {"hidden": 64}}, model=nn.Sequential(nn.Flatten(), nn.Linear(64, 10))),
+            "model.hidden = 64 has no effect with a model given in Python, which replaces [model]",
+        ),
+        (
+            lambda t, s: stocfl.run(
+                None,
+                federation=stocfl.Federation.from_arrays(t, s),
+                model=nn.Sequential(nn.Flatten(), nn.Linear(10, 10)),
+            ),
+            "does not fit",
+        ),
+        (lambda t, s: stocfl.register_model("auto", lambda *a: None), "identifier other than 'auto'"),
+        # a user's "fedavg" (or "mlp", "digits", ...) would be reported under the built-in's name
+        (lambda t, s: stocfl.register_model("mlp", lambda *a: None), "register_model: 'mlp' is built in"),
+        (lambda t, s: stocfl.register_dataset("digits", lambda d: None), "register_dataset: 'digits' is built in"),
+        (lambda t, s: stocfl.register_scenario("rotated", lambda *a: None), "register_scenario: 'rotated' is built in"),
+        (lambda t, s: stocfl.register_algorithm(type("Mine", (FedAvg,), {"name": "fedavg"})), "'fedavg' is built in"),
+        (
+            lambda t, s: stocfl.register_engine(stocfl.Engine("batched", "mine", executor=lambda *a: None)),
+            "register_engine: 'batched' is built in",
+        ),
+        (
+            lambda t, s: stocfl.register_task(Train, Trained, lambda data, task: None),
+            "register_task: 'Train' is built in",
+        ),
+        (lambda t, s: stocfl.register_task(int, Trained, lambda data, task: None), "must be dataclasses"),
+        (lambda t, s: stocfl.run({"scenario": {"dataset": "nope"}}), "config: scenario.dataset: unknown data set"),
+    ],
+)
 def test_bad_input_is_one_user_error_line(make, message):
     train, test, _ = rotated_clients()
     with pytest.raises(stocfl.UserError) as err:
@@ -183,8 +231,10 @@ def test_bad_input_is_one_user_error_line(make, message):
 
 def _from_items(train, test, label=lambda y: y, item=lambda x, y: (x, y)):
     """from_datasets over plain lists of items, each label as ``label`` makes it."""
-    return stocfl.Federation.from_datasets([[item(x[j], label(int(y[j]))) for j in range(len(y))] for x, y in train],
-                                           [[item(x[j], int(y[j])) for j in range(len(y))] for x, y in test])
+    return stocfl.Federation.from_datasets(
+        [[item(x[j], label(int(y[j]))) for j in range(len(y))] for x, y in train],
+        [[item(x[j], int(y[j])) for j in range(len(y))] for x, y in test],
+    )
 
 
 def test_from_datasets_equals_from_arrays():
@@ -192,9 +242,11 @@ def test_from_datasets_equals_from_arrays():
 
     train, test, groups = rotated_clients()
     a = stocfl.Federation.from_arrays(train, test, groups)
-    b = stocfl.Federation.from_datasets([TensorDataset(torch.as_tensor(x), torch.as_tensor(y)) for x, y in train],
-                                        [TensorDataset(torch.as_tensor(x), torch.as_tensor(y)) for x, y in test],
-                                        groups)
+    b = stocfl.Federation.from_datasets(
+        [TensorDataset(torch.as_tensor(x), torch.as_tensor(y)) for x, y in train],
+        [TensorDataset(torch.as_tensor(x), torch.as_tensor(y)) for x, y in test],
+        groups,
+    )
     assert torch.equal(a.x_train, b.x_train) and torch.equal(a.y_test, b.y_test)
     assert np.array_equal(a.train_offsets, b.train_offsets) and a.n_classes == b.n_classes == 10
 
@@ -220,8 +272,11 @@ def test_a_users_loss_trains_and_evaluates_on_both_executors(tmp_path, capsys):
         stocfl.resume(tmp_path / "r", loss=plain_ce, overrides=["run.rounds=4"])  # continued with cross-entropy
     again = lambda logits, y: F.cross_entropy(logits, y, reduction="none", label_smoothing=0.2)  # noqa: E731
     assert stocfl.resume(tmp_path / "r", loss=again, overrides=["run.rounds=4"]).summary["rounds_done"] == 4
-    for bad, message in [(lambda logits, y: logits.sum(), "one value per sample"),
-                         (lambda logits, y: 1 / 0, "ZeroDivisionError"), ("ce", "expected a function")]:
+    for bad, message in [
+        (lambda logits, y: logits.sum(), "one value per sample"),
+        (lambda logits, y: 1 / 0, "ZeroDivisionError"),
+        ("ce", "expected a function"),
+    ]:
         with pytest.raises(stocfl.UserError, match=message):
             stocfl.run(cfg, loss=bad)
 

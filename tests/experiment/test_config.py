@@ -14,8 +14,11 @@ def test_defaults_validate_and_resolve():
     d = cfg.to_dict()
     assert set(d) == {"run", "scenario", "model", "train", "aggregation", "algorithm"}
     assert d["algorithm"] == {"name": "fedavg", "chain": False}
-    assert config.load(overrides=["algorithm.name=fedprox"]).to_dict()["algorithm"] == {"name": "fedprox", "chain": False,
-                                                                                        "mu": 0.01}
+    assert config.load(overrides=["algorithm.name=fedprox"]).to_dict()["algorithm"] == {
+        "name": "fedprox",
+        "chain": False,
+        "mu": 0.01,
+    }
 
 
 def test_an_algorithm_parameter_set_before_the_name_is_kept_and_the_files_are_dropped(tmp_path):
@@ -45,7 +48,7 @@ def test_overrides_are_typed():
         (["algorithm.name=fedavg", "algorithm.mu=0.1"], "unknown key 'algorithm.mu' for fedavg"),
         (["run.rounds"], "expected dotted.key=value"),
         # a key of two types: pydantic's one error per type read "algorithm.tau.float: expected a number"
-        (["algorithm.name=stocfl", "algorithm.tau='0.5'"], 'algorithm.tau: expected a number or "auto" (got \'0.5\')'),
+        (["algorithm.name=stocfl", "algorithm.tau='0.5'"], "algorithm.tau: expected a number or \"auto\" (got '0.5')"),
     ],
 )
 def test_bad_config_is_one_line_naming_the_key(overrides, expected):
@@ -73,7 +76,7 @@ def test_toml_file_errors(tmp_path):
 def test_cli_bad_input_exits_2_with_one_line(tmp_path, capsys):
     for argv in (
         ["run", "--set", "run.sample_rate=-1", "--out", str(tmp_path / "a")],
-        ["run", "--set", "run.rounds=\"5\"", "--out", str(tmp_path / "b")],
+        ["run", "--set", 'run.rounds="5"', "--out", str(tmp_path / "b")],
         ["run", "--set", "scenario.dataset=mnist", "--data-dir", str(tmp_path), "--out", str(tmp_path / "c")],
         ["resume", str(tmp_path / "nothing")],
         ["run", "--no-such-flag"],
@@ -115,12 +118,22 @@ def test_config_listing_documents_every_key(capsys):
     assert re.search(r"^  mu += 0.01 ", out, re.M)
     assert re.search(r"^  tensorboard += false ", out, re.M) and re.search(r'^  engine += "auto" ', out, re.M)  # TOML
 
+
 def test_run_dependent_errors_are_one_line_exit_2(tmp_path, capsys):
     """Errors that only show once the run's data and sampling are known: one line, exit
     code 2, and no results directory left behind."""
     for argv in (
-        ["run", "--set", "algorithm.name=fesem", "--set", "algorithm.n_centers=9", "--set", "scenario.n_clients=20",
-         "--out", str(tmp_path / "fesem")],  # round 1 samples 2 clients, K = 9
+        [
+            "run",
+            "--set",
+            "algorithm.name=fesem",
+            "--set",
+            "algorithm.n_centers=9",
+            "--set",
+            "scenario.n_clients=20",
+            "--out",
+            str(tmp_path / "fesem"),
+        ],  # round 1 samples 2 clients, K = 9
     ):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
@@ -129,28 +142,33 @@ def test_run_dependent_errors_are_one_line_exit_2(tmp_path, capsys):
 
 
 def test_a_model_that_does_not_fit_the_data_is_one_line():
-    from stocfl.data.datasets import load_dataset
     from stocfl.client.models import FlatModel, cnn28, mlp
-    from stocfl.experiment.build import check_model_fits
+    from stocfl.data.datasets import load_dataset
     from stocfl.data.scenarios import build
+    from stocfl.experiment.build import check_model_fits
 
     fed = build("iid", load_dataset("digits"), 2, 10, seed=0)
-    for module, what in ((cnn28(1, 10), "does not fit digits inputs of shape (1, 8, 8)"),
-                         (mlp(64, 8, 7), "outputs of shape (7,)")):
+    for module, what in (
+        (cnn28(1, 10), "does not fit digits inputs of shape (1, 8, 8)"),
+        (mlp(64, 8, 7), "outputs of shape (7,)"),
+    ):
         w0 = FlatModel.init_weights(module, 0)
         with pytest.raises(UserError, match=what.replace("(", r"\(").replace(")", r"\)")) as err:
             check_model_fits(FlatModel(module), w0, fed, "mine")
         assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("bad, says", [
-    ("run.rounds=x", "run.rounds: expected an integer (got 'x')"),
-    ("run.sample_rate=true", "run.sample_rate: expected a number (got True)"),
-    ("scenario.alpha=-1", "scenario.alpha: must be >= 0.001 (got -1)"),
-    ("run.rounds=0", "run.rounds: must be >= 1 (got 0)"),
-    ("train.optimizer=foo", "train.optimizer: expected one of sgd or adam (got 'foo')"),
-    ("train.local_bn=3", "train.local_bn: expected true or false (got 3)"),
-])
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        ("run.rounds=x", "run.rounds: expected an integer (got 'x')"),
+        ("run.sample_rate=true", "run.sample_rate: expected a number (got True)"),
+        ("scenario.alpha=-1", "scenario.alpha: must be >= 0.001 (got -1)"),
+        ("run.rounds=0", "run.rounds: must be >= 1 (got 0)"),
+        ("train.optimizer=foo", "train.optimizer: expected one of sgd or adam (got 'foo')"),
+        ("train.local_bn=3", "train.local_bn: expected true or false (got 3)"),
+    ],
+)
 def test_config_errors_speak_one_house_style(bad, says):
     with pytest.raises(UserError) as err:
         config.load(None, [bad])
@@ -172,4 +190,8 @@ def test_stocfl_config_aligns_its_columns_and_lists_the_choices(capsys):
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
     assert len({line.index(" = ") for line in lines}) == 1 and len({line.index("  # ") for line in lines}) == 1
     text = "\n".join(lines)
-    assert "one of: gradient, update" in text and "one of: init, linear" in text and "label_swap, permuted_labels, hybrid" in text
+    assert (
+        "one of: gradient, update" in text
+        and "one of: init, linear" in text
+        and "label_swap, permuted_labels, hybrid" in text
+    )

@@ -9,7 +9,8 @@ import math
 import signal
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from stocfl import config
 from stocfl.algorithms import ALGORITHMS
@@ -26,8 +27,9 @@ SMALL = {"n_models": 2, "n_centers": 2, "warmup_rounds": 0, "restarts": 2, "psi_
 
 HOSTILE = st.one_of(
     st.sampled_from([0, -1, 1, 2, 3, 10**6, 10**12, 10**20, 2**63, -(2**63), 10**400]),
-    st.sampled_from([0.0, -0.0, 1e-300, -1e-9, 0.5, 0.999999, 1.0, 1.5, 1e6, 1e38, 1e308,
-                     math.inf, -math.inf, math.nan]),
+    st.sampled_from(
+        [0.0, -0.0, 1e-300, -1e-9, 0.5, 0.999999, 1.0, 1.5, 1e6, 1e38, 1e308, math.inf, -math.inf, math.nan]
+    ),
     st.sampled_from(["", "auto", "x", "0", "1e3", "nan", "\x00", "../../etc", "fedavg", "stocfl", "ü" * 40]),
     st.booleans(),
     st.lists(st.integers(-2, 2), max_size=3),
@@ -37,8 +39,7 @@ HOSTILE = st.one_of(
 
 
 def keys_of(algorithm: str) -> list[tuple[str, str]]:
-    out = [(s, k) for s, f in config.Config.model_fields.items() if s != "algorithm"
-           for k in f.annotation.model_fields]
+    out = [(s, k) for s, f in config.Config.model_fields.items() if s != "algorithm" for k in f.annotation.model_fields]
     params = ALGORITHMS[algorithm].Params.model_fields
     return out + [("algorithm", f.alias or k) for k, f in params.items()] + [("algorithm", "name")]
 
@@ -48,8 +49,10 @@ def cases(draw):
     algorithm = draw(st.sampled_from(sorted(ALGORITHMS)))
     raw = {s: dict(v) for s, v in BASE.items()}
     params = ALGORITHMS[algorithm].Params.model_fields
-    raw["algorithm"] = {"name": algorithm, **{k: v for k, v in SMALL.items()
-                                             if k in params or any(f.alias == k for f in params.values())}}
+    raw["algorithm"] = {
+        "name": algorithm,
+        **{k: v for k, v in SMALL.items() if k in params or any(f.alias == k for f in params.values())},
+    }
     keys = draw(st.lists(st.sampled_from(keys_of(algorithm)), min_size=1, max_size=2, unique=True))
     for section, key in keys:
         raw.setdefault(section, {})[key] = draw(HOSTILE)
@@ -95,19 +98,22 @@ def test_the_command_line_gives_exit_2_and_one_line(tmp_path, capsys):
     assert err.count("\n") == 0 and "model.hidden" in err
 
 
-@pytest.mark.parametrize("argv, named", [
-    (["run", "--out", "/dev/null/x", "--set", "run.rounds=1"], "/dev/null/x"),
-    (["run", "--out", "a\x00b"], "--out"),
-    (["run", "--data-dir", "a\x00b"], "--data-dir"),
-    (["run", "--set", 'scenario.data_dir="a\\u0000b"'], "scenario.data_dir"),
-    (["certs", "/dev/null/x"], "/dev/null/x"),
-    (["certs", "{tmp}/c", "--host", ""], "--host"),
-    (["certs", "{tmp}/c", "--host", "a b"], "--host"),
-    (["certs", "{tmp}/c", "--days", "100000000"], "--days"),
-    (["certs", "{tmp}/c", "--days", "0"], "--days"),
-    (["resume", "/dev/null/x"], "/dev/null/x"),
-    (["assign", "/dev/null/x"], "/dev/null/x"),
-])
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["run", "--out", "/dev/null/x", "--set", "run.rounds=1"], "/dev/null/x"),
+        (["run", "--out", "a\x00b"], "--out"),
+        (["run", "--data-dir", "a\x00b"], "--data-dir"),
+        (["run", "--set", 'scenario.data_dir="a\\u0000b"'], "scenario.data_dir"),
+        (["certs", "/dev/null/x"], "/dev/null/x"),
+        (["certs", "{tmp}/c", "--host", ""], "--host"),
+        (["certs", "{tmp}/c", "--host", "a b"], "--host"),
+        (["certs", "{tmp}/c", "--days", "100000000"], "--days"),
+        (["certs", "{tmp}/c", "--days", "0"], "--days"),
+        (["resume", "/dev/null/x"], "/dev/null/x"),
+        (["assign", "/dev/null/x"], "/dev/null/x"),
+    ],
+)
 def test_bad_paths_and_arguments_give_one_line_and_exit_2(tmp_path, capsys, argv, named):
     from stocfl.cli import main
 

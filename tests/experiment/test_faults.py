@@ -4,13 +4,14 @@ import json
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from stocfl import config
 from stocfl.algorithms import ALGORITHMS
+from stocfl.client.tasks import ClientsDropped
 from stocfl.executors import SequentialExecutor
 from stocfl.experiment.loop import Experiment
-from stocfl.client.tasks import ClientsDropped
 
 
 class FailingExecutor(SequentialExecutor):
@@ -87,15 +88,32 @@ def test_a_run_whose_clients_all_answer_has_no_left_out_keys(tmp_path):
 def test_held_out_clients_that_fail_are_named_and_an_empty_placement_has_no_accuracy():
     from stocfl.experiment.results import summarize_placements
 
-    assert summarize_placements([], "x", [5, 7]) == {"clients": 0, "placement": "x", "accuracy": None,
-                                                     "would_open_new": 0, "left_out": [5, 7]}  # accuracy was 0.0
+    assert summarize_placements([], "x", [5, 7]) == {
+        "clients": 0,
+        "placement": "x",
+        "accuracy": None,
+        "would_open_new": 0,
+        "left_out": [5, 7],
+    }  # accuracy was 0.0
 
 
 def test_the_command_line_notes_clients_left_out_of_the_final_evaluation(tmp_path, capsys):
     from stocfl.cli import _print_summary
 
-    summary = {k: None for k in ("algorithm", "scenario", "dataset", "rounds_done", "accuracy", "global_accuracy",
-                                 "n_clusters", "ari", "seconds")}
+    summary = {
+        k: None
+        for k in (
+            "algorithm",
+            "scenario",
+            "dataset",
+            "rounds_done",
+            "accuracy",
+            "global_accuracy",
+            "n_clusters",
+            "ari",
+            "seconds",
+        )
+    }
     _print_summary(summary, tmp_path)
     assert "note" not in capsys.readouterr().err
     _print_summary({**summary, "eval_left_out": [3, 9]}, tmp_path)
@@ -105,10 +123,13 @@ def test_the_command_line_notes_clients_left_out_of_the_final_evaluation(tmp_pat
 def test_a_log_line_groups_the_clients_that_failed_alike():
     from stocfl.client.tasks import grouped_reasons
 
-    reasons = [f"client {i}: bad reply (loss = nan)" for i in (0, 1, 2, 5)] + ["client 3: no reply",
-                                                                             "client 9 (node 4): timeout"]
-    assert grouped_reasons(reasons) == ("4 clients (0-2,5): bad reply (loss = nan); client 3: no reply; "
-                                        "client 9 (node 4): timeout")
+    reasons = [f"client {i}: bad reply (loss = nan)" for i in (0, 1, 2, 5)] + [
+        "client 3: no reply",
+        "client 9 (node 4): timeout",
+    ]
+    assert grouped_reasons(reasons) == (
+        "4 clients (0-2,5): bad reply (loss = nan); client 3: no reply; client 9 (node 4): timeout"
+    )
 
 
 @given(st.sets(st.integers(0, 60), min_size=1))

@@ -11,15 +11,20 @@ import pytest
 import torch
 
 from stocfl import config
-from stocfl.executors import SequentialExecutor
-from stocfl.flower.loopback import LoopbackExecutor
-from stocfl.experiment.loop import Experiment
 from stocfl.algorithms.stocfl.representation import Represented
 from stocfl.client.tasks import ClientsDropped, Evaluated, Trained
+from stocfl.executors import SequentialExecutor
+from stocfl.experiment.loop import Experiment
+from stocfl.flower.loopback import LoopbackExecutor
 
 EVIL = 3
-SMALL = ["scenario.n_clients=12", "scenario.samples_per_client=20", "run.rounds=4", "run.sample_rate=0.5",
-         "run.engine=sequential"]
+SMALL = [
+    "scenario.n_clients=12",
+    "scenario.samples_per_client=20",
+    "run.rounds=4",
+    "run.sample_rate=0.5",
+    "run.engine=sequential",
+]
 
 
 class Client(SequentialExecutor):
@@ -118,8 +123,13 @@ def test_a_second_node_claiming_a_served_client_is_refused(monkeypatch):
             out = []
             for i in ids:  # what the executor reads of a reply to query.identify
                 node = self.pending[i].metadata.dst_node_id
-                out.append(SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i), has_error=lambda: False,
-                                           content={"client": {"client_ids": self.claims[node]}}))
+                out.append(
+                    SimpleNamespace(
+                        metadata=SimpleNamespace(reply_to_message_id=i),
+                        has_error=lambda: False,
+                        content={"client": {"client_ids": self.claims[node]}},
+                    )
+                )
             return out
 
     grid = Grid()

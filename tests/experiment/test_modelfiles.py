@@ -16,8 +16,9 @@ from stocfl.experiment.loop import Experiment
 @pytest.mark.parametrize("algorithm", ["stocfl", "fedavg", "ifca", "fesem"])
 def test_exported_models_give_each_client_the_accuracy_of_its_run(tmp_path, algorithm, capsys):
     out = tmp_path / "r"
-    cfg = config.load(overrides=[f"algorithm.name={algorithm}", "scenario.n_clients=12", "run.rounds=2",
-                                 "run.sample_rate=0.5"])
+    cfg = config.load(
+        overrides=[f"algorithm.name={algorithm}", "scenario.n_clients=12", "run.rounds=2", "run.sample_rate=0.5"]
+    )
     Experiment.create(cfg, out).run(progress=False)
     assert main(["export", str(out)]) == 0
     assert "global model:" in capsys.readouterr().out
@@ -44,14 +45,21 @@ def test_exported_models_give_each_client_the_accuracy_of_its_run(tmp_path, algo
 
 def test_ifca_models_that_no_client_chose_are_exported_after_the_found_ones(tmp_path):
     out = tmp_path / "r"
-    cfg = config.load(overrides=["algorithm.name=ifca", "algorithm.n_models=6", "scenario.n_clients=8",
-                                 "run.rounds=1", "run.sample_rate=0.25"])
+    cfg = config.load(
+        overrides=[
+            "algorithm.name=ifca",
+            "algorithm.n_models=6",
+            "scenario.n_clients=8",
+            "run.rounds=1",
+            "run.sample_rate=0.25",
+        ]
+    )
     Experiment.create(cfg, out).run(progress=False)
     index = json.loads((stocfl.export_models(out) / "models.json").read_text())
     numbers = [m["cluster"] for m in index["models"] if m["model"] == "cluster"]
     assert numbers == list(range(6))
     members = [m["members"] for m in index["models"] if m["model"] == "cluster"]
-    assert all(members[:np.count_nonzero(members)]) and not any(members[np.count_nonzero(members):])
+    assert all(members[: np.count_nonzero(members)]) and not any(members[np.count_nonzero(members) :])
 
 
 def test_bad_export_requests_are_refused_in_one_line(tmp_path, capsys):
@@ -76,8 +84,10 @@ def test_bad_export_requests_are_refused_in_one_line(tmp_path, capsys):
 def test_an_export_into_the_directory_of_an_earlier_one_removes_its_files_that_it_does_not_write(tmp_path):
     models = tmp_path / "models"
     ifca, fedavg = tmp_path / "ifca", tmp_path / "fedavg"
-    Experiment.create(config.load(overrides=["algorithm.name=ifca", "algorithm.n_models=3", "scenario.n_clients=6",
-                                             "run.rounds=1"]), ifca).run(progress=False)
+    Experiment.create(
+        config.load(overrides=["algorithm.name=ifca", "algorithm.n_models=3", "scenario.n_clients=6", "run.rounds=1"]),
+        ifca,
+    ).run(progress=False)
     Experiment.create(config.load(overrides=["scenario.n_clients=6", "run.rounds=1"]), fedavg).run(progress=False)
     stocfl.export_models(ifca, models)
     (models / "notes.txt").write_text("the user's")

@@ -8,15 +8,26 @@ import time
 import pytest
 
 from stocfl import config
-from stocfl.experiment import metrics
-from stocfl.storage import formats
-from stocfl.experiment.build import build_federation
 from stocfl.cli import main
 from stocfl.errors import UserError
+from stocfl.experiment.build import build_federation
 from stocfl.experiment.loop import Experiment
+from stocfl.storage import formats
 
-KEYS = {"algorithm", "scenario", "seed", "rounds_done", "accuracy", "global_accuracy", "n_clusters", "ari", "nmi",
-        "label_cos_within", "label_cos_all", "seconds"}
+KEYS = {
+    "algorithm",
+    "scenario",
+    "seed",
+    "rounds_done",
+    "accuracy",
+    "global_accuracy",
+    "n_clusters",
+    "ari",
+    "nmi",
+    "label_cos_within",
+    "label_cos_all",
+    "seconds",
+}
 SMALL = ["run.rounds=6", "run.sample_rate=0.5", "scenario.n_clients=12", "scenario.samples_per_client=20"]
 
 
@@ -32,7 +43,20 @@ def _metrics(out):
 
 def test_run_writes_results(tmp_path, capsys):
     out = tmp_path / "r"
-    assert main(["run", "--quiet", "--out", str(out), "--set", "run.eval_every=2", *[a for s in SMALL for a in ("--set", s)]]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--quiet",
+                "--out",
+                str(out),
+                "--set",
+                "run.eval_every=2",
+                *[a for s in SMALL for a in ("--set", s)],
+            ]
+        )
+        == 0
+    )
     assert str(out.resolve()) in capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     assert KEYS <= set(summary) and summary["rounds_done"] == 6
@@ -43,7 +67,9 @@ def test_run_writes_results(tmp_path, capsys):
     assert 0 < rows[-1]["label_cos_all"] <= 1 and rows[-1]["label_cos_all"] == summary["label_cos_all"]
     assert (out / "accuracy.png").stat().st_size > 1000 and (out / "checkpoint.safetensors").exists()
     resolved = config.load(out / "config.toml")
-    assert resolved.run.rounds == 6 and resolved.to_dict()["algorithm"] == {"name": "fedavg", "chain": False}
+    # no config: the packaged default (StoCFL on rotated digits), every default filled in
+    assert resolved.run.rounds == 6 and resolved.to_dict()["algorithm"] == config.load("default").to_dict()["algorithm"]
+    assert resolved.algorithm["name"] == "stocfl" and resolved.scenario.dataset == "digits"
     assert main(["run", "--quiet", "--out", str(out)]) == 2  # never overwrite a run
 
 
@@ -66,8 +92,12 @@ def test_resume_after_sigkill_is_identical(tmp_path):
     ref, cut = tmp_path / "ref", tmp_path / "cut"
     assert main(["run", "--quiet", "--out", str(ref), *sets]) == 0
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "stocfl", "run", "--quiet", "--out", str(cut), *sets], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stocfl", "run", "--quiet", "--out", str(cut), *sets],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 60
     while time.time() < deadline:
         m = cut / "metrics.jsonl"
@@ -86,9 +116,27 @@ def test_resume_after_sigkill_is_identical(tmp_path):
 
 
 def test_away_from_a_terminal_a_run_logs_one_line_per_round(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "stocfl", "run", "--out", str(tmp_path / "r"), "--set", "run.rounds=3",
-                          "--set", "run.eval_every=2", "--set", "scenario.n_clients=8"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stocfl",
+            "run",
+            "--out",
+            str(tmp_path / "r"),
+            "--set",
+            "run.rounds=3",
+            "--set",
+            "run.eval_every=2",
+            "--set",
+            "scenario.n_clients=8",
+            "--set",
+            "algorithm.name=fedavg",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     lines = [line for line in out.stderr.splitlines() if ": round " in line]
     assert [line.split(": round ")[1].split()[0] for line in lines] == ["1/3", "2/3", "3/3"], out.stderr
     assert "accuracy" not in lines[0] and "accuracy" in lines[1]
@@ -118,8 +166,11 @@ def test_placing_counts_each_held_out_client_once_and_only_those(tmp_path):
     with pytest.raises(UserError, match=f"client {held[0]} is given twice; give each client once"):
         place_clients(tmp_path / "r", clients=[held[0], held[0]])
     trained = min(set(range(8)) - set(held))
-    with pytest.raises(UserError, match=f"client {trained} took part in training, so it is not new; choose among "
-                                        f"the held-out clients {','.join(map(str, held))}, or"):
+    with pytest.raises(
+        UserError,
+        match=f"client {trained} took part in training, so it is not new; choose among "
+        f"the held-out clients {','.join(map(str, held))}, or",
+    ):
         place_clients(tmp_path / "r", clients=[trained])
     new, _ = place_clients(tmp_path / "r", ["run.seed=5"], clients=[trained])  # a new federation's client is new
     assert [r["client"] for r in new] == [trained]
@@ -130,25 +181,31 @@ def test_placing_counts_each_held_out_client_once_and_only_those(tmp_path):
 
 def test_a_holdout_that_rounds_to_no_client_is_refused_not_ignored():
     # 0.25 of each rotation's 2 clients rounds to 0: the run trained every client and had none to place
-    with pytest.raises(UserError, match=r"scenario.holdout = 0.25 holds out no client \(it rounds to 0 of each "
-                                        r"group's 2 clients\)"):
+    with pytest.raises(
+        UserError,
+        match=r"scenario.holdout = 0.25 holds out no client \(it rounds to 0 of each "
+        r"group's 2 clients\)",
+    ):
         build_federation(config.load(overrides=["scenario.n_clients=8", "scenario.holdout=0.25"]))
 
 
 def test_clients_csv_holds_each_clients_accuracy_and_the_summary_its_spread(tmp_path):
     import csv
 
-    cfg = config.load(overrides=["algorithm.name=stocfl", "scenario.n_clients=12", "run.rounds=3",
-                                 "run.sample_rate=0.5"])
+    cfg = config.load(
+        overrides=["algorithm.name=stocfl", "scenario.n_clients=12", "run.rounds=3", "run.sample_rate=0.5"]
+    )
     summary = Experiment.create(cfg, tmp_path / "r").run(progress=False)
     rows = list(csv.DictReader((tmp_path / "r" / "clients.csv").open()))
     assert [int(r["client"]) for r in rows] == list(range(12))
     accs = [float(r["accuracy"]) for r in rows]
     samples = [int(r["test_samples"]) for r in rows]
-    close = {"abs": 10 ** -formats.CSV_DECIMALS}  # CSV floats carry CSV_DECIMALS decimals
+    close = {"abs": 10**-formats.CSV_DECIMALS}  # CSV floats carry CSV_DECIMALS decimals
     assert sum(a * n for a, n in zip(accs, samples)) / sum(samples) == pytest.approx(summary["accuracy"], **close)
     glob = [float(r["global_accuracy"]) for r in rows]
-    assert sum(a * n for a, n in zip(glob, samples)) / sum(samples) == pytest.approx(summary["global_accuracy"], **close)
+    assert sum(a * n for a, n in zip(glob, samples)) / sum(samples) == pytest.approx(
+        summary["global_accuracy"], **close
+    )
     assert summary["worst_client_accuracy"] == pytest.approx(min(accs), **close)
     assert min(accs) - 1e-6 <= summary["accuracy_p10"] <= sorted(accs)[2] + 1e-6
 
@@ -157,9 +214,13 @@ def test_ctrl_c_names_the_directory_to_resume(tmp_path):
     out = tmp_path / "r"
     # as from a shell: Ctrl-C at its default (a test process that ran Ray may ignore SIGINT, and a
     # child inherits an ignored signal: the run then never saw the interrupt)
-    proc = subprocess.Popen([sys.executable, "-m", "stocfl", "run", "--quiet", "--out", str(out), "--set",
-                             "run.rounds=100000"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stocfl", "run", "--quiet", "--out", str(out), "--set", "run.rounds=100000"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.time() + 60
     metrics = out / "metrics.jsonl"
     while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
@@ -173,8 +234,15 @@ def test_ctrl_c_names_the_directory_to_resume(tmp_path):
 def test_clusters_are_numbered_0_to_k_minus_1_alike_in_every_file(tmp_path):
     import csv
 
-    cfg = config.load(overrides=["algorithm.name=stocfl", "scenario.n_clients=16", "run.rounds=3",
-                                 "run.sample_rate=0.5", "scenario.holdout=0.25"])
+    cfg = config.load(
+        overrides=[
+            "algorithm.name=stocfl",
+            "scenario.n_clients=16",
+            "run.rounds=3",
+            "run.sample_rate=0.5",
+            "scenario.holdout=0.25",
+        ]
+    )
     Experiment.create(cfg, tmp_path / "r").run(progress=False)
     clusters = list(csv.DictReader((tmp_path / "r" / "clusters.csv").open()))
     clients = list(csv.DictReader((tmp_path / "r" / "clients.csv").open()))
@@ -197,7 +265,9 @@ def test_tensorboard_scalars_match_the_metrics_once_per_round_after_a_resume(tmp
     out = tmp_path / "r"
     cfg = config.load(overrides=[*SMALL, "run.rounds=4", "run.tensorboard=true", "algorithm.name=stocfl"])
     Experiment.create(cfg, out).run(progress=False, stop_after=2)
-    stray = SummaryWriter(str(out / "tensorboard"))  # what a run killed after round 3's scalars, before its checkpoint, leaves
+    stray = SummaryWriter(
+        str(out / "tensorboard")
+    )  # what a run killed after round 3's scalars, before its checkpoint, leaves
     stray.add_scalar("accuracy", 99.0, 3)
     stray.close()
     Experiment.resume(out).run(progress=False)
@@ -216,10 +286,15 @@ def test_tensorboard_without_a_results_directory_is_refused_in_one_line():
         Experiment.create(config.load(overrides=["run.tensorboard=true"]), None)
 
 
-@pytest.mark.parametrize("base, key, other", [([], "run.tensorboard", "true"),
-                                               (["algorithm.name=flhc"], "algorithm.cluster_start", "updates"),
-                                               (["algorithm.name=cfl"], "algorithm.cluster_warmup", "5"),
-                                               (["algorithm.name=stocfl"], "algorithm.chain", "true")])
+@pytest.mark.parametrize(
+    "base, key, other",
+    [
+        ([], "run.tensorboard", "true"),
+        (["algorithm.name=flhc"], "algorithm.cluster_start", "updates"),
+        (["algorithm.name=cfl"], "algorithm.cluster_warmup", "5"),
+        (["algorithm.name=stocfl"], "algorithm.chain", "true"),
+    ],
+)
 def test_a_config_key_added_later_leaves_an_older_runs_digest_as_it_was(base, key, other):
     """Checkpoints and reproduction tables store a digest of the whole config; a key added
     since must not change an older run's digest while it is at its default."""
@@ -242,8 +317,8 @@ def test_a_config_key_added_later_leaves_an_older_runs_digest_as_it_was(base, ke
 def test_evaluation_in_parts_gives_the_numbers_of_one_part(tmp_path, monkeypatch, algorithm):
     """Client models are evaluated a part at a time (a memory bound); a part of 3 clients
     must give every number and file that evaluating all clients at once gives."""
-    from stocfl.experiment import loop as runner
     from stocfl.experiment import LoadedRun
+    from stocfl.experiment import loop as runner
     from stocfl_lab.reproduce import authors_metric
 
     cfg = [*SMALL, f"algorithm.name={algorithm}"]

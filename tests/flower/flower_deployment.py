@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
 from tests.helpers import REPO
 
 ROOT = REPO
@@ -60,23 +61,53 @@ class Deployment:
         home.mkdir()
         tls = f'root-certificates = "{certs["ca.crt"]}"' if certs else "insecure = true"
         (home / "config.toml").write_text(
-            f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{self.port}"\n{tls}\n')
+            f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{self.port}"\n{tls}\n'
+        )
         # The SuperExec of each SuperNode polls for ClientApp tasks every 1 s by default; 0.5 s here.
-        self.env = dict(os.environ, FLWR_HOME=str(home), PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}",
-                        FLWR_SUPEREXEC_TASK_POLL_INTERVAL="0.5")
+        self.env = dict(
+            os.environ,
+            FLWR_HOME=str(home),
+            PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}",
+            FLWR_SUPEREXEC_TASK_POLL_INTERVAL="0.5",
+        )
 
     def _start(self, args: list[str], log: str) -> subprocess.Popen:
-        p = subprocess.Popen([str(BIN / args[0]), *args[1:]], env=self.env, stdout=open(self.dir / log, "a"),
-                             stderr=subprocess.STDOUT, cwd=self.dir,  # stray files stay in the test's directory
-                             start_new_session=True)  # own group: its children die with it
+        p = subprocess.Popen(
+            [str(BIN / args[0]), *args[1:]],
+            env=self.env,
+            stdout=open(self.dir / log, "a"),
+            stderr=subprocess.STDOUT,
+            cwd=self.dir,  # stray files stay in the test's directory
+            start_new_session=True,
+        )  # own group: its children die with it
         self.procs.append(p)
         return p
 
-    def __enter__(self) -> "Deployment":
-        tls = (["--ssl-ca-certfile", str(self.certs["ca.crt"]), "--ssl-certfile", str(self.certs["server.pem"]),
-                "--ssl-keyfile", str(self.certs["server.key"])] if self.certs else ["--insecure"])
-        self._start(["flower-superlink", *tls, "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
-                     "--port", str(self.port)], "superlink.log")  # no --database: state in memory
+    def __enter__(self) -> Deployment:
+        tls = (
+            [
+                "--ssl-ca-certfile",
+                str(self.certs["ca.crt"]),
+                "--ssl-certfile",
+                str(self.certs["server.pem"]),
+                "--ssl-keyfile",
+                str(self.certs["server.key"]),
+            ]
+            if self.certs
+            else ["--insecure"]
+        )
+        self._start(
+            [
+                "flower-superlink",
+                *tls,
+                "--disable-runtime-dependency-installation",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ],
+            "superlink.log",
+        )  # no --database: state in memory
         wait_port(self.port, 60)
         return self
 
@@ -85,8 +116,18 @@ class Deployment:
         tls = ["--root-certificates", str(self.certs["ca.crt"])] if self.certs else ["--insecure"]
         config = f'client-ids="{clients}"' if "-" in clients or "," in clients else f"client-id={clients}"
         self.nodes[clients] = self._start(
-            ["flower-supernode", *tls, "--superlink", f"127.0.0.1:{self.port}", "--node-config", config,
-             "--port", str(free_port())], f"supernode{clients}.log")
+            [
+                "flower-supernode",
+                *tls,
+                "--superlink",
+                f"127.0.0.1:{self.port}",
+                "--node-config",
+                config,
+                "--port",
+                str(free_port()),
+            ],
+            f"supernode{clients}.log",
+        )
         return self.nodes[clients]
 
     def kill_supernode(self, clients: str) -> None:
@@ -96,9 +137,18 @@ class Deployment:
         p.wait(timeout=10)
 
     def flwr_run(self, experiment: Path, out: Path, n_clients: int) -> subprocess.Popen:
-        return self._start([
-            "flwr", "run", str(ROOT / "flower_app"), "local", "--stream", "--run-config",
-            f'config="{experiment}" out="{out}" n-clients={n_clients}'], "flwr_run.log")
+        return self._start(
+            [
+                "flwr",
+                "run",
+                str(ROOT / "flower_app"),
+                "local",
+                "--stream",
+                "--run-config",
+                f'config="{experiment}" out="{out}" n-clients={n_clients}',
+            ],
+            "flwr_run.log",
+        )
 
     def log(self, name: str) -> str:
         return (self.dir / name).read_text(errors="replace")
@@ -123,7 +173,7 @@ def rows(out: Path) -> list[dict]:
     """The finished lines of ``out``/metrics.jsonl (it may be mid-write while the run goes on)."""
     path = out / "metrics.jsonl"
     text = path.read_text() if path.exists() else ""
-    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
 
 
 def wait_for(condition, seconds: float, what: str, poll: float = 0.3):

@@ -6,25 +6,27 @@ import math
 import pytest
 import torch
 
-from stocfl.cli import main
 from stocfl.algorithms.stocfl.representation import Represent, Represented
+from stocfl.cli import main
 from stocfl.client.tasks import BadResult, Evaluate, Evaluated, Train, Trained, check_result
 
 flwr = pytest.importorskip("flwr", reason="Flower is part of the test extra: pip install -e '.[test]'")
 from flwr.app import ConfigRecord, RecordDict  # noqa: E402
 
-from stocfl.flower.codec import (BadReply, decode_results, decode_tasks, encode_results,  # noqa: E402
-                                 encode_tasks, message_type)
+from stocfl.flower.codec import BadReply, decode_results, decode_tasks, encode_results, encode_tasks, message_type  # noqa: E402
 
 W = torch.arange(6, dtype=torch.float32)
 
 
-@pytest.mark.parametrize("task", [
-    Train(3, W, 2, 10, 0.1, 77, W + 1, 0.05),
-    Train(3, W, 1, 0, 0.5, 5),
-    Evaluate(3, W, "train"),
-    Represent(3, W, "update", "linear", 20, 50, 0.1, 9, 1024, 11),
-])
+@pytest.mark.parametrize(
+    "task",
+    [
+        Train(3, W, 2, 10, 0.1, 77, W + 1, 0.05),
+        Train(3, W, 1, 0, 0.5, 5),
+        Evaluate(3, W, "train"),
+        Represent(3, W, "update", "linear", 20, 50, 0.1, 9, 1024, 11),
+    ],
+)
 def test_tasks_survive_the_message_codec(task):
     twin = type(task)(**{**task.__dict__, "weights" if hasattr(task, "weights") else "anchor": W * 2})
     backs = decode_tasks(message_type(type(task)), encode_tasks([task, twin]))  # one message, two tasks
@@ -101,16 +103,29 @@ def test_flower_simulation_agrees_with_the_local_engine(tmp_path, capfd, recwarn
     """A 20-client StoCFL run through Flower's simulation engine (one SuperNode per client)
     gives the same clusters and accuracies as the in-process engine, without Flower's
     deprecation banner or Ray's warnings about a future default."""
-    common = ["configs/default.toml", "--quiet", "--set", "scenario.n_clients=20", "--set", "run.rounds=4",
-              "--set", "run.client_timeout=300.0",
-              "--set", "run.sample_rate=0.3"]
+    common = [
+        "configs/default.toml",
+        "--quiet",
+        "--set",
+        "scenario.n_clients=20",
+        "--set",
+        "run.rounds=4",
+        "--set",
+        "run.client_timeout=300.0",
+        "--set",
+        "run.sample_rate=0.3",
+    ]
     assert main(["run", *common, "--engine", "local", "--out", str(tmp_path / "local")]) == 0
     assert main(["run", *common, "--engine", "flower-sim", "--out", str(tmp_path / "flower")]) == 0
     # two simulated SuperNodes sharing the 20 clients: one message per node and kind of task
-    assert main(["run", *common, "--engine", "flower-sim", "--set", "run.sim_nodes=2",
-                 "--out", str(tmp_path / "flower2")]) == 0
-    rows = [[json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
-            for d in ("local", "flower", "flower2")]
+    assert (
+        main(["run", *common, "--engine", "flower-sim", "--set", "run.sim_nodes=2", "--out", str(tmp_path / "flower2")])
+        == 0
+    )
+    rows = [
+        [json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+        for d in ("local", "flower", "flower2")
+    ]
     assert len(rows[0]) == len(rows[1]) == len(rows[2]) == 4
     for other in rows[1:]:
         for a, b in zip(rows[0], other):
@@ -154,13 +169,15 @@ def test_deployed_server_body_resumes_a_stopped_run_over_flower(tmp_path, monkey
     from flwr.simulation import run_simulation
 
     from stocfl import config
-    from stocfl.flower.engine import client_app, deployed_main
     from stocfl.experiment.loop import Experiment
+    from stocfl.flower.engine import client_app, deployed_main
 
     monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr_home"))
     exp = tmp_path / "exp.toml"
-    exp.write_text('[run]\nrounds = 4\nsample_rate = 0.5\n\n[scenario]\nname = "rotated"\ndataset = "digits"\n'
-                   'n_clients = 8\nsamples_per_client = 30\n\n[algorithm]\nname = "stocfl"\n')
+    exp.write_text(
+        '[run]\nrounds = 4\nsample_rate = 0.5\n\n[scenario]\nname = "rotated"\ndataset = "digits"\n'
+        'n_clients = 8\nsamples_per_client = 30\n\n[algorithm]\nname = "stocfl"\n'
+    )
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
     Experiment.create(config.load(str(exp)), whole).run(progress=False)
     assert Experiment.create(config.load(str(exp)), stopped).run(progress=False, stop_after=2) is None
@@ -171,8 +188,12 @@ def test_deployed_server_body_resumes_a_stopped_run_over_flower(tmp_path, monkey
     def _main(grid, context):
         deployed_main(grid, {"config": str(exp), "out": str(stopped), "n-clients": 8})
 
-    run_simulation(server, client_app(tomllib.loads(exp.read_text())), num_supernodes=8,
-                   backend_config={"client_resources": {"num_cpus": 1}})
+    run_simulation(
+        server,
+        client_app(tomllib.loads(exp.read_text())),
+        num_supernodes=8,
+        backend_config={"client_resources": {"num_cpus": 1}},
+    )
     rows = [[json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (whole, stopped)]
     assert [r["round"] for r in rows[1]] == [1, 2, 3, 4]
     for a, b in zip(*rows):
@@ -216,11 +237,13 @@ def test_deployment_run_config_is_checked_before_anything_starts(tmp_path):
     exp.write_text("[run]\nrounds = 1\n")
     out = tmp_path / "results"
     assert run_config_paths({"config": str(exp), "out": str(out), "n-clients": 3}) == (exp, out, 3)
-    for bad, match in [({"config": str(exp), "out": "results"}, "out="),
-                       ({"config": "exp.toml", "out": str(out)}, "config="),
-                       ({"config": str(tmp_path / "missing.toml"), "out": str(out)}, "config="),
-                       ({"config": str(exp), "out": str(out), "n-clients": -1}, "n-clients"),
-                       ({"config": str(exp), "out": str(out), "n-clients": "three"}, "n-clients")]:
+    for bad, match in [
+        ({"config": str(exp), "out": "results"}, "out="),
+        ({"config": "exp.toml", "out": str(out)}, "config="),
+        ({"config": str(tmp_path / "missing.toml"), "out": str(out)}, "config="),
+        ({"config": str(exp), "out": str(out), "n-clients": -1}, "n-clients"),
+        ({"config": str(exp), "out": str(out), "n-clients": "three"}, "n-clients"),
+    ]:
         with pytest.raises(UserError, match=match):
             run_config_paths(bad)
     out.mkdir()

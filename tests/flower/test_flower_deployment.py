@@ -7,28 +7,30 @@ import pytest
 
 pytest.importorskip("flwr", reason="Flower is part of the test extra: pip install -e '.[test]'")
 
-from tests.flower.flower_deployment import ROOT, Deployment, rows, wait_for  # noqa: E402
-
 from stocfl import config  # noqa: E402
-from stocfl.executors import SequentialExecutor  # noqa: E402
-from stocfl.flower.certs import make_certificates  # noqa: E402
-from stocfl.experiment.loop import Experiment  # noqa: E402
 from stocfl.client.tasks import ClientsDropped  # noqa: E402
+from stocfl.executors import SequentialExecutor  # noqa: E402
+from stocfl.experiment.loop import Experiment  # noqa: E402
+from stocfl.flower.certs import make_certificates  # noqa: E402
+from tests.flower.flower_deployment import ROOT, Deployment, rows, wait_for  # noqa: E402
 
 
 def _experiment(path, rounds, n_clients, extra=""):
     """Hybrid digits, clients in 2 groups; clients are evaluated after the last round only (each
     message to a SuperNode starts a ClientApp process: about 4 s of CPU for imports and data)."""
-    path.write_text(f'[run]\nrounds = {rounds}\nsample_rate = 1.0\neval_every = {rounds}\n{extra}\n[scenario]\nname = "hybrid"\n'
-                    f'dataset = "digits"\nn_clients = {n_clients}\nsamples_per_client = 60\n\n[algorithm]\nname = "stocfl"\n')
+    path.write_text(
+        f'[run]\nrounds = {rounds}\nsample_rate = 1.0\neval_every = {rounds}\n{extra}\n[scenario]\nname = "hybrid"\n'
+        f'dataset = "digits"\nn_clients = {n_clients}\nsamples_per_client = 60\n\n[algorithm]\nname = "stocfl"\n'
+    )
     return path
 
 
 def _finish(d, run, out, seconds=600):
     assert run.wait(timeout=seconds) == 0, d.log("flwr_run.log")[-3000:]
     # --stream may return just before the ServerApp writes the summary
-    return json.loads(wait_for(lambda: (out / "summary.json").exists() and (out / "summary.json").read_text(), 120,
-                               "summary.json"))
+    return json.loads(
+        wait_for(lambda: (out / "summary.json").exists() and (out / "summary.json").read_text(), 120, "summary.json")
+    )
 
 
 class DropWhileFailing(SequentialExecutor):

@@ -9,14 +9,21 @@ import importlib.util
 import pytest
 from torch import nn
 
-from stocfl_lab.peers import Case, run_naive, run_pfl, run_stocfl
 from stocfl.data.scenarios import build
+from stocfl_lab.peers import Case, run_naive, run_pfl, run_stocfl
 
 
 def tiny_case():
-    return Case("tiny", build("iid", "digits", 12, 20, seed=0),
-                lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10)),
-                per_round=12, epochs=2, batch_size=0, lr=0.1, rounds=3)
+    return Case(
+        "tiny",
+        build("iid", "digits", 12, 20, seed=0),
+        lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10)),
+        per_round=12,
+        epochs=2,
+        batch_size=0,
+        lr=0.1,
+        rounds=3,
+    )
 
 
 def test_stocfl_and_the_naive_loop_do_the_same_work():
@@ -26,7 +33,9 @@ def test_stocfl_and_the_naive_loop_do_the_same_work():
     assert a["accuracy"] > 0.15 and a["seconds_per_round"] > 0  # above chance (0.1): it learned
 
 
-@pytest.mark.skipif(importlib.util.find_spec("pfl") is None, reason="pfl is in the bench extra: pip install -e '.[bench]'")
+@pytest.mark.skipif(
+    importlib.util.find_spec("pfl") is None, reason="pfl is in the bench extra: pip install -e '.[bench]'"
+)
 def test_pfl_does_the_same_work():
     case = tiny_case()
     a, c = run_stocfl(case), run_pfl(case)
@@ -55,11 +64,21 @@ def test_bench_peers_runs_the_cases_asked_and_refuses_bad_options_in_one_line(tm
     assert "--case and --repeats choose what --peers times" in capsys.readouterr().err
     (tmp_path / "file").write_text("")
     assert lab_main(["bench", "--quick", "--out", str(tmp_path / "file" / "bench.json")]) == 2
-    assert capsys.readouterr().err.startswith(f"stocfl-lab: error: --out {tmp_path / 'file' / 'bench.json'}: cannot make")
+    assert capsys.readouterr().err.startswith(
+        f"stocfl-lab: error: --out {tmp_path / 'file' / 'bench.json'}: cannot make"
+    )
     assert lab_main(["bench", "--quick", "--out", str(tmp_path)]) == 2
     assert "not a file this process can write" in capsys.readouterr().err
     # the digits case needs no data: stocfl and the naive loop, once each
-    got = bench_peers(str(tmp_path), 100.0, 1, quick=True, repeats=1, only=["stocfl", "naive"],
-                      cases=["c_digits_500x10"], log=lambda m: None)
+    got = bench_peers(
+        str(tmp_path),
+        100.0,
+        1,
+        quick=True,
+        repeats=1,
+        only=["stocfl", "naive"],
+        cases=["c_digits_500x10"],
+        log=lambda m: None,
+    )
     assert [c["case"] for c in got["cases"]] == ["c_digits_500x10"]
     assert set(got["cases"][0]["ratios"]) == {"stocfl", "naive"} and got["cases"][0]["ratios"]["stocfl"] == 1.0

@@ -8,6 +8,7 @@ import functools
 import json
 import os
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -16,13 +17,13 @@ import torch
 
 from stocfl import config
 from stocfl.cli import main
-from stocfl_lab.cli import main as lab_main
-from stocfl.experiment.compare import run_or_reuse
 from stocfl.devices import describe
 from stocfl.errors import UserError
-from stocfl_lab.reproduce import authors_metric, draw_curves, listing, load_table, plot_curves, reproduce, tables
 from stocfl.experiment import LoadedRun
+from stocfl.experiment.compare import run_or_reuse
 from stocfl.experiment.loop import Experiment
+from stocfl_lab.cli import main as lab_main
+from stocfl_lab.reproduce import authors_metric, draw_curves, listing, load_table, plot_curves, reproduce, tables
 from tests.helpers import REPO
 
 BASE = ["scenario.n_clients=8", "scenario.samples_per_client=20", "run.rounds=2", "run.sample_rate=0.5"]
@@ -49,7 +50,8 @@ paper = [60.0, 2.0]
 def tiny_root(tmp_path: Path) -> Path:
     (tmp_path / "configs").mkdir(parents=True)
     (tmp_path / "configs" / "tiny.toml").write_text(
-        "[scenario]\nn_clients = 8\nsamples_per_client = 20\n[run]\nrounds = 2\nsample_rate = 0.5\n")
+        "[scenario]\nn_clients = 8\nsamples_per_client = 20\n[run]\nrounds = 2\nsample_rate = 0.5\n"
+    )
     root = tmp_path / "reproductions"
     root.mkdir()
     (root / "tiny.toml").write_text(TABLE)
@@ -57,8 +59,10 @@ def tiny_root(tmp_path: Path) -> Path:
 
 
 def _rows(d: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k != "seconds"}
-            for line in (d / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(line).items() if k != "seconds"}
+        for line in (d / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 def test_a_run_of_another_config_is_refused_the_same_reused_and_a_longer_one_extended(tmp_path):
@@ -82,8 +86,10 @@ def test_resume_extends_a_finished_run_and_refuses_what_would_change_it(tmp_path
     assert main(["resume", "--quiet", str(d)]) == 0
     assert "has finished all 2 rounds; to run it further: stocfl resume" in capsys.readouterr().err
     assert len(_rows(d)) == 2
-    for bad, says in (("train.lr=0.2", "may change only run.rounds, run.eval_every"),
-                      ("run.rounds=1", "has done 2 rounds already")):
+    for bad, says in (
+        ("train.lr=0.2", "may change only run.rounds, run.eval_every"),
+        ("run.rounds=1", "has done 2 rounds already"),
+    ):
         assert main(["resume", "--quiet", str(d), "--set", bad]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and says in err, err
@@ -130,11 +136,13 @@ def test_a_finished_run_carried_without_its_checkpoint_still_makes_its_row(tmp_p
     assert again["machine"].endswith(f"torch {'; '.join(sorted(['2.11.0+cu130', torch.__version__]))}")
     assert [r["ours"] for r in again["rows"]] == [r["ours"] for r in doc["rows"]]
     run_dir = root / "runs" / "tiny" / "fedavg-seed0"
-    (run_dir / "summary.json").write_text(json.dumps({**json.loads((run_dir / "summary.json").read_text()),
-                                                      "rounds_done": 1}))
+    (run_dir / "summary.json").write_text(
+        json.dumps({**json.loads((run_dir / "summary.json").read_text()), "rounds_done": 1})
+    )
     (root / "tiny.json").unlink()
-    assert reproduce("tiny", root=root, progress=False, log=lambda m: None,
-                     report_only=True)["rows"][0]["status"].startswith("stopped at round")
+    assert reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)["rows"][0][
+        "status"
+    ].startswith("stopped at round")
 
 
 def test_a_fresh_clone_reuses_the_runs_its_table_records_and_reruns_a_changed_config(tmp_path):
@@ -151,8 +159,9 @@ def test_a_fresh_clone_reuses_the_runs_its_table_records_and_reruns_a_changed_co
     legacy = {**doc, "rows": [{k: v for k, v in r.items() if k != "runs"} for r in doc["rows"]]}
     (root / "tiny.json").write_text(json.dumps(legacy))
     old = reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)
-    assert [(r["ours"], r["authors_metric"], r["clusters"], r["seconds"], r["status"]) for r in old["rows"]] == \
-        [(r["ours"], r["authors_metric"], r["clusters"], r["seconds"], "done") for r in doc["rows"]]
+    assert [(r["ours"], r["authors_metric"], r["clusters"], r["seconds"], r["status"]) for r in old["rows"]] == [
+        (r["ours"], r["authors_metric"], r["clusters"], r["seconds"], "done") for r in doc["rows"]
+    ]
     assert (root / "tiny.png").read_bytes() == png  # no curves to draw: the PNG drawn with them stays
     assert reproduce("tiny", root=root, progress=False, log=lambda m: None)["rows"] == old["rows"]
     # --rerun runs a recorded row again (here to draw its curves), the same numbers for the same seed
@@ -163,7 +172,8 @@ def test_a_fresh_clone_reuses_the_runs_its_table_records_and_reruns_a_changed_co
     assert lab_main(["reproduce", "tiny", "--rerun", "--report"]) == 2
     shutil.rmtree(root / "runs")
     (tmp_path / "configs" / "tiny.toml").write_text(
-        "[scenario]\nn_clients = 8\nsamples_per_client = 20\n[run]\nrounds = 3\nsample_rate = 0.5\n")
+        "[scenario]\nn_clients = 8\nsamples_per_client = 20\n[run]\nrounds = 3\nsample_rate = 0.5\n"
+    )
     longer = reproduce("tiny", root=root, progress=False, log=lambda m: None)  # recorded with a digest: rerun
     assert sorted(p.name for p in (root / "runs" / "tiny").iterdir()) == ["fedavg-seed0", "stocfl-seed0"]
     assert [len(r["runs"][0]["curves"]["accuracy"][0]) for r in longer["rows"]] == [3, 3]
@@ -199,7 +209,8 @@ def test_a_seed_given_twice_is_refused_not_counted_twice(tmp_path, capsys):
     assert not (root / "tiny.json").exists()
     assert lab_main(["reproduce", "stocfl-tau-study", "--seeds", "0,1,0", "--report"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        "stocfl-lab: error: --seeds '0,1,0': seed 0 is given twice; give distinct seeds, e.g. 0,1,2"]
+        "stocfl-lab: error: --seeds '0,1,0': seed 0 is given twice; give distinct seeds, e.g. 0,1,2"
+    ]
     (root / "tiny.toml").write_text(TABLE.replace("seeds = [0]", "seeds = [1, 1]"))
     with pytest.raises(UserError, match=r"tiny.toml: seeds = \[1, 1\]; give distinct seeds"):
         load_table("tiny", root)
@@ -235,19 +246,28 @@ def test_a_recorded_run_that_fails_when_run_again_stays_recorded(tmp_path, data_
     import shutil
 
     root = tiny_root(tmp_path)
-    (root / "tiny.toml").write_text(TABLE.replace('set = ["algorithm.name=fedavg"]',
-                                                  'set = ["algorithm.name=fedavg", "scenario.dataset=mnist"]'))
+    (root / "tiny.toml").write_text(
+        TABLE.replace('set = ["algorithm.name=fedavg"]', 'set = ["algorithm.name=fedavg", "scenario.dataset=mnist"]')
+    )
     first = reproduce("tiny", root=root, progress=False, log=lambda m: None, data_dir=str(data_dir))
     shutil.rmtree(root / "runs")
     (tmp_path / "no-data").mkdir()  # a directory, so the run starts, without MNIST's files, so it fails
     with pytest.raises(UserError, match=r"1 run\(s\) failed"):  # run again where the data are not
-        reproduce("tiny", root=root, progress=False, log=lambda m: None, rows="1", rerun=True,
-                  data_dir=str(tmp_path / "no-data"))
+        reproduce(
+            "tiny",
+            root=root,
+            progress=False,
+            log=lambda m: None,
+            rows="1",
+            rerun=True,
+            data_dir=str(tmp_path / "no-data"),
+        )
     doc = json.loads((root / "tiny.json").read_text())
     assert doc["rows"][0]["status"].startswith("failed") and doc["rows"][0]["other_runs"] == first["rows"][0]["runs"]
     again = reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)
-    assert [(r["ours"], r["runs"], r["status"]) for r in again["rows"]] == \
-        [(r["ours"], r["runs"], "done") for r in first["rows"]]
+    assert [(r["ours"], r["runs"], r["status"]) for r in again["rows"]] == [
+        (r["ours"], r["runs"], "done") for r in first["rows"]
+    ]
 
 
 def test_a_stopped_runs_progress_is_recorded_and_outlives_its_run_directory(tmp_path):
@@ -255,8 +275,10 @@ def test_a_stopped_runs_progress_is_recorded_and_outlives_its_run_directory(tmp_
 
     whole = reproduce("tiny", root=tiny_root(tmp_path / "a"), progress=False, log=lambda m: None)
     root = tiny_root(tmp_path / "b")
-    cfg = config.load(root.parent / "configs" / "tiny.toml", [*load_table("tiny", root).rows[1].overrides,
-                                                               "run.seed=0", "run.rounds=1"])
+    cfg = config.load(
+        root.parent / "configs" / "tiny.toml",
+        [*load_table("tiny", root).rows[1].overrides, "run.seed=0", "run.rounds=1"],
+    )
     run_dir = root / "runs" / "tiny" / "stocfl-seed0"
     Experiment.create(cfg, run_dir).run(progress=False)  # a run of 1 round evaluates it ...
     (run_dir / "config.toml").write_text((run_dir / "config.toml").read_text().replace("rounds = 1", "rounds = 2"))
@@ -265,19 +287,32 @@ def test_a_stopped_runs_progress_is_recorded_and_outlives_its_run_directory(tmp_
     said = f"stopped at round 1 of 2; accuracy {100 * acc:.2f} at round 1"
     row = reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)["rows"][1]
     assert row["status"] == said and row["ours"] == {}
-    assert [{k: p[k] for k in ("seed", "rounds_done", "rounds", "measured_at", "accuracy", "curves")}
-            for p in row["progress"]] == [{"seed": 0, "rounds_done": 1, "rounds": 2, "measured_at": 1,
-                                           "accuracy": acc, "curves": {"accuracy": [[1], [acc]]}}]
+    assert [
+        {k: p[k] for k in ("seed", "rounds_done", "rounds", "measured_at", "accuracy", "curves")}
+        for p in row["progress"]
+    ] == [
+        {
+            "seed": 0,
+            "rounds_done": 1,
+            "rounds": 2,
+            "measured_at": 1,
+            "accuracy": acc,
+            "curves": {"accuracy": [[1], [acc]]},
+        }
+    ]
     assert f"| {said} |" in (root / "tiny.md").read_text()
     fig = draw_curves(load_table("tiny", root), {}, {"StoCFL": row["progress"]})
     dashed = [line for line in fig.axes[0].lines if line.get_linestyle() == "--"]
-    assert [(line.get_label(), list(line.get_ydata())) for line in dashed] == \
-        [("StoCFL (unfinished: seed 0, round 1 of 2)", [pytest.approx(100 * acc)])]
+    assert [(line.get_label(), list(line.get_ydata())) for line in dashed] == [
+        ("StoCFL (unfinished: seed 0, round 1 of 2)", [pytest.approx(100 * acc)])
+    ]
     assert (root / "tiny.png").exists()  # drawn with it, though no run has finished
     shutil.rmtree(root / "runs")  # the machine that ran it is gone; its table is committed
     row = reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)["rows"][1]
-    assert row["status"] == f"{said} ({row['progress'][0]['date']}; its run directory is not here: it runs again " \
-                            f"from round 1)"
+    assert (
+        row["status"] == f"{said} ({row['progress'][0]['date']}; its run directory is not here: it runs again "
+        f"from round 1)"
+    )
     assert listing(root).endswith("; 0 of 2 rows done, 1 stopped)")
     again = reproduce("tiny", root=root, progress=False, log=lambda m: None)
     assert "progress" not in again["rows"][1] and [r["status"] for r in again["rows"]] == ["done", "done"]
@@ -288,7 +323,9 @@ def test_a_stopped_runs_progress_is_recorded_and_outlives_its_run_directory(tmp_
 def test_recorded_progress_of_another_config_is_not_shown(tmp_path):
     root = tiny_root(tmp_path)
     run_dir = root / "runs" / "tiny" / "fedavg-seed0"
-    cfg = config.load(root.parent / "configs" / "tiny.toml", [*load_table("tiny", root).rows[0].overrides, "run.seed=0"])
+    cfg = config.load(
+        root.parent / "configs" / "tiny.toml", [*load_table("tiny", root).rows[0].overrides, "run.seed=0"]
+    )
     Experiment.create(cfg, run_dir).run(progress=False, stop_after=1)
     row = reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)["rows"][0]
     assert row["status"].startswith("stopped at round 1 of 2") and row["progress"][0]["rounds_done"] == 1
@@ -303,10 +340,16 @@ def test_recorded_progress_of_another_config_is_not_shown(tmp_path):
 
 def test_a_row_that_cannot_run_here_is_marked_and_the_others_still_run(tmp_path):
     root = tiny_root(tmp_path)
-    (root / "tiny.toml").write_text(TABLE.replace('set = ["algorithm.name=fedavg"]',
-                                                  'set = ["algorithm.name=fedavg", "scenario.samples_per_client=5000"]'))
-    with pytest.raises(UserError, match=r"reproduce tiny: 1 run\(s\) failed, the table holds the rest .*first: FedAvg, "
-                                        r"seed 0: config: .*samples_per_client"):
+    (root / "tiny.toml").write_text(
+        TABLE.replace(
+            'set = ["algorithm.name=fedavg"]', 'set = ["algorithm.name=fedavg", "scenario.samples_per_client=5000"]'
+        )
+    )
+    with pytest.raises(
+        UserError,
+        match=r"reproduce tiny: 1 run\(s\) failed, the table holds the rest .*first: FedAvg, "
+        r"seed 0: config: .*samples_per_client",
+    ):
         reproduce("tiny", root=root, progress=False, log=lambda m: None)
     doc = json.loads((root / "tiny.json").read_text())
     assert doc["rows"][0]["status"].startswith("failed: config: ") and doc["rows"][1]["status"] == "done"
@@ -342,8 +385,11 @@ def test_rows_runs_the_rows_named_and_the_table_keeps_the_others_finished_runs(t
     assert [r["status"] for r in then["rows"]] == ["done", "done"]  # row 2's run is reported, not rerun
     assert then["rows"][1]["ours"] == first["rows"][1]["ours"]
     for bad in ("3", "0", "2-1", "x", "1,", "1-"):  # "1-" ran row 1 alone
-        with pytest.raises(UserError, match=r"--rows .* not a row number or range of tiny's rows 1 to 2 "
-                                            r"\(1: FedAvg; 2: StoCFL\)"):
+        with pytest.raises(
+            UserError,
+            match=r"--rows .* not a row number or range of tiny's rows 1 to 2 "
+            r"\(1: FedAvg; 2: StoCFL\)",
+        ):
             reproduce("tiny", root=root, progress=False, log=lambda m: None, rows=bad)
 
 
@@ -399,12 +445,17 @@ def test_a_compare_directory_holds_runs_of_one_setting(tmp_path):
     from stocfl.experiment.compare import compare
 
     compare(None, ["fedavg"], [0], tmp_path, BASE, progress=False)
-    with pytest.raises(UserError, match=r"fedavg-seed0 holds a run of another setting \(train.lr: 0.1 there, 0.5 "
-                                        r"asked\) and the table lists every run in"):
+    with pytest.raises(
+        UserError,
+        match=r"fedavg-seed0 holds a run of another setting \(train.lr: 0.1 there, 0.5 "
+        r"asked\) and the table lists every run in",
+    ):
         compare(None, ["fedavg"], [1], tmp_path, [*BASE, "train.lr=0.5"], progress=False)
     with pytest.raises(UserError, match=r"fedavg-seed0 holds a run of another setting \(run.rounds: 2 there, 3"):
         compare(None, ["stocfl"], [0], tmp_path, [*BASE, "run.rounds=3"], progress=False)
-    with pytest.raises(UserError, match=r"--algo 'fedavg ' is given twice \(one row, fedavg\); give each algorithm once"):
+    with pytest.raises(
+        UserError, match=r"--algo 'fedavg ' is given twice \(one row, fedavg\); give each algorithm once"
+    ):
         compare(None, ["fedavg ", "stocfl", "fedavg"], [0], tmp_path, BASE, progress=False)  # was two equal rows
     with pytest.raises(UserError, match=r"--set 'run.seed=5': a comparison's seeds are given with --seeds"):
         compare(None, ["fedavg"], [0], tmp_path, [*BASE, "run.seed=5"], progress=False)  # was run at seed 0
@@ -454,10 +505,17 @@ def test_a_sweep_table_compares_the_measure_it_names(tmp_path):
     assert (root / "sweep.png").stat().st_size > 10_000
 
 
-@pytest.mark.parametrize("bad, says", [
-    ('metric = "loss"', "row 'low' has metric 'loss'; use one of accuracy, global_accuracy, macro_accuracy, heldout_accuracy, n_clusters, ari"),
-    ('sweep = "algorithm.lambda"', "row 'low' does not set algorithm.lambda, the key the table sweeps"),
-])
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        (
+            'metric = "loss"',
+            "row 'low' has metric 'loss'; use one of accuracy, global_accuracy, macro_accuracy, heldout_accuracy, "
+            "n_clusters, ari",
+        ),
+        ('sweep = "algorithm.lambda"', "row 'low' does not set algorithm.lambda, the key the table sweeps"),
+    ],
+)
 def test_a_table_with_an_unknown_measure_or_an_unswept_row_gets_one_line(tmp_path, bad, says):
     root = tiny_root(tmp_path)
     text = SWEEP.replace('metric = "n_clusters"\nsweep = "algorithm.tau"', bad)
@@ -468,9 +526,12 @@ def test_a_table_with_an_unknown_measure_or_an_unswept_row_gets_one_line(tmp_pat
 
 def test_a_row_can_read_the_held_out_clients_of_its_run(tmp_path):
     root = tiny_root(tmp_path)
-    (root / "unseen.toml").write_text(TABLE.replace('set = ["algorithm.name=stocfl"]\npaper = [60.0, 2.0]',
-                                                    'set = ["scenario.holdout=0.5", "algorithm.name=fedavg"]\n'
-                                                    'metric = "heldout_accuracy"\npaper = [60.0, 2.0]'))
+    (root / "unseen.toml").write_text(
+        TABLE.replace(
+            'set = ["algorithm.name=stocfl"]\npaper = [60.0, 2.0]',
+            'set = ["scenario.holdout=0.5", "algorithm.name=fedavg"]\nmetric = "heldout_accuracy"\npaper = [60.0, 2.0]',
+        )
+    )
     doc = reproduce("unseen", root=root, progress=False, log=lambda m: None)
     summary = json.loads((root / "runs" / "unseen" / "stocfl-seed0" / "summary.json").read_text())
     assert summary["heldout"]["clients"] == 4  # one of each group's two
@@ -479,8 +540,9 @@ def test_a_row_can_read_the_held_out_clients_of_its_run(tmp_path):
 
 def test_a_macro_row_reads_the_plain_mean_over_clients_from_the_run_its_micro_row_made(tmp_path):
     root = tiny_root(tmp_path)
-    (root / "macro.toml").write_text(TABLE + '\n[[run]]\nname = "FedAvg, macro"\nset = ["algorithm.name=fedavg"]\n'
-                                     'metric = "macro_accuracy"\n')
+    (root / "macro.toml").write_text(
+        TABLE + '\n[[run]]\nname = "FedAvg, macro"\nset = ["algorithm.name=fedavg"]\nmetric = "macro_accuracy"\n'
+    )
     doc = reproduce("macro", root=root, progress=False, log=lambda m: None)
     run = root / "runs" / "macro" / "fedavg-seed0"
     assert sorted(p.name for p in run.parent.iterdir()) == ["fedavg-seed0", "stocfl-seed0"]
@@ -504,8 +566,9 @@ def test_a_row_whose_run_another_row_finished_reads_done(tmp_path):
     """The macro row is not asked for, but the micro row's run is its run: once that run
     finishes, the table says done, not 'stopped at round 2' from the view before it finished."""
     root = tiny_root(tmp_path)
-    (root / "macro.toml").write_text(TABLE + '\n[[run]]\nname = "FedAvg, macro"\nset = ["algorithm.name=fedavg"]\n'
-                                     'metric = "macro_accuracy"\n')
+    (root / "macro.toml").write_text(
+        TABLE + '\n[[run]]\nname = "FedAvg, macro"\nset = ["algorithm.name=fedavg"]\nmetric = "macro_accuracy"\n'
+    )
     doc = reproduce("macro", root=root, progress=False, log=lambda m: None, rows="1")
     assert [r["status"] for r in doc["rows"]] == ["done", "not run", "done"]
     assert doc["rows"][2]["ours"]["n"] == 1
@@ -514,32 +577,47 @@ def test_a_row_whose_run_another_row_finished_reads_done(tmp_path):
 
 def test_a_row_can_read_its_measure_at_a_round_and_says_when_that_round_was_not_evaluated(tmp_path):
     root = tiny_root(tmp_path)
-    (root / "rounds.toml").write_text(TABLE.replace('set = ["algorithm.name=fedavg"]\npaper = [50.0, 1.0]',
-                                                    'set = ["algorithm.name=fedavg", "run.eval_every=1"]\n'
-                                                    'round = 1\npaper = [50.0, 1.0]')
-                                      + '\n[[run]]\nname = "FedAvg, last"\nset = ["run.eval_every=1", '
-                                        '"algorithm.name=fedavg"]\npaper = [55.0, 1.0]\n')
+    (root / "rounds.toml").write_text(
+        TABLE.replace(
+            'set = ["algorithm.name=fedavg"]\npaper = [50.0, 1.0]',
+            'set = ["algorithm.name=fedavg", "run.eval_every=1"]\nround = 1\npaper = [50.0, 1.0]',
+        )
+        + '\n[[run]]\nname = "FedAvg, last"\nset = ["run.eval_every=1", '
+        '"algorithm.name=fedavg"]\npaper = [55.0, 1.0]\n'
+    )
     doc = reproduce("rounds", root=root, progress=False, log=lambda m: None)
     assert sorted(p.name for p in (root / "runs" / "rounds").iterdir()) == ["fedavg-seed0", "stocfl-seed0"]
-    rows = [json.loads(line) for line in (root / "runs" / "rounds" / "fedavg-seed0" / "metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line)
+        for line in (root / "runs" / "rounds" / "fedavg-seed0" / "metrics.jsonl").read_text().splitlines()
+    ]
     first, last = doc["rows"][0], doc["rows"][2]
     assert first["metric"] == "accuracy at round 1" and first["authors_metric"] == {}
     assert first["ours"]["mean"] == round(100 * rows[0]["accuracy"], 2)
     assert last["ours"]["mean"] == round(100 * rows[1]["accuracy"], 2) and last["metric"] == "accuracy"
     assert "| FedAvg | accuracy at round 1 | 50.00 +- 1.00 |" in (root / "rounds.md").read_text()
-    (root / "late.toml").write_text(TABLE.replace('set = ["algorithm.name=fedavg"]\npaper = [50.0, 1.0]',
-                                                  'set = ["algorithm.name=fedavg", "run.eval_every=2"]\n'
-                                                  'round = 1\npaper = [50.0, 1.0]'))
-    with pytest.raises(UserError, match=r"row 'FedAvg' reads accuracy at round 1, where .* did not evaluate; "
-                                        r"add \"run.eval_every=1\" to the row's set"):
+    (root / "late.toml").write_text(
+        TABLE.replace(
+            'set = ["algorithm.name=fedavg"]\npaper = [50.0, 1.0]',
+            'set = ["algorithm.name=fedavg", "run.eval_every=2"]\nround = 1\npaper = [50.0, 1.0]',
+        )
+    )
+    with pytest.raises(
+        UserError,
+        match=r"row 'FedAvg' reads accuracy at round 1, where .* did not evaluate; "
+        r"add \"run.eval_every=1\" to the row's set",
+    ):
         reproduce("late", root=root, progress=False, log=lambda m: None)
 
 
 def test_the_figure_draws_a_run_once_for_all_its_rows_and_grows_to_hold_a_long_legend(tmp_path):
     root = tiny_root(tmp_path)
     head = TABLE.split("[[run]]")[0]
-    rows = "".join(f'[[run]]\nname = "M{i}, post cluster"\nset = ["x={i}"]\nround = 1\npaper = [50.0, 1.0]\n\n'
-                   f'[[run]]\nname = "M{i}, round 2"\nset = ["x={i}"]\npaper = [60.0, 1.0]\n\n' for i in range(30))
+    rows = "".join(
+        f'[[run]]\nname = "M{i}, post cluster"\nset = ["x={i}"]\nround = 1\npaper = [50.0, 1.0]\n\n'
+        f'[[run]]\nname = "M{i}, round 2"\nset = ["x={i}"]\npaper = [60.0, 1.0]\n\n'
+        for i in range(30)
+    )
     (root / "many.toml").write_text(head + rows)
     table = load_table("many", root)
     finished = {}
@@ -549,11 +627,16 @@ def test_the_figure_draws_a_run_once_for_all_its_rows_and_grows_to_hold_a_long_l
     fig = draw_curves(table, finished)
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
-        *(f"M{i} (post cluster, round 2; 1 seed)" for i in range(30)), "the paper's number"]
+        *(f"M{i} (post cluster, round 2; 1 seed)" for i in range(30)),
+        "the paper's number",
+    ]
     curves = [line for line in ax.lines if len(line.get_xdata()) > 1]
     assert len(curves) == 30 and len({(c.get_color(), c.get_marker()) for c in curves}) == 30
-    stars = sorted((line.get_xdata()[0], line.get_ydata()[0]) for line in ax.lines
-                   if line.get_marker() == "*" and len(line.get_xdata()) == 1)
+    stars = sorted(
+        (line.get_xdata()[0], line.get_ydata()[0])
+        for line in ax.lines
+        if line.get_marker() == "*" and len(line.get_xdata()) == 1
+    )
     assert stars == [(1, 50.0)] * 30 + [(2, 60.0)] * 30  # each row's paper number at the round it reads
     fig.canvas.draw()
     legend, frame = ax.get_legend().get_window_extent(), fig.bbox
@@ -563,13 +646,18 @@ def test_the_figure_draws_a_run_once_for_all_its_rows_and_grows_to_hold_a_long_l
     assert (root / "many.png").read_bytes()[1:4] == b"PNG"
     # a table without the paper's numbers has no star in its legend; a measure logged only at the
     # end (macro accuracy) is marked so, apart from a run whose curves were not recorded
-    (root / "ours.toml").write_text(head + '[[run]]\nname = "A"\nset = ["x=1"]\n\n'
-                                    '[[run]]\nname = "A, macro"\nset = ["x=1"]\nmetric = "macro_accuracy"\n\n'
-                                    '[[run]]\nname = "B"\nset = ["x=2"]\n')
+    (root / "ours.toml").write_text(
+        head + '[[run]]\nname = "A"\nset = ["x=1"]\n\n'
+        '[[run]]\nname = "A, macro"\nset = ["x=1"]\nmetric = "macro_accuracy"\n\n'
+        '[[run]]\nname = "B"\nset = ["x=2"]\n'
+    )
     ran = {"accuracy": 0.6, "macro_accuracy": 0.5, "rounds": 2, "curves": {"accuracy": [[1, 2], [0.5, 0.6]]}}
     own = draw_curves(load_table("ours", root), {"A": [ran], "A, macro": [ran], "B": [{"accuracy": 0.7, "rounds": 2}]})
     assert [t.get_text() for t in own.axes[0].get_legend().get_texts()] == [
-        "A (1 seed)", "A, macro: final value (measured at the last round only)", "B: final value (curve not recorded)"]
+        "A (1 seed)",
+        "A, macro: final value (measured at the last round only)",
+        "B: final value (curve not recorded)",
+    ]
 
 
 def test_a_crowded_figure_splits_into_one_panel_a_row_group(tmp_path):
@@ -578,18 +666,24 @@ def test_a_crowded_figure_splits_into_one_panel_a_row_group(tmp_path):
     root = tiny_root(tmp_path)
     head = TABLE.split("[[run]]")[0]
     groups = ["Pathological", "Rotated", "Shifted", "Hybrid"]
-    rows = "".join(f'[[run]]\nname = "{g}, lambda = {i}"\nset = ["x={g}{i}"]\npaper = [90.0, 0]\n\n'
-                   for g in groups for i in range(8))
+    rows = "".join(
+        f'[[run]]\nname = "{g}, lambda = {i}"\nset = ["x={g}{i}"]\npaper = [90.0, 0]\n\n'
+        for g in groups
+        for i in range(8)
+    )
     (root / "groups.toml").write_text(head + rows)
     table = load_table("groups", root)
-    finished = {r.name: [{"accuracy": 0.8, "rounds": 2, "curves": {"accuracy": [[1, 2], [0.5, 0.8]]}}]
-                for r in table.rows}
+    finished = {
+        r.name: [{"accuracy": 0.8, "rounds": 2, "curves": {"accuracy": [[1, 2], [0.5, 0.8]]}}] for r in table.rows
+    }
     fig = draw_curves(table, finished)
     assert len(fig.axes) == 4
     for ax, g in zip(fig.axes, groups):
         assert ax.get_title(loc="left").endswith(g)
         assert [t.get_text() for t in ax.get_legend().get_texts()] == [
-            *(f"lambda = {i} (1 seed)" for i in range(8)), "the paper's number"]
+            *(f"lambda = {i} (1 seed)" for i in range(8)),
+            "the paper's number",
+        ]
         assert len([line for line in ax.lines if len(line.get_xdata()) > 1]) == 8
     assert fig.axes[0].get_title(loc="left").startswith("A tiny table")
     fig.canvas.draw()
@@ -637,16 +731,17 @@ def test_every_papers_number_a_committed_table_prints_is_in_the_papers_text(name
         if std:
             assert f"{mean:.2f}±{std:.2f}" in text, (row.name, mean, std)
         else:
-            assert any(re.search(rf"(?<![\d.]){re.escape(form)}(?![\d])", text)
-                       for form in {f"{mean:.2f}", f"{mean:g}"}), (row.name, mean)
+            assert any(
+                re.search(rf"(?<![\d.]){re.escape(form)}(?![\d])", text) for form in {f"{mean:.2f}", f"{mean:g}"}
+            ), (row.name, mean)
 
 
 @pytest.mark.parametrize("name", sorted(tables()))
 def test_every_run_a_committed_table_records_still_has_its_rows_digest(name):
     # a new config key that enters the digest at its default would make a fresh clone run every
     # recorded row again (runner.ADDED_KEYS keeps a key at its default out of the digest)
-    from stocfl_lab.reproduce import table_files
     from stocfl.experiment.loop import config_digest
+    from stocfl_lab.reproduce import table_files
 
     table = load_table(name)
     path = table_files(name)[1]
@@ -666,7 +761,9 @@ def test_a_reproduction_stopped_mid_table_keeps_the_later_rows_recorded_in_its_f
     root = tiny_root(tmp_path)
     doc = reproduce("tiny", root=root, progress=False, log=lambda m: None)
     shutil.rmtree(root / "runs")  # a fresh clone: the table's record is all there is of the runs
-    (root / "tiny.toml").write_text(TABLE.replace('"algorithm.name=fedavg"]', '"algorithm.name=fedavg", "train.lr=0.2"]'))
+    (root / "tiny.toml").write_text(
+        TABLE.replace('"algorithm.name=fedavg"]', '"algorithm.name=fedavg", "train.lr=0.2"]')
+    )
 
     def killed(message):  # the first row starts running, then the process dies
         raise KeyboardInterrupt
@@ -677,8 +774,10 @@ def test_a_reproduction_stopped_mid_table_keeps_the_later_rows_recorded_in_its_f
     assert [r["status"] for r in on_disk["rows"]] == [f"running seed 0 (pid {os.getpid()})", "done"]
     assert listing(root).endswith("; 1 of 2 rows done, 1 running)")
     assert on_disk["rows"][1]["runs"] == doc["rows"][1]["runs"]
-    assert f"| StoCFL | accuracy | 60.00 +- 2.00 | {doc['rows'][1]['ours']['mean']:.2f} +- " \
+    assert (
+        f"| StoCFL | accuracy | 60.00 +- 2.00 | {doc['rows'][1]['ours']['mean']:.2f} +- "
         in (root / "tiny.md").read_text()
+    )
     again = reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)
     assert again["rows"][1]["runs"] == doc["rows"][1]["runs"] and again["rows"][0]["status"] == "not run"
 
@@ -690,8 +789,10 @@ def test_two_processes_on_other_rows_of_one_table_keep_each_others_runs(tmp_path
     import sys
 
     root = tiny_root(tmp_path)
-    other = ("from pathlib import Path; from stocfl_lab.reproduce import reproduce; "
-             f"reproduce('tiny', root=Path({str(root)!r}), rows='1', progress=False, log=lambda m: None)")
+    other = (
+        "from pathlib import Path; from stocfl_lab.reproduce import reproduce; "
+        f"reproduce('tiny', root=Path({str(root)!r}), rows='1', progress=False, log=lambda m: None)"
+    )
 
     def meanwhile(message):
         subprocess.run([sys.executable, "-c", other], check=True, timeout=300)
@@ -706,8 +807,9 @@ def test_two_processes_on_other_rows_of_one_table_keep_each_others_runs(tmp_path
 
 def test_a_row_with_its_own_seeds_runs_those_and_is_done_only_when_all_are(tmp_path):
     root = tiny_root(tmp_path)
-    (root / "tiny.toml").write_text(TABLE.replace('set = ["algorithm.name=fedavg"]',
-                                                  'set = ["algorithm.name=fedavg"]\nseeds = [0, 1, 2]'))
+    (root / "tiny.toml").write_text(
+        TABLE.replace('set = ["algorithm.name=fedavg"]', 'set = ["algorithm.name=fedavg"]\nseeds = [0, 1, 2]')
+    )
     assert listing(root).startswith("tiny: A tiny table (2 runs per seed; seeds 0, FedAvg: 0,1,2; ")
     reproduce("tiny", root=root, progress=False, log=lambda m: None, rows="2")
     first = reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)
@@ -721,15 +823,20 @@ def test_a_row_with_its_own_seeds_runs_those_and_is_done_only_when_all_are(tmp_p
     assert fedavg["seeds"] == [0, 1, 2] and stocfl["seeds"] == [0] and fedavg["ours"]["n"] == 3
     accs = [100 * r["accuracy"] for r in fedavg["runs"]]
     assert fedavg["ours"]["mean"] == pytest.approx(sum(accs) / 3, abs=0.006) and len(set(accs)) > 1  # seeds differ
-    assert sorted(p.name for p in (root / "runs" / "tiny").iterdir()) == \
-        ["fedavg-seed0", "fedavg-seed1", "fedavg-seed2", "stocfl-seed0"]
-    assert doc["command"] == "stocfl reproduce tiny" and doc["row_seeds"] == {"FedAvg": [0, 1, 2]}
+    assert sorted(p.name for p in (root / "runs" / "tiny").iterdir()) == [
+        "fedavg-seed0",
+        "fedavg-seed1",
+        "fedavg-seed2",
+        "stocfl-seed0",
+    ]
+    assert doc["command"] == "stocfl-lab reproduce tiny" and doc["row_seeds"] == {"FedAvg": [0, 1, 2]}
     assert "(config `configs/tiny.toml`; seeds 0, FedAvg: 0,1,2), " in (root / "tiny.md").read_text()
     # --seeds still names every row's seeds: the rows' own are not run
     only = reproduce("tiny", [1], root=root, progress=False, log=lambda m: None, report_only=True)
-    assert [r["seeds"] for r in only["rows"]] == [[1], []] and only["command"] == "stocfl reproduce tiny --seeds 1"
-    (root / "tiny.toml").write_text(TABLE.replace('set = ["algorithm.name=fedavg"]',
-                                                  'set = ["algorithm.name=fedavg"]\nseeds = [1, 1]'))
+    assert [r["seeds"] for r in only["rows"]] == [[1], []] and only["command"] == "stocfl-lab reproduce tiny --seeds 1"
+    (root / "tiny.toml").write_text(
+        TABLE.replace('set = ["algorithm.name=fedavg"]', 'set = ["algorithm.name=fedavg"]\nseeds = [1, 1]')
+    )
     with pytest.raises(UserError, match=r"row 'FedAvg' has seeds = \[1, 1\]; give distinct seeds"):
         load_table("tiny", root)
 
@@ -753,10 +860,13 @@ def test_rows_whose_data_this_call_lacks_are_refused_before_anything_runs(tmp_pa
     monkeypatch.delenv("STOCFL_DATA_DIR", raising=False)
     monkeypatch.setitem(data.DATASETS, "kept_elsewhere", (lambda d: data.load_dataset("digits"), True, False))
     root = tiny_root(tmp_path)
-    (root / "tiny.toml").write_text(TABLE.replace('"algorithm.name=stocfl"',
-                                                  '"algorithm.name=stocfl", "scenario.dataset=kept_elsewhere"'))
-    for given, says in ((None, "data set 'kept_elsewhere' needs a data directory"),
-                        (str(tmp_path / "gone"), "data directory .*gone does not exist")):
+    (root / "tiny.toml").write_text(
+        TABLE.replace('"algorithm.name=stocfl"', '"algorithm.name=stocfl", "scenario.dataset=kept_elsewhere"')
+    )
+    for given, says in (
+        (None, "data set 'kept_elsewhere' needs a data directory"),
+        (str(tmp_path / "gone"), "data directory .*gone does not exist"),
+    ):
         with pytest.raises(UserError, match=rf"^reproduce tiny: row\(s\) 2 cannot run: {says}.*; nothing was run$"):
             reproduce("tiny", root=root, data_dir=given, progress=False, log=lambda m: None)
         assert not (root / "tiny.json").exists() and not (root / "runs").exists()
@@ -775,8 +885,10 @@ def test_a_run_another_process_holds_is_left_to_it_not_marked_failed(tmp_path):
     root = tiny_root(tmp_path)
     run_dir = root / "runs" / "tiny" / "stocfl-seed0"
     run_dir.mkdir(parents=True)
-    hold = ("import sys, time; from pathlib import Path; from stocfl.storage.files import exclusive\n"
-            f"with exclusive(Path({str(run_dir)!r})):\n    print('held', flush=True); time.sleep(120)")
+    hold = (
+        "import sys, time; from pathlib import Path; from stocfl.storage.files import exclusive\n"
+        f"with exclusive(Path({str(run_dir)!r})):\n    print('held', flush=True); time.sleep(120)"
+    )
     other = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)
     try:
         assert other.stdout.readline().strip() == "held"
@@ -787,8 +899,10 @@ def test_a_run_another_process_holds_is_left_to_it_not_marked_failed(tmp_path):
         other.wait()
     assert [r["status"] for r in doc["rows"]] == ["done", f"running seed 0 (pid {other.pid})"]
     assert said[-1] == f"reproduce tiny: StoCFL, seed 0: another process (pid {other.pid}) is running it; left to it"
-    assert [r["status"] for r in reproduce("tiny", root=root, progress=False, log=lambda m: None)["rows"]] == \
-        ["done", "done"]
+    assert [r["status"] for r in reproduce("tiny", root=root, progress=False, log=lambda m: None)["rows"]] == [
+        "done",
+        "done",
+    ]
 
 
 def test_the_command_line_refuses_empty_seeds_and_a_table_beside_list(capsys):
@@ -802,9 +916,10 @@ def test_the_command_line_refuses_empty_seeds_and_a_table_beside_list(capsys):
 PLAIN = REPO / "reproductions" / "plain_fedavg.py"
 
 
-def _plain(*args: str) -> "subprocess.CompletedProcess[str]":
+def _plain(*args: str) -> subprocess.CompletedProcess[str]:
     import subprocess
     import sys
+
     return subprocess.run([sys.executable, str(PLAIN), *args], capture_output=True, text=True, timeout=300)
 
 

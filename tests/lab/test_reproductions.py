@@ -7,8 +7,17 @@ from stocfl.experiment.loop import Experiment
 
 pytestmark = pytest.mark.slow  # reproductions on real MNIST (make test-slow)
 
-COMMON = ["scenario.dataset=mnist", "scenario.n_clients=40", "scenario.samples_per_client=200", "model.name=mlp",
-          "run.rounds=20", "run.sample_rate=0.5", "train.epochs=2", "train.batch_size=20", "train.lr=0.05"]
+COMMON = [
+    "scenario.dataset=mnist",
+    "scenario.n_clients=40",
+    "scenario.samples_per_client=200",
+    "model.name=mlp",
+    "run.rounds=20",
+    "run.sample_rate=0.5",
+    "train.epochs=2",
+    "train.batch_size=20",
+    "train.lr=0.05",
+]
 
 
 def _fedavg(tmp_path, data_dir, scenario):

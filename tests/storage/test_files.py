@@ -13,13 +13,18 @@ from pathlib import Path
 import pytest
 
 from stocfl import config
-from stocfl.storage import files
 from stocfl.cli import main
 from stocfl.errors import UserError
 from stocfl.experiment.loop import Experiment
+from stocfl.storage import files
 
-SMALL = ["scenario.n_clients=12", "scenario.samples_per_client=20", "run.rounds=5", "run.sample_rate=0.5",
-         "run.engine=sequential"]
+SMALL = [
+    "scenario.n_clients=12",
+    "scenario.samples_per_client=20",
+    "run.rounds=5",
+    "run.sample_rate=0.5",
+    "run.engine=sequential",
+]
 
 
 def _strip(obj):
@@ -57,15 +62,16 @@ def _corruptions(size: int):
     yield "half", lambda b: b[: len(b) // 2]
     for frac in (0.0, 0.05, 0.3, 0.5, 0.8, 1.0):
         pos = min(size - 1, int(frac * size))
-        yield f"flip@{pos}", lambda b, pos=pos: b[:pos] + bytes([b[pos] ^ 0x10]) + b[pos + 1:]
+        yield f"flip@{pos}", lambda b, pos=pos: b[:pos] + bytes([b[pos] ^ 0x10]) + b[pos + 1 :]
 
 
 RUN_FILES = ["config.toml", "metrics.jsonl", "checkpoint.safetensors"]
 STORE_FILES = ["ditto_personal.f32", "ditto_personal.undo.safetensors"]  # Ditto's per-client models
 
 
-@pytest.mark.parametrize("algorithm, name", [*(("stocfl", f) for f in RUN_FILES),
-                                             *(("ditto", f) for f in RUN_FILES + STORE_FILES)])
+@pytest.mark.parametrize(
+    "algorithm, name", [*(("stocfl", f) for f in RUN_FILES), *(("ditto", f) for f in RUN_FILES + STORE_FILES)]
+)
 def test_a_damaged_run_file_is_refused_or_harmless(algorithm, name, tmp_path_factory, tmp_path, capsys):
     pristine, (ref_rows, ref_summary) = stopped_run(algorithm, tmp_path_factory)
     assert (pristine / name).is_file()
@@ -157,15 +163,30 @@ def test_a_client_store_the_disk_cannot_hold_is_one_line_before_the_first_round(
     def small_disk():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    cmd = [sys.executable, "-m", "stocfl", "run", "configs/default.toml", "--set", "algorithm.name=ditto",
-           "--set", "run.rounds=2", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "stocfl",
+        "run",
+        "configs/default.toml",
+        "--set",
+        "algorithm.name=ditto",
+        "--set",
+        "run.rounds=2",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=small_disk, timeout=300)
     assert proc.returncode == 2, proc.stderr
     line = proc.stderr.strip()
     assert "\n" not in line and "Traceback" not in line
-    assert line.startswith(f"stocfl: error: {out / 'ditto_personal.f32'}: cannot reserve 0.37 MiB for 40 clients x 2410 parameters x 4 bytes (File too large)")
-    assert line.endswith("; free disk space, give the run a directory on a larger disk, or run fewer clients or a "
-                         "smaller model")
+    assert line.startswith(
+        f"stocfl: error: {out / 'ditto_personal.f32'}: cannot reserve 0.37 MiB for 40 clients x 2410 parameters x 4 "
+        "bytes (File too large)"
+    )
+    assert line.endswith(
+        "; free disk space, give the run a directory on a larger disk, or run fewer clients or a smaller model"
+    )
     assert not (out / "ditto_personal.f32").exists() and not (out / "checkpoint.safetensors").exists()
     # with room, the same command runs, and its store is allocated, not sparse
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -183,8 +204,23 @@ def test_a_run_directory_is_written_by_one_process_at_a_time(tmp_path, capsys):
     import time
 
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "stocfl", "run", "--quiet", "--out", str(out), "--set", "run.rounds=400",
-           "--set", "run.engine=sequential", "--set", "run.threads=1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "stocfl",
+        "run",
+        "--quiet",
+        "--out",
+        str(out),
+        "--set",
+        "run.rounds=400",
+        "--set",
+        "run.engine=sequential",
+        "--set",
+        "run.threads=1",
+        "--set",
+        "algorithm.name=fedavg",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120

@@ -9,15 +9,16 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from stocfl.storage import checkpoint
-from stocfl.storage import state
 from stocfl.errors import UserError
+from stocfl.storage import checkpoint, state
 from stocfl.storage.store import ClientStore
 
-plain = st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40), st.floats(allow_nan=False, width=64),
-                  st.text(max_size=5))
+plain = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(allow_nan=False, width=64), st.text(max_size=5)
+)
 shapes = st.lists(st.integers(0, 3), min_size=0, max_size=2)
 
 
@@ -32,9 +33,15 @@ def tensors(draw):
 
 arrays = tensors().map(lambda t: t.numpy().copy())
 leaves = st.one_of(plain, tensors(), arrays)
-values = st.recursive(leaves, lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.lists(inner, max_size=3).map(tuple),
-    st.dictionaries(st.one_of(st.integers(-5, 5), st.text(max_size=3)), inner, max_size=3)), max_leaves=8)
+values = st.recursive(
+    leaves,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.lists(inner, max_size=3).map(tuple),
+        st.dictionaries(st.one_of(st.integers(-5, 5), st.text(max_size=3)), inner, max_size=3),
+    ),
+    max_leaves=8,
+)
 
 
 @dataclass
@@ -121,8 +128,12 @@ def test_a_field_added_later_with_a_default_loads_from_an_older_checkpoint_and_o
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 5), st.integers(1, 40), st.dictionaries(st.text(max_size=4), plain, max_size=3),
-       st.integers(0, 2**32 - 1))
+@given(
+    st.integers(0, 5),
+    st.integers(1, 40),
+    st.dictionaries(st.text(max_size=4), plain, max_size=3),
+    st.integers(0, 2**32 - 1),
+)
 def test_rows_written_one_at_a_time_load_as_the_plain_checkpoint_of_them(tmp_path_factory, n, p, meta, seed):
     # the reference: checkpoint.save of the whole (n, p) tensor; the streamed file must load to the
     # same rows and state and pass the same checksum (so that a flipped byte is still an error)

@@ -24,7 +24,6 @@ float32 matmul peak and the speed-up ratios. Figures, not assertions: the README
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import platform
@@ -33,8 +32,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 import stocfl
 from stocfl import config
@@ -42,7 +39,14 @@ from stocfl.client import Train, build_module, make_model, task_seed
 from stocfl.data import build, resolve_data_dir
 from stocfl.devices import federation_on, resolve_device
 from stocfl.errors import UserError
-from stocfl.executors import BatchedExecutor, ParallelExecutor, SequentialExecutor, make_executor, set_threads, structure
+from stocfl.executors import (
+    BatchedExecutor,
+    ParallelExecutor,
+    SequentialExecutor,
+    make_executor,
+    set_threads,
+    structure,
+)
 from stocfl_lab.naive import naive_round
 
 
@@ -73,30 +77,52 @@ def _time(fn, reps: int = 1, device: torch.device = torch.device("cpu")) -> floa
     return best
 
 
-def run_case(name, fed, model_name, hidden, n_clients, epochs, batch_size, lr, peak, reps,
-             device: torch.device = torch.device("cpu")) -> dict:
+def run_case(
+    name,
+    fed,
+    model_name,
+    hidden,
+    n_clients,
+    epochs,
+    batch_size,
+    lr,
+    peak,
+    reps,
+    device: torch.device = torch.device("cpu"),
+) -> dict:
     flat, w0 = make_model(model_name, fed.input_shape, fed.n_classes, hidden, seed=0)
     module = build_module(model_name, fed.input_shape, fed.n_classes, hidden).to(device)
     clients = list(range(n_clients))
     tasks = [Train(i, w0, epochs, batch_size, lr, task_seed(0, 1, i)) for i in clients]
     flops = 6.0 * flat.n_params * epochs * float(sum(fed.train_sizes[i] for i in clients))
     on_device = federation_on(fed, device)
-    seconds = {"naive": _time(lambda: naive_round(on_device, module, w0, clients, epochs, batch_size, lr), reps, device)}
-    engines = {"sequential": SequentialExecutor(fed, flat, device), "batched": BatchedExecutor(fed, flat, device=device)}
+    seconds = {
+        "naive": _time(lambda: naive_round(on_device, module, w0, clients, epochs, batch_size, lr), reps, device)
+    }
+    engines = {
+        "sequential": SequentialExecutor(fed, flat, device),
+        "batched": BatchedExecutor(fed, flat, device=device),
+    }
     if structure(flat) is not None:
         engines["lowrank"] = BatchedExecutor(fed, flat, lowrank=True, device=device)
     if device.type == "cpu" and torch.get_num_threads() > 1:
         engines["parallel"] = ParallelExecutor(fed, flat, workers=torch.get_num_threads())
     for engine, ex in engines.items():
         ex.run(tasks[: min(4, len(tasks))])  # warm-up (vmap tracing, allocator)
-        seconds[engine] = _time(lambda: ex.run(tasks), reps, device)
-    cfg = config.validate({"train": {"epochs": epochs, "batch_size": batch_size, "lr": lr},
-                           "run": {"device": str(device)}})
+        seconds[engine] = _time(lambda: ex.run(tasks), reps, device)  # noqa: B023 - called before ex changes
+    cfg = config.validate(
+        {"train": {"epochs": epochs, "batch_size": batch_size, "lr": lr}, "run": {"device": str(device)}}
+    )
     auto = make_executor("auto", fed, flat, cfg).name
     best = min(engines, key=seconds.get)
     return {
-        "case": name, "model": model_name, "n_params": flat.n_params, "clients": n_clients,
-        "samples_per_client": int(fed.train_sizes[0]), "epochs": epochs, "batch_size": batch_size or "full",
+        "case": name,
+        "model": model_name,
+        "n_params": flat.n_params,
+        "clients": n_clients,
+        "samples_per_client": int(fed.train_sizes[0]),
+        "epochs": epochs,
+        "batch_size": batch_size or "full",
         "seconds": {k: round(v, 4) for k, v in seconds.items()},
         "gflops": {k: round(flops / v / 1e9, 2) for k, v in seconds.items()},
         "fraction_of_peak": {k: round(flops / v / 1e9 / peak, 3) for k, v in seconds.items()},
@@ -105,10 +131,19 @@ def run_case(name, fed, model_name, hidden, n_clients, epochs, batch_size, lr, p
             "sequential_vs_naive": round(seconds["naive"] / seconds["sequential"], 2),
             "batched_vs_naive": round(seconds["naive"] / seconds["batched"], 2),
             "batched_vs_sequential": round(seconds["sequential"] / seconds["batched"], 2),
-            **({"parallel_vs_sequential": round(seconds["sequential"] / seconds["parallel"], 2)}
-               if "parallel" in seconds else {}),
-            **({"lowrank_vs_sequential": round(seconds["sequential"] / seconds["lowrank"], 2),
-                "lowrank_vs_naive": round(seconds["naive"] / seconds["lowrank"], 2)} if "lowrank" in seconds else {}),
+            **(
+                {"parallel_vs_sequential": round(seconds["sequential"] / seconds["parallel"], 2)}
+                if "parallel" in seconds
+                else {}
+            ),
+            **(
+                {
+                    "lowrank_vs_sequential": round(seconds["sequential"] / seconds["lowrank"], 2),
+                    "lowrank_vs_naive": round(seconds["naive"] / seconds["lowrank"], 2),
+                }
+                if "lowrank" in seconds
+                else {}
+            ),
             "best_vs_naive": round(seconds["naive"] / seconds[best], 2),
             "auto_vs_sequential": round(seconds["sequential"] / seconds[auto], 2),
         },
@@ -124,8 +159,11 @@ def flower_overhead(rounds: int = 5) -> dict:
     from stocfl.storage import read_jsonl
 
     sets = ["algorithm.name=stocfl", "scenario.n_clients=20", f"run.rounds={rounds}", "run.sample_rate=0.5"]
-    cases = {"sequential": ["run.engine=sequential"], "flower-sim": ["run.engine=flower-sim"],
-             "flower-sim-2-nodes": ["run.engine=flower-sim", "run.sim_nodes=2"]}
+    cases = {
+        "sequential": ["run.engine=sequential"],
+        "flower-sim": ["run.engine=flower-sim"],
+        "flower-sim-2-nodes": ["run.engine=flower-sim", "run.sim_nodes=2"],
+    }
     out: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, extra in cases.items():
@@ -135,8 +173,11 @@ def flower_overhead(rounds: int = 5) -> dict:
             stocfl.run_into(run_dir, cfg)
             total = time.perf_counter() - t
             per_round = [r["seconds"] for r in read_jsonl(run_dir / "metrics.jsonl")]
-            out[name] = {"seconds_per_round": round(float(np.mean(per_round[1:])), 4),
-                         "total_seconds": round(total, 2), "rounds_seconds": round(sum(per_round), 2)}
+            out[name] = {
+                "seconds_per_round": round(float(np.mean(per_round[1:])), 4),
+                "total_seconds": round(total, 2),
+                "rounds_seconds": round(sum(per_round), 2),
+            }
     local = out["sequential"]["seconds_per_round"]
     for name in ("flower-sim", "flower-sim-2-nodes"):
         out[name]["overhead_per_round_seconds"] = round(out[name]["seconds_per_round"] - local, 4)
@@ -146,8 +187,12 @@ def flower_overhead(rounds: int = 5) -> dict:
 
 
 def main(args) -> int:
-    if not getattr(args, "peers", False) and (getattr(args, "case", None) or getattr(args, "repeats", None) is not None):
-        raise UserError("stocfl-lab bench: --case and --repeats choose what --peers times; add --peers, or leave them out")
+    if not getattr(args, "peers", False) and (
+        getattr(args, "case", None) or getattr(args, "repeats", None) is not None
+    ):
+        raise UserError(
+            "stocfl-lab bench: --case and --repeats choose what --peers times; add --peers, or leave them out"
+        )
     _check_out(getattr(args, "out", None))  # before minutes of timing, not after
     threads = set_threads(0)
     root = resolve_data_dir(args.data_dir)
@@ -164,16 +209,32 @@ def main(args) -> int:
         raise UserError("stocfl-lab bench needs MNIST: pass --data-dir DIR or set STOCFL_DATA_DIR")
     digits = build("rotated", "digits", 100 if quick else 500, 10, seed=0)
     result = {
-        "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {threads} torch threads",
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {threads} torch threads",
         "device": str(device) if device.type != "cuda" else f"{device} ({torch.cuda.get_device_name(device)})",
-        "torch": torch.__version__, "matmul_peak_gflops": round(peak, 1), "data": source,
+        "torch": torch.__version__,
+        "matmul_peak_gflops": round(peak, 1),
+        "data": source,
         "cases": [
-            run_case("mlp2048_rotated_mnist_d50", mnist50, "mlp", 2048, mnist50.n_clients, 1 if quick else 5, 0, 0.1,
-                     peak, 1, device),
-            run_case("mlp2048_rotated_mnist", mnist, "mlp", 2048, mnist.n_clients, 1 if quick else 5, 0, 0.1,
-                     peak, 1, device),
-            run_case("digits_small", digits, "digits_mlp", 0, digits.n_clients, 5, 10, 0.1, peak, 1 if quick else 3,
-                     device),
+            run_case(
+                "mlp2048_rotated_mnist_d50",
+                mnist50,
+                "mlp",
+                2048,
+                mnist50.n_clients,
+                1 if quick else 5,
+                0,
+                0.1,
+                peak,
+                1,
+                device,
+            ),
+            run_case(
+                "mlp2048_rotated_mnist", mnist, "mlp", 2048, mnist.n_clients, 1 if quick else 5, 0, 0.1, peak, 1, device
+            ),
+            run_case(
+                "digits_small", digits, "digits_mlp", 0, digits.n_clients, 5, 10, 0.1, peak, 1 if quick else 3, device
+            ),
         ],
     }
     try:
@@ -191,8 +252,9 @@ def _check_out(out: str | None) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise UserError(f"--out {out}: cannot make its directory ({err.strerror}: {err.filename}); choose another "
-                        f"path") from None
+        raise UserError(
+            f"--out {out}: cannot make its directory ({err.strerror}: {err.filename}); choose another path"
+        ) from None
     if path.is_dir() or not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise UserError(f"--out {out}: not a file this process can write; choose another path")
 
@@ -224,8 +286,19 @@ def peers_main(args, root, quick: bool, threads: int) -> int:
     if not isinstance(repeats, int) or repeats < 1:
         raise UserError(f"stocfl-lab bench --peers: --repeats must be a whole number >= 1, got {repeats!r}")
     peak = matmul_peak(1024 if quick else 2048)
-    result = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {threads} torch threads",
-              "torch": torch.__version__, "matmul_peak_gflops": round(peak, 1),
-              **bench_peers(str(root), peak, threads, quick, repeats=1 if quick else repeats, cases=cases,
-                            log=lambda m: print(m, file=sys.stderr, flush=True))}
+    result = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {threads} torch threads",
+        "torch": torch.__version__,
+        "matmul_peak_gflops": round(peak, 1),
+        **bench_peers(
+            str(root),
+            peak,
+            threads,
+            quick,
+            repeats=1 if quick else repeats,
+            cases=cases,
+            log=lambda m: print(m, file=sys.stderr, flush=True),
+        ),
+    }
     return _emit(result, args.out)

@@ -17,23 +17,37 @@ def _parser() -> Parser:
     p = Parser(prog="stocfl-lab", description="stocfl's lab: the papers' tables and the benchmarks.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
-    rep = sub.add_parser("reproduce", help="a paper's table: its runs, resumable, with the paper's numbers beside ours",
-                         description="Run every row of a table declared in TABLES/TABLE.toml (or reuse and resume its runs in "
-                         "TABLES/runs/TABLE/) and write TABLES/TABLE.md and .json; TABLES is --tables, by default "
-                         "./reproductions.")
+    rep = sub.add_parser(
+        "reproduce",
+        help="a paper's table: its runs, resumable, with the paper's numbers beside ours",
+        description="Run every row of a table declared in TABLES/TABLE.toml (or reuse and resume its runs in "
+        "TABLES/runs/TABLE/) and write TABLES/TABLE.md and .json; TABLES is --tables, by default "
+        "./reproductions.",
+    )
     rep.add_argument("table", nargs="?", help="table name (stocfl-lab reproduce --list)")
     rep.add_argument("--list", action="store_true", help="list the tables")
-    rep.add_argument("--tables", type=path_arg, default="reproductions",
-                     help="directory of the table files (default: ./reproductions)")
+    rep.add_argument(
+        "--tables",
+        type=path_arg,
+        default="reproductions",
+        help="directory of the table files (default: ./reproductions)",
+    )
     rep.add_argument("--seeds", help="comma-separated seeds for every row (default: the table's, or a row's own)")
     rep.add_argument("--quick", action="store_true", help="the table's reduced setting (a smoke test, not the paper's)")
     rep.add_argument("--data-dir", type=path_arg, help="directory of the data sets (default: $STOCFL_DATA_DIR)")
     rep.add_argument("--runs", type=path_arg, help="directory of the run directories (default: TABLES/runs/TABLE)")
     rep.add_argument("--report", action="store_true", help="run nothing: write the table of the runs finished so far")
-    rep.add_argument("--rows", help="the rows to run, by 1-based number, e.g. 2,4-6 (default: every row); the table "
-                     "still shows every row's finished runs")
-    rep.add_argument("--rerun", action="store_true", help="run the chosen rows again where only TABLE.json records "
-                     "their runs (their directories gone), e.g. to draw curves a run was recorded without")
+    rep.add_argument(
+        "--rows",
+        help="the rows to run, by 1-based number, e.g. 2,4-6 (default: every row); the table "
+        "still shows every row's finished runs",
+    )
+    rep.add_argument(
+        "--rerun",
+        action="store_true",
+        help="run the chosen rows again where only TABLE.json records "
+        "their runs (their directories gone), e.g. to draw curves a run was recorded without",
+    )
     rep.add_argument("--quiet", action="store_true", help="no progress bars")
 
     bench = sub.add_parser("bench", help="time one round on each executor; prints JSON")
@@ -41,12 +55,23 @@ def _parser() -> Parser:
     bench.add_argument("--out", type=path_arg, help="also write the JSON here")
     bench.add_argument("--quick", action="store_true", help="smaller cases (a smoke test of the benchmark)")
     bench.add_argument("--device", default="cpu", help="where to time the executors: cpu (default), cuda, cuda:N, mps")
-    bench.add_argument("--peers", action="store_true", help="the same FedAvg work on stocfl, a naive PyTorch loop, "
-                       "pfl-research and Flower's simulation (peers from the [bench] extra; a missing one is skipped)")
-    bench.add_argument("--case", action="append", help="with --peers: only this case (repeatable; default: all of "
-                       "a_rotated_mnist_480x50_mlp2048, b_cifar10_1000x50_cnn, c_digits_500x10)")
-    bench.add_argument("--repeats", type=int, help="with --peers: repetitions of each system but Flower "
-                       "(default 3; the figure is their median)")
+    bench.add_argument(
+        "--peers",
+        action="store_true",
+        help="the same FedAvg work on stocfl, a naive PyTorch loop, "
+        "pfl-research and Flower's simulation (peers from the [bench] extra; a missing one is skipped)",
+    )
+    bench.add_argument(
+        "--case",
+        action="append",
+        help="with --peers: only this case (repeatable; default: all of "
+        "a_rotated_mnist_480x50_mlp2048, b_cifar10_1000x50_cnn, c_digits_500x10)",
+    )
+    bench.add_argument(
+        "--repeats",
+        type=int,
+        help="with --peers: repetitions of each system but Flower (default 3; the figure is their median)",
+    )
     return p
 
 
@@ -61,9 +86,19 @@ def _reproduce(args) -> int:
     if not args.table:
         raise UserError("reproduce: name a table (stocfl-lab reproduce --list shows them)")
     seeds = parse_seeds(args.seeds) if args.seeds is not None else None
-    reproduce(args.table, seeds, args.quick, args.data_dir, Path(args.runs) if args.runs else None,
-              progress=not args.quiet, log=lambda m: print(m, file=sys.stderr, flush=True), report_only=args.report,
-              rows=args.rows, rerun=args.rerun, root=Path(args.tables))
+    reproduce(
+        args.table,
+        seeds,
+        args.quick,
+        args.data_dir,
+        Path(args.runs) if args.runs else None,
+        progress=not args.quiet,
+        log=lambda m: print(m, file=sys.stderr, flush=True),
+        report_only=args.report,
+        rows=args.rows,
+        rerun=args.rerun,
+        root=Path(args.tables),
+    )
     md, _, _ = table_files(args.table, args.quick, root=Path(args.tables))
     print(md.read_text(), end="")
     print(f"table: {md}")
@@ -78,7 +113,9 @@ def _bench(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    return guarded("stocfl-lab", args.command, lambda: _reproduce(args) if args.command == "reproduce" else _bench(args))
+    return guarded(
+        "stocfl-lab", args.command, lambda: _reproduce(args) if args.command == "reproduce" else _bench(args)
+    )
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 
-def tutorial_fit(module: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, batch_size: int, lr: float
-                 ) -> nn.Module:
+def tutorial_fit(
+    module: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, batch_size: int, lr: float
+) -> nn.Module:
     """Local training as tutorials write it: a DataLoader (shuffled; batch 0 = full batch) and
     torch.optim.SGD on ``module``, in train mode, in place."""
     loader = DataLoader(TensorDataset(x, y), batch_size=batch_size or len(y), shuffle=True)
@@ -29,5 +30,9 @@ def naive_round(fed, module: nn.Module, w0: torch.Tensor, clients, epochs, batch
     """How many FL frameworks do it: a module copy, an optimizer and a DataLoader per client
     (``fed`` and ``module`` on the device to time)."""
     torch.nn.utils.vector_to_parameters(w0.clone().to(next(module.parameters()).device), module.parameters())
-    return [torch.nn.utils.parameters_to_vector(tutorial_fit(copy.deepcopy(module), *fed.train_data(i), epochs,
-                                                             batch_size, lr).parameters()).detach() for i in clients]
+    return [
+        torch.nn.utils.parameters_to_vector(
+            tutorial_fit(copy.deepcopy(module), *fed.train_data(i), epochs, batch_size, lr).parameters()
+        ).detach()
+        for i in clients
+    ]

@@ -31,8 +31,9 @@ that nobody skipped work. A peer that is not installed is skipped with a note.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -57,8 +58,17 @@ class Case:
 def pfl_cnn(n_classes: int = 10) -> nn.Module:
     """pfl-research's simple CNN for CIFAR-10 (two 3x3 convolutions of 32 and 64 channels, a 2x2
     max-pool, a dense layer of 128), without its dropout layers."""
-    return nn.Sequential(nn.Conv2d(3, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Flatten(), nn.Linear(64 * 14 * 14, 128), nn.ReLU(), nn.Linear(128, n_classes))
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 3),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * 14 * 14, 128),
+        nn.ReLU(),
+        nn.Linear(128, n_classes),
+    )
 
 
 def case(name: str, data_dir: str, quick: bool = False) -> Case:
@@ -84,8 +94,10 @@ CASES = ("a_rotated_mnist_480x50_mlp2048", "b_cifar10_1000x50_cnn", "c_digits_50
 def _accuracy(module: nn.Module, fed: Federation) -> float:
     module.eval()
     with torch.no_grad():
-        correct = sum(int((module(fed.x_test[a:a + 4096]).argmax(1) == fed.y_test[a:a + 4096]).sum())
-                      for a in range(0, len(fed.y_test), 4096))
+        correct = sum(
+            int((module(fed.x_test[a : a + 4096]).argmax(1) == fed.y_test[a : a + 4096]).sum())
+            for a in range(0, len(fed.y_test), 4096)
+        )
     return correct / len(fed.y_test)
 
 
@@ -104,14 +116,26 @@ def run_stocfl(case: Case) -> dict[str, Any]:
     import stocfl
 
     torch.manual_seed(0)
-    result = stocfl.run({"algorithm": {"name": "fedavg"},
-                         "run": {"rounds": case.rounds, "sample_rate": case.per_round / case.fed.n_clients,
-                                 "eval_every": case.rounds + 1, "engine": "auto"},
-                         "train": {"epochs": case.epochs, "batch_size": case.batch_size, "lr": case.lr}},
-                        federation=case.fed, model=case.module())
+    result = stocfl.run(
+        {
+            "algorithm": {"name": "fedavg"},
+            "run": {
+                "rounds": case.rounds,
+                "sample_rate": case.per_round / case.fed.n_clients,
+                "eval_every": case.rounds + 1,
+                "engine": "auto",
+            },
+            "train": {"epochs": case.epochs, "batch_size": case.batch_size, "lr": case.lr},
+        },
+        federation=case.fed,
+        model=case.module(),
+    )
     seconds = [r["seconds"] for r in result.metrics]
-    return {"seconds_per_round": _mean_after_first(seconds[:-1] if len(seconds) > 2 else seconds),
-            "accuracy": result.summary["global_accuracy"], "engine": result.summary["engine"]}
+    return {
+        "seconds_per_round": _mean_after_first(seconds[:-1] if len(seconds) > 2 else seconds),
+        "accuracy": result.summary["global_accuracy"],
+        "engine": result.summary["engine"],
+    }
 
 
 def run_naive(case: Case) -> dict[str, Any]:
@@ -120,8 +144,15 @@ def run_naive(case: Case) -> dict[str, Any]:
     times = []
     for clients in _plan(case):
         t = time.perf_counter()
-        states = naive_round(case.fed, model, torch.nn.utils.parameters_to_vector(model.parameters()).detach(),
-                             clients, case.epochs, case.batch_size, case.lr)
+        states = naive_round(
+            case.fed,
+            model,
+            torch.nn.utils.parameters_to_vector(model.parameters()).detach(),
+            clients,
+            case.epochs,
+            case.batch_size,
+            case.lr,
+        )
         sizes = torch.tensor([float(case.fed.train_sizes[i]) for i in clients])
         w = torch.stack(states).T @ (sizes / sizes.sum())
         torch.nn.utils.vector_to_parameters(w, model.parameters())
@@ -172,18 +203,31 @@ def run_pfl(case: Case) -> dict[str, Any]:
     train = FederatedDataset(lambda i: Dataset(users[i], user_id=str(i)), lambda: next(plan))
     val = FederatedDataset(lambda i: Dataset(users[i], user_id=str(i)), lambda: 0)
     module = Module(case.module())
-    model = PyTorchModel(model=module, local_optimizer_create=torch.optim.SGD,
-                         central_optimizer=torch.optim.SGD(module.parameters(), lr=1.0))
+    model = PyTorchModel(
+        model=module,
+        local_optimizer_create=torch.optim.SGD,
+        central_optimizer=torch.optim.SGD(module.parameters(), lr=1.0),
+    )
     clock = Clock()
     FederatedAveraging().run(
-        algorithm_params=NNAlgorithmParams(central_num_iterations=case.rounds, evaluation_frequency=case.rounds + 1,
-                                           train_cohort_size=case.per_round, val_cohort_size=None),
-        backend=SimulatedBackend(training_data=train, val_data=val), model=model,
-        model_train_params=NNTrainHyperParams(local_num_epochs=case.epochs, local_learning_rate=case.lr,
-                                              local_batch_size=case.batch_size or None),
-        model_eval_params=NNEvalHyperParams(local_batch_size=None), callbacks=[clock])
-    return {"seconds_per_round": _mean_after_first(list(np.diff(clock.times))),
-            "accuracy": _accuracy(module.inner, fed)}
+        algorithm_params=NNAlgorithmParams(
+            central_num_iterations=case.rounds,
+            evaluation_frequency=case.rounds + 1,
+            train_cohort_size=case.per_round,
+            val_cohort_size=None,
+        ),
+        backend=SimulatedBackend(training_data=train, val_data=val),
+        model=model,
+        model_train_params=NNTrainHyperParams(
+            local_num_epochs=case.epochs, local_learning_rate=case.lr, local_batch_size=case.batch_size or None
+        ),
+        model_eval_params=NNEvalHyperParams(local_batch_size=None),
+        callbacks=[clock],
+    )
+    return {
+        "seconds_per_round": _mean_after_first(list(np.diff(clock.times))),
+        "accuracy": _accuracy(module.inner, fed),
+    }
 
 
 def run_flower(case: Case) -> dict[str, Any]:
@@ -225,9 +269,15 @@ def run_flower(case: Case) -> dict[str, Any]:
         return None
 
     def server_fn(context: Context):
-        strategy = FedAvg(fraction_fit=case.per_round / fed.n_clients, min_fit_clients=case.per_round,
-                          fraction_evaluate=0.0, min_evaluate_clients=0, min_available_clients=fed.n_clients,
-                          initial_parameters=ndarrays_to_parameters(get(start)), evaluate_fn=evaluate)
+        strategy = FedAvg(
+            fraction_fit=case.per_round / fed.n_clients,
+            min_fit_clients=case.per_round,
+            fraction_evaluate=0.0,
+            min_evaluate_clients=0,
+            min_available_clients=fed.n_clients,
+            initial_parameters=ndarrays_to_parameters(get(start)),
+            evaluate_fn=evaluate,
+        )
         return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=case.rounds))
 
     def client_fn(context: Context):
@@ -236,8 +286,12 @@ def run_flower(case: Case) -> dict[str, Any]:
 
     os.environ.setdefault("FLWR_HOME", tempfile.mkdtemp(prefix="stocfl-peers-flwr-"))
     logging.getLogger("flwr").setLevel(logging.ERROR)
-    run_simulation(ServerApp(server_fn=server_fn), ClientApp(client_fn=client_fn), num_supernodes=fed.n_clients,
-                   backend_config={"client_resources": {"num_cpus": 1}})
+    run_simulation(
+        ServerApp(server_fn=server_fn),
+        ClientApp(client_fn=client_fn),
+        num_supernodes=fed.n_clients,
+        backend_config={"client_resources": {"num_cpus": 1}},
+    )
     model = case.module()
     put(model, final["arrays"])
     return {"seconds_per_round": _mean_after_first(list(np.diff(times))), "accuracy": _accuracy(model, fed)}
@@ -270,7 +324,9 @@ def run_isolated(case_name: str, system: str, data_dir: str, quick: bool, thread
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "stocfl_lab.peers", case_name, system, data_dir, str(threads)] + (["quick"] if quick else [])
+    cmd = [sys.executable, "-m", "stocfl_lab.peers", case_name, system, data_dir, str(threads)] + (
+        ["quick"] if quick else []
+    )
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         last = (p.stderr.strip().splitlines() or ["no output"])[-1]
@@ -278,8 +334,16 @@ def run_isolated(case_name: str, system: str, data_dir: str, quick: bool, thread
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def bench_peers(data_dir: str, peak: float, threads: int, quick: bool = False, repeats: int = 3,
-                only: list[str] | None = None, cases: list[str] | None = None, log=print) -> dict[str, Any]:
+def bench_peers(
+    data_dir: str,
+    peak: float,
+    threads: int,
+    quick: bool = False,
+    repeats: int = 3,
+    only: list[str] | None = None,
+    cases: list[str] | None = None,
+    log=print,
+) -> dict[str, Any]:
     """Per case, each system ``repeats`` times in alternating order (stocfl first, then last,
     ...), each time in a fresh process; a system's figure is the median of its repetitions.
     On a shared machine one sample can be 20% off; alternating spreads slow spells over all."""
@@ -292,9 +356,15 @@ def bench_peers(data_dir: str, peak: float, threads: int, quick: bool = False, r
     systems = [n for n in SYSTEMS if n not in out["skipped"] and (not only or n in only)]
     for case_name in cases or CASES:
         c = case(case_name, data_dir, quick)
-        row: dict[str, Any] = {"case": case_name, "clients": c.fed.n_clients, "per_round": c.per_round,
-                               "epochs": c.epochs, "batch_size": c.batch_size or "full", "rounds": c.rounds,
-                               "systems": {}}
+        row: dict[str, Any] = {
+            "case": case_name,
+            "clients": c.fed.n_clients,
+            "per_round": c.per_round,
+            "epochs": c.epochs,
+            "batch_size": c.batch_size or "full",
+            "rounds": c.rounds,
+            "systems": {},
+        }
         runs: dict[str, list[dict[str, Any]]] = {n: [] for n in systems}
         for r in range(repeats):
             order = systems if r % 2 == 0 else systems[::-1]

@@ -29,9 +29,10 @@ import re
 import textwrap
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,10 +49,14 @@ ROOT = Path("reproductions")  # the tables of the working directory (stocfl-lab 
 MAX_DISTINCT_MODELS = 64  # the authors' metric evaluates each distinct model on a whole pool
 LEGEND_LINES = 24  # a figure legend's entries a column; more curves than this split a panel by row group
 # measure -> (what it is, factor to the table's unit); the summary key is the measure's name
-METRICS = {"accuracy": ("test accuracy (%), own model", 100.0), "global_accuracy": ("global model's accuracy (%)", 100.0),
-           "macro_accuracy": ("test accuracy (%), own model, the plain mean over clients", 100.0),
-           "heldout_accuracy": ("held-out clients' accuracy (%), placed after training", 100.0),
-           "n_clusters": ("clusters found", 1.0), "ari": ("ARI against the true groups", 1.0)}
+METRICS = {
+    "accuracy": ("test accuracy (%), own model", 100.0),
+    "global_accuracy": ("global model's accuracy (%)", 100.0),
+    "macro_accuracy": ("test accuracy (%), own model, the plain mean over clients", 100.0),
+    "heldout_accuracy": ("held-out clients' accuracy (%), placed after training", 100.0),
+    "n_clusters": ("clusters found", 1.0),
+    "ari": ("ARI against the true groups", 1.0),
+}
 
 # the authors' metric, by row: "group" (Table 1: each client's model on its true group's pooled
 # test data, mean over clients) or "pooled" (StoCFL Table 3's "average performance of cluster
@@ -95,24 +100,43 @@ def tables(root: Path = ROOT) -> dict[str, Path]:
 def load_table(name: str, root: Path = ROOT) -> Table:
     found = tables(root)
     if name not in found:
-        raise UserError(f"reproduce: no table {name!r} in {root}; choose one of {', '.join(found) or '(none)'} "
-                        f"(stocfl-lab reproduce --list)")
+        raise UserError(
+            f"reproduce: no table {name!r} in {root}; choose one of {', '.join(found) or '(none)'} "
+            f"(stocfl-lab reproduce --list)"
+        )
     path = found[name]
     try:
         raw = tomllib.loads(path.read_text())
         metric = str(raw.get("metric", "accuracy"))
-        rows = tuple(Row(str(r["name"]), tuple(str(s) for s in r.get("set", [])),
-                         tuple(float(v) for v in r["paper"]) if r.get("paper") else None,
-                         str(r.get("metric", metric)), str(r.get("series", "")),
-                         int(r["round"]) if r.get("round") is not None else None,
-                         str(r.get("authors", "group")),
-                         tuple(int(s) for s in r["seeds"]) if r.get("seeds") is not None else None) for r in raw["run"])
-        table = Table(name, str(raw["title"]), str(raw["source"]), root.parent / raw["config"],
-                      tuple(int(s) for s in raw.get("seeds", [0])), tuple(raw.get("quick", [])),
-                      tuple(raw.get("notes", [])), rows, str(raw["sweep"]) if raw.get("sweep") else None)
+        rows = tuple(
+            Row(
+                str(r["name"]),
+                tuple(str(s) for s in r.get("set", [])),
+                tuple(float(v) for v in r["paper"]) if r.get("paper") else None,
+                str(r.get("metric", metric)),
+                str(r.get("series", "")),
+                int(r["round"]) if r.get("round") is not None else None,
+                str(r.get("authors", "group")),
+                tuple(int(s) for s in r["seeds"]) if r.get("seeds") is not None else None,
+            )
+            for r in raw["run"]
+        )
+        table = Table(
+            name,
+            str(raw["title"]),
+            str(raw["source"]),
+            root.parent / raw["config"],
+            tuple(int(s) for s in raw.get("seeds", [0])),
+            tuple(raw.get("quick", [])),
+            tuple(raw.get("notes", [])),
+            rows,
+            str(raw["sweep"]) if raw.get("sweep") else None,
+        )
     except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as err:
-        raise UserError(f"{path}: not a reproduction table ({type(err).__name__}: {err}); it needs title, source, "
-                        f"config and [[run]] entries with name, set and paper") from None
+        raise UserError(
+            f"{path}: not a reproduction table ({type(err).__name__}: {err}); it needs title, source, "
+            f"config and [[run]] entries with name, set and paper"
+        ) from None
     if not table.seeds or first_repeated(table.seeds) is not None:
         raise UserError(f"{path}: seeds = {list(table.seeds)}; give distinct seeds, e.g. [0, 1, 2]")
     if len({r.name for r in rows}) != len(rows):
@@ -125,13 +149,17 @@ def load_table(name: str, root: Path = ROOT) -> Table:
         if r.seeds is not None and (not r.seeds or first_repeated(r.seeds) is not None):
             raise UserError(f"{path}: row {r.name!r} has seeds = {list(r.seeds)}; give distinct seeds, e.g. [0, 1, 2]")
         if any(o.split("=", 1)[0].strip() == "run.seed" for o in r.overrides):
-            raise UserError(f"{path}: row {r.name!r} sets run.seed, which each seed's run sets itself; give the row "
-                            f"seeds = [...] instead")
+            raise UserError(
+                f"{path}: row {r.name!r} sets run.seed, which each seed's run sets itself; give the row "
+                f"seeds = [...] instead"
+            )
         if r.at_round is not None and r.at_round < 1:
             raise UserError(f"{path}: row {r.name!r} reads round {r.at_round}; rounds count from 1")
         if table.sweep and sweep_value(r, table.sweep) is None:
-            raise UserError(f"{path}: row {r.name!r} does not set {table.sweep}, the key the table sweeps; add "
-                            f"\"{table.sweep}=VALUE\" to its set")
+            raise UserError(
+                f"{path}: row {r.name!r} does not set {table.sweep}, the key the table sweeps; add "
+                f'"{table.sweep}=VALUE" to its set'
+            )
     return table
 
 
@@ -189,24 +217,40 @@ def authors_metric(run: LoadedRun, kind: str = "group") -> float | None:
 
 
 def _stats(values: list[float], scale: float = 100.0) -> dict[str, Any]:
-    return {"mean": round(scale * float(np.mean(values)), 2), "std": round(scale * float(np.std(values)), 2),
-            "n": len(values)} if values else {}
+    return (
+        {
+            "mean": round(scale * float(np.mean(values)), 2),
+            "std": round(scale * float(np.std(values)), 2),
+            "n": len(values),
+        }
+        if values
+        else {}
+    )
 
 
 def _seeds_text(table: Table) -> str:
     """The table's seeds, then each row's own: "0, FedAvg: 0,1,2"."""
-    return ",".join(map(str, table.seeds)) + "".join(f", {r.name}: {','.join(map(str, r.seeds))}"
-                                                     for r in table.rows if r.seeds is not None)
+    return ",".join(map(str, table.seeds)) + "".join(
+        f", {r.name}: {','.join(map(str, r.seeds))}" for r in table.rows if r.seeds is not None
+    )
 
 
 def _cell(stats: dict[str, Any]) -> str:
     return f"{stats['mean']:.2f} +- {stats['std']:.2f} (n={stats['n']})" if stats else "-"
 
 
-def write_table(table: Table, results: dict[str, list[dict[str, Any]]], status: dict[str, str], seeds: list[int],
-                quick: bool, out_md: Path, out_json: Path, per_row: bool = False,
-                kept: dict[tuple[str, int], dict[str, Any]] | None = None,
-                progress: dict[tuple[str, int], dict[str, Any]] | None = None) -> dict[str, Any]:
+def write_table(
+    table: Table,
+    results: dict[str, list[dict[str, Any]]],
+    status: dict[str, str],
+    seeds: list[int],
+    quick: bool,
+    out_md: Path,
+    out_json: Path,
+    per_row: bool = False,
+    kept: dict[tuple[str, int], dict[str, Any]] | None = None,
+    progress: dict[tuple[str, int], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """TABLE.json and TABLE.md from the runs finished so far; ``per_row``: the rows that declare
     their own seeds ran those (no --seeds was given). ``kept``: recorded runs of seeds this table
     does not show, written on as each row's ``other_runs`` so that a later call (or a fresh
@@ -217,49 +261,89 @@ def write_table(table: Table, results: dict[str, list[dict[str, Any]]], status: 
     for row in table.rows:
         runs = results.get(row.name, [])
         ours = _stats([r[row.metric] for r in runs if r.get(row.metric) is not None], METRICS[row.metric][1])
-        theirs = _stats([r["authors_metric"] for r in runs if r.get("authors_metric") is not None]) \
-            if row.metric == "accuracy" else {}
-        entry = {"name": row.name, "metric": row.measure, "paper": {"mean": row.paper[0], "std": row.paper[1]} if row.paper else None,
-                 "ours": ours, "authors_metric": theirs, "status": status.get(row.name, "not run"),
-                 "difference": round(ours["mean"] - row.paper[0], 2) if ours and row.paper else None,
-                 "clusters": [r["n_clusters"] for r in runs], "ari": [r["ari"] for r in runs],
-                 "seconds": [r["seconds"] for r in runs], "seeds": [r["seed"] for r in runs], "set": list(row.overrides),
-                 "runs": runs}
+        theirs = (
+            _stats([r["authors_metric"] for r in runs if r.get("authors_metric") is not None])
+            if row.metric == "accuracy"
+            else {}
+        )
+        entry = {
+            "name": row.name,
+            "metric": row.measure,
+            "paper": {"mean": row.paper[0], "std": row.paper[1]} if row.paper else None,
+            "ours": ours,
+            "authors_metric": theirs,
+            "status": status.get(row.name, "not run"),
+            "difference": round(ours["mean"] - row.paper[0], 2) if ours and row.paper else None,
+            "clusters": [r["n_clusters"] for r in runs],
+            "ari": [r["ari"] for r in runs],
+            "seconds": [r["seconds"] for r in runs],
+            "seeds": [r["seed"] for r in runs],
+            "set": list(row.overrides),
+            "runs": runs,
+        }
         other = sorted((rec for (name, _), rec in (kept or {}).items() if name == row.name), key=lambda r: r["seed"])
         if other:
             entry["other_runs"] = other
-        going = sorted((p for (name, s), p in (progress or {}).items()
-                        if name == row.name and (name, s) not in finished), key=lambda p: p["seed"])
+        going = sorted(
+            (p for (name, s), p in (progress or {}).items() if name == row.name and (name, s) not in finished),
+            key=lambda p: p["seed"],
+        )
         if going:
             entry["progress"] = going
         rows.append(entry)
     own = [r for r in table.rows if r.seeds is not None] if per_row else []
-    command = f"stocfl reproduce {table.name}" + ("" if own else f" --seeds {','.join(map(str, seeds))}") + \
-        (" --quick" if quick else "")
+    command = (
+        f"stocfl-lab reproduce {table.name}"
+        + ("" if own else f" --seeds {','.join(map(str, seeds))}")
+        + (" --quick" if quick else "")
+    )
     seeds_line = f"; seeds {_seeds_text(table)}" if own else ""
-    doc = {"table": table.name, "title": table.title, "source": table.source,
-           "config": str(table.config.relative_to(table.config.parents[1])), "command": command, "seeds": seeds,
-           **({"row_seeds": {r.name: list(r.seeds) for r in own}} if own else {}),
-           "quick": quick, "machine": f"{_processors(results)}, {_threads(results)}, {_torch(results)}",
-           "date": _dates(results), "notes": list(table.notes), "rows": rows}
+    doc = {
+        "table": table.name,
+        "title": table.title,
+        "source": table.source,
+        "config": str(table.config.relative_to(table.config.parents[1])),
+        "command": command,
+        "seeds": seeds,
+        **({"row_seeds": {r.name: list(r.seeds) for r in own}} if own else {}),
+        "quick": quick,
+        "machine": f"{_processors(results)}, {_threads(results)}, {_torch(results)}",
+        "date": _dates(results),
+        "notes": list(table.notes),
+        "rows": rows,
+    }
     if quick:
         doc["notes"] = [f"--quick: {' '.join(table.quick)}; not the paper's setting", *doc["notes"]]
     write_atomic(out_json, json.dumps(doc, indent=2) + "\n")
-    lines = [f"# {table.title}", "", f"Source: {table.source}.", "",
-             f"Command: `{command}` (config `{doc['config']}`{seeds_line}), {doc['machine']}, {doc['date']}.", "",
-             "| method | measure | paper | ours | difference | ours: authors' metric | clusters | ARI | "
-             "wall time (s) | status |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# {table.title}",
+        "",
+        f"Source: {table.source}.",
+        "",
+        f"Command: `{command}` (config `{doc['config']}`{seeds_line}), {doc['machine']}, {doc['date']}.",
+        "",
+        "| method | measure | paper | ours | difference | ours: authors' metric | clusters | ARI | "
+        "wall time (s) | status |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for e in rows:
         paper = f"{e['paper']['mean']:.2f} +- {e['paper']['std']:.2f}" if e["paper"] else "-"
         diff = f"{e['difference']:+.2f}" if e["difference"] is not None else "-"
-        lines.append(f"| {e['name']} | {e['metric']} | {paper} | {_cell(e['ours'])} | {diff} | "
-                     f"{_cell(e['authors_metric'])} | "
-                     f"{', '.join(map(str, e['clusters'])) or '-'} | "
-                     f"{', '.join(f'{a:.3f}' for a in e['ari'] if a is not None) or '-'} | "
-                     f"{', '.join(f'{s:.0f}' for s in e['seconds']) or '-'} | {e['status'].replace('|', '/')} |")
-    lines += ["", "Accuracies in percent; every figure is the mean +- std over seeds (n = seeds finished; the std "
-              "of the n values, numpy's ddof = 0).", "",
-              "Notes:", ""]
+        lines.append(
+            f"| {e['name']} | {e['metric']} | {paper} | {_cell(e['ours'])} | {diff} | "
+            f"{_cell(e['authors_metric'])} | "
+            f"{', '.join(map(str, e['clusters'])) or '-'} | "
+            f"{', '.join(f'{a:.3f}' for a in e['ari'] if a is not None) or '-'} | "
+            f"{', '.join(f'{s:.0f}' for s in e['seconds']) or '-'} | {e['status'].replace('|', '/')} |"
+        )
+    lines += [
+        "",
+        "Accuracies in percent; every figure is the mean +- std over seeds (n = seeds finished; the std "
+        "of the n values, numpy's ddof = 0).",
+        "",
+        "Notes:",
+        "",
+    ]
     lines += [f"- {n}" for n in doc["notes"]]
     write_atomic(out_md, "\n".join(lines) + "\n")
     return doc
@@ -308,8 +392,9 @@ def _finished(run_dir: Path) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime((run_dir / "summary.json").stat().st_mtime))
 
 
-def run_progress(table: Table, row: Row, run_dir: Path, cfg: config.Config, seed: int,
-                 data_dir: str | None) -> dict[str, Any] | None:
+def run_progress(
+    table: Table, row: Row, run_dir: Path, cfg: config.Config, seed: int, data_dir: str | None
+) -> dict[str, Any] | None:
     """How far the unfinished run of ``row`` at ``seed`` in ``run_dir`` got: its rounds done of
     its config's, the row's measure at the last round that evaluated it (``measured_at``), its
     curves so far, the day of its last round and its config's digest. None when it has done no
@@ -326,10 +411,16 @@ def run_progress(table: Table, row: Row, run_dir: Path, cfg: config.Config, seed
         return None
     evaluated = [r for r in done if r.get(row.metric) is not None]
     day = time.strftime("%Y-%m-%d", time.gmtime((run_dir / "metrics.jsonl").stat().st_mtime))
-    return {"seed": seed, "rounds_done": len(done), "rounds": cfg.run.rounds,
-            "measured_at": evaluated[-1]["round"] if evaluated else None,
-            row.metric: float(evaluated[-1][row.metric]) if evaluated else None,
-            "date": day, "digest": digest, "curves": run_curves(table, run_dir, done)}
+    return {
+        "seed": seed,
+        "rounds_done": len(done),
+        "rounds": cfg.run.rounds,
+        "measured_at": evaluated[-1]["round"] if evaluated else None,
+        row.metric: float(evaluated[-1][row.metric]) if evaluated else None,
+        "date": day,
+        "digest": digest,
+        "curves": run_curves(table, run_dir, done),
+    }
 
 
 def progress_text(row: Row, p: dict[str, Any], here: bool) -> str:
@@ -366,8 +457,9 @@ def _config_at(config_of: Callable[[Row, int], config.Config], row: Row, seed: A
         return None
 
 
-def recorded_progress(table: Table, written: tuple[dict[str, Any], dict[str, Any]],
-                      config_of: Callable[[Row, int], config.Config]) -> dict[tuple[str, int], dict[str, Any]]:
+def recorded_progress(
+    table: Table, written: tuple[dict[str, Any], dict[str, Any]], config_of: Callable[[Row, int], config.Config]
+) -> dict[tuple[str, int], dict[str, Any]]:
     """The unfinished runs' progress the table's JSON (``written``, from :func:`_written`)
     records, by (row, seed), where it is of the row's config at that seed."""
     _, entries = written
@@ -378,7 +470,11 @@ def recorded_progress(table: Table, written: tuple[dict[str, Any], dict[str, Any
             continue
         for p in entry.get("progress") or []:
             cfg = _config_at(config_of, row, p.get("seed")) if isinstance(p, dict) else None
-            if cfg is not None and isinstance(p.get("rounds_done"), int) and p.get("digest") == stocfl.config_digest(cfg):
+            if (
+                cfg is not None
+                and isinstance(p.get("rounds_done"), int)
+                and p.get("digest") == stocfl.config_digest(cfg)
+            ):
                 found[(row.name, p["seed"])] = p
     return found
 
@@ -467,10 +563,10 @@ def _run_label(names: list[str], seeds: int) -> str:
     1 seed)"."""
     count = f"{seeds} seed{'s' if seeds > 1 else ''}"
     common = os.path.commonprefix(names) if len(names) > 1 else ""
-    base = common[:common.rfind(",")] if "," in common else ""
+    base = common[: common.rfind(",")] if "," in common else ""
     if len(names) == 1 or not base:
         return f"{' / '.join(names)} ({count})"
-    return f"{base} ({', '.join(name[len(base):].lstrip(', ') for name in names)}; {count})"
+    return f"{base} ({', '.join(name[len(base) :].lstrip(', ') for name in names)}; {count})"
 
 
 def _style(n: int) -> tuple[str, str]:
@@ -478,19 +574,23 @@ def _style(n: int) -> tuple[str, str]:
     return f"C{n % 10}", "os^Dv<>pPX"[(n + n // 10) % 10]
 
 
-def plot_curves(table: Table, finished: dict[str, list[dict[str, Any]]], path: Path,
-                unfinished: dict[str, list[dict[str, Any]]] | None = None) -> None:
+def plot_curves(
+    table: Table,
+    finished: dict[str, list[dict[str, Any]]],
+    path: Path,
+    unfinished: dict[str, list[dict[str, Any]]] | None = None,
+) -> None:
     """Draw the table's figure (``draw_curves``) into ``path``, grown to hold its legend."""
     import matplotlib.pyplot as plt
-
 
     fig = draw_curves(table, finished, unfinished)
     save_figure(fig, path, tight=True)
     plt.close(fig)
 
 
-def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]],
-                unfinished: dict[str, list[dict[str, Any]]] | None = None):
+def draw_curves(
+    table: Table, finished: dict[str, list[dict[str, Any]]], unfinished: dict[str, list[dict[str, Any]]] | None = None
+):
     """Each row's measure per round, mean over its finished seeds, with the paper's number
     starred in the same colour at the last round (StoCFL Fig. 5; clusters and the clustering
     objective per round, Fig. 3 b); a sweep table draws the final measure against the swept
@@ -503,11 +603,13 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]],
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-
     panels = _panels(table)
     fig, axes = plt.subplots(len(panels), 1, figsize=(8.5, 1.0 + 3.8 * len(panels)), squeeze=False)
-    ylabels = {**{k: v[0] for k, v in METRICS.items()}, "accuracy": "test accuracy (%)",
-               "objective": "clustering objective (Eq. 2)"}
+    ylabels = {
+        **{k: v[0] for k, v in METRICS.items()},
+        "accuracy": "test accuracy (%)",
+        "objective": "clustering objective (Eq. 2)",
+    }
     legend_lines: list[int] = []  # the lines of each panel's legend beside it
     for ax, (panel, group) in zip(axes[:, 0], panels):
         points: dict[str, list[tuple[float, float, float | None]]] = {}
@@ -516,7 +618,7 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]],
 
         def shown(name: str, group: str | None = group) -> str:
             """A row's legend name: a group's panel, titled with the group, drops it from each."""
-            return name[len(group) + 2:] if group is not None and name.startswith(f"{group}, ") else name
+            return name[len(group) + 2 :] if group is not None and name.startswith(f"{group}, ") else name
 
         for n, row in enumerate(table.rows):
             if row.name not in members:
@@ -528,10 +630,12 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]],
             finals = [r[row.metric] for r in records if r.get(row.metric) is not None]
             if table.sweep:
                 if finals:
-                    series = row.series or ", ".join(o for o in row.overrides
-                                                     if o.partition("=")[0].strip() != table.sweep)
+                    series = row.series or ", ".join(
+                        o for o in row.overrides if o.partition("=")[0].strip() != table.sweep
+                    )
                     points.setdefault(series or "ours", []).append(
-                        (sweep_value(row, table.sweep), scale * float(np.mean(finals)), paper))
+                        (sweep_value(row, table.sweep), scale * float(np.mean(finals)), paper)
+                    )
                 continue
             curves = [_series(r, key) for r in records]
             curves = [c for c in curves if c[0] and c[0] == curves[0][0]]
@@ -539,46 +643,88 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]],
             if not records and going:
                 p, (rounds, values) = max(going, key=lambda g: g[1][0][-1])
                 colour, marker = _style(n)
-                ax.plot(rounds, scale * np.asarray(values), color=colour, marker=marker, ms=4, mfc="none", ls="--",
-                        markevery=max(1, len(rounds) // 25),
-                        label=f"{shown(row.name)} (unfinished: seed {p['seed']}, round {p['rounds_done']} of {p['rounds']})")
+                ax.plot(
+                    rounds,
+                    scale * np.asarray(values),
+                    color=colour,
+                    marker=marker,
+                    ms=4,
+                    mfc="none",
+                    ls="--",
+                    markevery=max(1, len(rounds) // 25),
+                    label=f"{shown(row.name)} (unfinished: seed {p['seed']}, "
+                    f"round {p['rounds_done']} of {p['rounds']})",
+                )
                 if paper is not None:
                     ax.plot([p["rounds"]], [paper], color=colour, marker="*", ms=11, ls="", mec="k", mew=0.5)
                 continue
             if not curves:
                 if finals and panel != "objective" and row.at_round is None:
                     colour, marker = _style(n)
-                    why = "measured at the last round only" if any(r.get("curves") for r in records) \
-                        else "curve not recorded"  # macro accuracy is not logged per round
-                    ax.plot([records[0]["rounds"]], [scale * float(np.mean(finals))], color=colour,
-                            marker=marker, ms=6, mfc="none", ls="", label=f"{shown(row.name)}: final value ({why})")
+                    why = (
+                        "measured at the last round only"
+                        if any(r.get("curves") for r in records)
+                        else "curve not recorded"
+                    )  # macro accuracy is not logged per round
+                    ax.plot(
+                        [records[0]["rounds"]],
+                        [scale * float(np.mean(finals))],
+                        color=colour,
+                        marker=marker,
+                        ms=6,
+                        mfc="none",
+                        ls="",
+                        label=f"{shown(row.name)}: final value ({why})",
+                    )
                     if paper is not None:
-                        ax.plot([records[0]["rounds"]], [paper], color=colour, marker="*", ms=11, ls="", mec="k",
-                                mew=0.5)
+                        ax.plot(
+                            [records[0]["rounds"]], [paper], color=colour, marker="*", ms=11, ls="", mec="k", mew=0.5
+                        )
                 continue
             rounds, values = curves[0][0], scale * np.mean([c[1] for c in curves], axis=0)
             run_key = _run_key(row)
             if run_key in drawn:
                 if paper is not None:
-                    ax.plot([row.at_round or rounds[-1]], [paper], color=drawn[run_key], marker="*", ms=11, ls="",
-                            mec="k", mew=0.5)
+                    ax.plot(
+                        [row.at_round or rounds[-1]],
+                        [paper],
+                        color=drawn[run_key],
+                        marker="*",
+                        ms=11,
+                        ls="",
+                        mec="k",
+                        mew=0.5,
+                    )
                 continue
             colour, marker = _style(n)
             drawn[run_key] = colour
-            ax.plot(rounds, values, color=colour, marker=marker, ms=4, mfc="none",
-                    markevery=max(1, len(rounds) // 25),
-                    label=_run_label([shown(r.name) for r in table.rows if _run_key(r) == run_key],
-                                     len(curves)))
+            ax.plot(
+                rounds,
+                values,
+                color=colour,
+                marker=marker,
+                ms=4,
+                mfc="none",
+                markevery=max(1, len(rounds) // 25),
+                label=_run_label([shown(r.name) for r in table.rows if _run_key(r) == run_key], len(curves)),
+            )
             if paper is not None:
                 ax.plot([row.at_round or rounds[-1]], [paper], color=colour, marker="*", ms=11, ls="", mec="k", mew=0.5)
         for n, (series, pts) in enumerate(points.items()):
             pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "os^Dv"[n % 5] + "-", color=f"C{n % 10}", mfc="none",
-                    label=f"ours, final round: {series}")
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                "os^Dv"[n % 5] + "-",
+                color=f"C{n % 10}",
+                mfc="none",
+                label=f"ours, final round: {series}",
+            )
         paper_pts = sorted({(p[0], p[2]) for pts in points.values() for p in pts if p[2] is not None})
         if paper_pts:
-            ax.plot([p[0] for p in paper_pts], [p[1] for p in paper_pts], "k*", ms=11, ls="",
-                    label="the paper's number")
+            ax.plot(
+                [p[0] for p in paper_pts], [p[1] for p in paper_pts], "k*", ms=11, ls="", label="the paper's number"
+            )
         if not table.sweep and panel != "objective" and any(line.get_marker() == "*" for line in ax.lines):
             ax.plot([], [], "k*", ms=9, ls="", label="the paper's number")
         ax.set(xlabel=table.sweep if table.sweep else "round", ylabel=ylabels[panel])
@@ -598,8 +744,10 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]],
             legend_lines.append(-(-entries // ncol))
     if legend_lines:  # a long legend widens and heightens the figure rather than squeezing the axes
         renderer = fig.canvas.get_renderer()
-        widest = max(ax.get_legend().get_window_extent(renderer).width for ax in axes[:, 0]
-                     if ax.get_legend() is not None) / fig.dpi
+        widest = (
+            max(ax.get_legend().get_window_extent(renderer).width for ax in axes[:, 0] if ax.get_legend() is not None)
+            / fig.dpi
+        )
         fig.set_size_inches(max(8.5, 5.5 + widest), max(fig.get_size_inches()[1], 1.0 + 0.17 * max(legend_lines)))
     for ax, (_, group) in zip(axes[1:, 0], panels[1:]):
         if group is not None:
@@ -610,10 +758,19 @@ def draw_curves(table: Table, finished: dict[str, list[dict[str, Any]]],
     return fig
 
 
-def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, data_dir: str | None = None,
-              runs: Path | None = None, root: Path = ROOT, progress: bool = True,
-              log: Callable[[str], None] = print, report_only: bool = False,
-              rows: str | None = None, rerun: bool = False) -> dict[str, Any]:
+def reproduce(
+    name: str,
+    seeds: list[int] | None = None,
+    quick: bool = False,
+    data_dir: str | None = None,
+    runs: Path | None = None,
+    root: Path = ROOT,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+    report_only: bool = False,
+    rows: str | None = None,
+    rerun: bool = False,
+) -> dict[str, Any]:
     """Run (or reuse, or resume) every row of table ``name`` for every seed; write
     ``root/name.md`` and ``root/name.json`` after each run and return the JSON. With
     ``report_only``, run nothing: the table of the runs finished so far. ``rows`` ("2,4-6": 1-based
@@ -623,8 +780,10 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
     if rerun and report_only:
         raise UserError("reproduce: --rerun runs rows again and --report runs nothing; pass one of them")
     if seeds is not None and (not seeds or first_repeated(seeds) is not None):
-        raise UserError(f"reproduce: seeds {list(seeds)}: give distinct seeds, e.g. [0, 1, 2] (each is one run a row; "
-                        f"a seed given twice would count its run twice)")
+        raise UserError(
+            f"reproduce: seeds {list(seeds)}: give distinct seeds, e.g. [0, 1, 2] (each is one run a row; "
+            f"a seed given twice would count its run twice)"
+        )
     table = load_table(name, root)
     chosen = select_rows(table, rows)
     asked = seeds
@@ -675,8 +834,16 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
         return runs / f"{stems[row_name]}-seed{s}{suffix}"
 
     if not report_only:  # a run that would fail for want of its data fails before any other runs
-        _check_data(table, chosen, seeds_of, config_of, data_dir, lambda row, s: (
-            finished_summary(run_dir_of(row.name, s)) is None and (rerun or (row.name, s) not in recorded)))
+        _check_data(
+            table,
+            chosen,
+            seeds_of,
+            config_of,
+            data_dir,
+            lambda row, s: (
+                finished_summary(run_dir_of(row.name, s)) is None and (rerun or (row.name, s) not in recorded)
+            ),
+        )
 
     def unfinished(row: Row, s: int, pid: int | None = None) -> str:
         """A seed's unfinished run in words, its progress read again from its directory (the
@@ -718,8 +885,18 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
             # or has not finished) stays recorded until a finished run of its seed replaces it
             shown = {(row_name, r["seed"]) for row_name, runs_ in results.items() for r in runs_}
             kept = {key: rec for key, rec in recorded.items() if key not in shown}
-            return write_table(table, results, status, seeds, quick, out_md, out_json, per_row=asked is None,
-                               kept=kept, progress=partial)
+            return write_table(
+                table,
+                results,
+                status,
+                seeds,
+                quick,
+                out_md,
+                out_json,
+                per_row=asked is None,
+                kept=kept,
+                progress=partial,
+            )
 
     failed: list[str] = []
     for row in table.rows:
@@ -746,7 +923,7 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
             if runs_here:  # a finished run is reused, a stopped one resumed
                 log(f"reproduce {name}: {row.name}, seed {s} -> {run_dir}")
                 try:
-                    summary = run_or_reuse(configs[(row.name, s)], run_dir, data_dir, progress)
+                    summary = run_or_reuse(configs[(row.name, s)], run_dir, data_dir, progress, row.name)
                 except UserError as err:  # this row cannot run here (data we lack): the others still can
                     unfinished(row, s)  # how far it got stays recorded
                     row_failed = f"failed: {err}"
@@ -759,18 +936,26 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
             else:
                 theirs = authors_metric(stocfl.open_run(run_dir, data_dir).load(), row.authors)
                 write_atomic(held, json.dumps({"authors_metric": theirs}) + "\n")
-            result = {**{k: summary[k] for k in ("accuracy", "global_accuracy", "n_clusters", "ari", "seconds", "seed")},
-                      "threads": summary.get("threads"), "processor": summary.get("processor"),
-                      "torch": summary.get("torch"), "authors_metric": theirs,
-                      "heldout_accuracy": summary.get("heldout", {}).get("accuracy"),
-                      "macro_accuracy": summary.get("macro_accuracy", _macro_from_clients(run_dir))}
+            result = {
+                **{k: summary[k] for k in ("accuracy", "global_accuracy", "n_clusters", "ari", "seconds", "seed")},
+                "threads": summary.get("threads"),
+                "processor": summary.get("processor"),
+                "torch": summary.get("torch"),
+                "authors_metric": theirs,
+                "heldout_accuracy": summary.get("heldout", {}).get("accuracy"),
+                "macro_accuracy": summary.get("macro_accuracy", _macro_from_clients(run_dir)),
+            }
             if summary.get("eval_left_out"):  # its figures cover fewer clients than the row's setting
                 result["eval_left_out"] = len(summary["eval_left_out"])
             if row.at_round is not None:
                 result.update(authors_metric=None, **{row.metric: _at_round(run_dir, row)})
-            result.update(rounds=summary["rounds"], authors=row.authors, date=_finished(run_dir),
-                          digest=stocfl.open_run(run_dir, data_dir).digest,
-                          curves=run_curves(table, run_dir))
+            result.update(
+                rounds=summary["rounds"],
+                authors=row.authors,
+                date=_finished(run_dir),
+                digest=stocfl.open_run(run_dir, data_dir).digest,
+                curves=run_curves(table, run_dir),
+            )
             results.setdefault(row.name, []).append(result)
             partial.pop((row.name, s), None)
         status[row.name] = row_failed or partly(row, len(results.get(row.name, [])), row_idle or "done")
@@ -781,13 +966,15 @@ def reproduce(name: str, seeds: list[int] | None = None, quick: bool = False, da
         if any(r.get("curves") for runs_ in [*results.values(), *going.values()] for r in runs_):
             plot_curves(table, results, out_png, going)  # else the PNG drawn with them stays
     if failed:
-        raise UserError(f"reproduce {name}: {len(failed)} run(s) failed, the table holds the rest ({out_md}); "
-                        f"first: {failed[0]}")
+        raise UserError(
+            f"reproduce {name}: {len(failed)} run(s) failed, the table holds the rest ({out_md}); first: {failed[0]}"
+        )
     return doc
 
 
-def recorded_runs(table: Table, written: tuple[dict[str, Any], dict[str, Any]],
-                  config_of: Callable[[Row, int], config.Config]) -> dict[tuple[str, int], dict[str, Any]]:
+def recorded_runs(
+    table: Table, written: tuple[dict[str, Any], dict[str, Any]], config_of: Callable[[Row, int], config.Config]
+) -> dict[tuple[str, int], dict[str, Any]]:
     """The runs the table's JSON (``written``, from :func:`_written`) records as finished, by
     (row, seed), whichever seeds the call that wrote it showed (``other_runs`` keeps the rest). A
     run is reused only when its digest is that of the row's config at its seed (``config_of``). Tables
@@ -807,8 +994,11 @@ def recorded_runs(table: Table, written: tuple[dict[str, Any], dict[str, Any]],
         if "runs" in entry:
             for rec in [*entry["runs"], *(entry.get("other_runs") or [])]:
                 cfg = config_at(row, rec.get("seed")) if isinstance(rec, dict) else None
-                if cfg is not None and rec.get("digest") == stocfl.config_digest(cfg) \
-                        and rec.get("authors", "group") == row.authors:
+                if (
+                    cfg is not None
+                    and rec.get("digest") == stocfl.config_digest(cfg)
+                    and rec.get("authors", "group") == row.authors
+                ):
                     # recorded before runs had dates: the table was written that day or after
                     found[(row.name, rec["seed"])] = rec if rec.get("date") else {**rec, "date": written_on}
             continue
@@ -817,20 +1007,34 @@ def recorded_runs(table: Table, written: tuple[dict[str, Any], dict[str, Any]],
             continue
         theirs = entry.get("authors_metric") or {}
         rec = {k: None for k in ("accuracy", "global_accuracy", "heldout_accuracy", "macro_accuracy", "ari")}
-        rec.update({row.metric: ours["mean"] / METRICS[row.metric][1],
-                    "authors_metric": theirs["mean"] / 100.0 if theirs else None,
-                    "n_clusters": (entry.get("clusters") or [None])[0], "seconds": (entry.get("seconds") or [0.0])[0],
-                    "seed": seeds[0], "threads": int(threads.group(1)) if threads else None,
-                    "rounds": cfg.run.rounds, "digest": stocfl.config_digest(cfg), "curves": None, "date": written_on})
+        rec.update(
+            {
+                row.metric: ours["mean"] / METRICS[row.metric][1],
+                "authors_metric": theirs["mean"] / 100.0 if theirs else None,
+                "n_clusters": (entry.get("clusters") or [None])[0],
+                "seconds": (entry.get("seconds") or [0.0])[0],
+                "seed": seeds[0],
+                "threads": int(threads.group(1)) if threads else None,
+                "rounds": cfg.run.rounds,
+                "digest": stocfl.config_digest(cfg),
+                "curves": None,
+                "date": written_on,
+            }
+        )
         if row.metric != "ari" and entry.get("ari"):
             rec["ari"] = entry["ari"][0]
         found[(row.name, seeds[0])] = rec
     return found
 
 
-def _check_data(table: Table, chosen: set[str], seeds_of: Callable[[Row], list[int]],
-                config_of: Callable[[Row, int], config.Config], data_dir: str | None,
-                to_run: Callable[[Row, int], bool]) -> None:
+def _check_data(
+    table: Table,
+    chosen: set[str],
+    seeds_of: Callable[[Row], list[int]],
+    config_of: Callable[[Row, int], config.Config],
+    data_dir: str | None,
+    to_run: Callable[[Row, int], bool],
+) -> None:
     """One line for the chosen rows whose runs need a data directory this call lacks (none
     given, or not a directory), naming them by number, before anything runs."""
 
@@ -857,9 +1061,11 @@ def select_rows(table: Table, rows: str | None) -> set[str]:
     for item in rows.split(","):
         lo, dash, hi = item.strip().partition("-")
         if not (lo.isdigit() and (hi.isdigit() or not dash) and 1 <= int(lo) <= int(hi or lo) <= len(names)):
-            raise UserError(f"reproduce --rows {rows!r}: {item.strip()!r} is not a row number or range of "
-                            f"{table.name}'s rows 1 to {len(names)} ({listed})")
-        chosen.update(names[int(lo) - 1:int(hi or lo)])
+            raise UserError(
+                f"reproduce --rows {rows!r}: {item.strip()!r} is not a row number or range of "
+                f"{table.name}'s rows 1 to {len(names)} ({listed})"
+            )
+        chosen.update(names[int(lo) - 1 : int(hi or lo)])
     return chosen
 
 
@@ -881,8 +1087,10 @@ def _at_round(run_dir: Path, row: Row) -> float | None:
     for r in read_jsonl(run_dir / "metrics.jsonl"):
         if r["round"] == row.at_round:
             if r.get(row.metric) is None:
-                raise UserError(f"reproduce: row {row.name!r} reads {row.metric} at round {row.at_round}, where "
-                                f"{run_dir} did not evaluate; add \"run.eval_every=1\" to the row's set")
+                raise UserError(
+                    f"reproduce: row {row.name!r} reads {row.metric} at round {row.at_round}, where "
+                    f'{run_dir} did not evaluate; add "run.eval_every=1" to the row\'s set'
+                )
             return r[row.metric]
     raise UserError(f"reproduce: row {row.name!r} reads round {row.at_round}; {run_dir} has no such round")
 
@@ -895,8 +1103,7 @@ def _recorded(table: Table, path: Path) -> str:
         return "not run yet"
     states = [status.get(r.name, "not run") for r in table.rows]
     done = sum(s == "done" for s in states)
-    others = [f"{n} {kind}" for kind in ("stopped", "running")
-              if (n := sum(s.startswith(kind) for s in states))]
+    others = [f"{n} {kind}" for kind in ("stopped", "running") if (n := sum(s.startswith(kind) for s in states))]
     return ", ".join([f"{done} of {len(states)} rows done", *others])
 
 
@@ -906,8 +1113,10 @@ def listing(root: Path = ROOT) -> str:
         t = load_table(name, root)
         runs = len({tuple(sorted(r.overrides)) for r in t.rows})  # rows of one config share its runs
         rows = f"{len(t.rows)} rows, {runs} runs" if runs != len(t.rows) else f"{runs} runs"
-        lines.append(f"{name}: {t.title} ({rows} per seed; seeds {_seeds_text(t)}; "
-                     f"{_recorded(t, table_files(name, root=root)[1])})")
+        lines.append(
+            f"{name}: {t.title} ({rows} per seed; seeds {_seeds_text(t)}; "
+            f"{_recorded(t, table_files(name, root=root)[1])})"
+        )
     return "\n".join(lines) or f"no tables in {root}"
 
 

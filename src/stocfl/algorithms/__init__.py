@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from stocfl.algorithms.base import Algorithm, Context
+from stocfl.algorithms.base import Algorithm, Context, Params, Placement
 from stocfl.algorithms.cfl import CFL
 from stocfl.algorithms.ditto import Ditto
 from stocfl.algorithms.fedavg import FedAvg
+from stocfl.algorithms.fedprox import FedProx
 from stocfl.algorithms.fesem import FeSEM
 from stocfl.algorithms.flhc import FLHC
 from stocfl.algorithms.ifca import IFCA
-from stocfl.algorithms.fedprox import FedProx
 from stocfl.algorithms.stocfl.algorithm import StoCFL
 from stocfl.errors import UserError, refuse_builtin
 
-ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedAvg, FedProx, StoCFL, Ditto, IFCA, CFL, FLHC, FeSEM)}
+ALGORITHMS: dict[str, type[Algorithm]] = {
+    cls.name: cls for cls in (FedAvg, FedProx, StoCFL, Ditto, IFCA, CFL, FLHC, FeSEM)
+}
 BUILTIN_ALGORITHMS = frozenset(ALGORITHMS)
 
 
@@ -38,4 +40,20 @@ def algorithm_class(name: str) -> type[Algorithm]:
         raise UserError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}") from None
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "Context", "algorithm_class", "register_algorithm"]
+__all__ = [
+    "ALGORITHMS",
+    "CFL",
+    "FLHC",
+    "IFCA",
+    "Algorithm",
+    "Context",
+    "Ditto",
+    "FeSEM",
+    "FedAvg",
+    "FedProx",
+    "Params",
+    "Placement",
+    "StoCFL",
+    "algorithm_class",
+    "register_algorithm",
+]

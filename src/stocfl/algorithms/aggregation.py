@@ -17,8 +17,9 @@ fewer than half (a trim fraction) of the clients are crafted.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 import numpy as np
 import torch
@@ -47,8 +48,9 @@ def _median(x: torch.Tensor) -> torch.Tensor:
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
-def clipped_mean(vectors: list[torch.Tensor], weights, starts: list[torch.Tensor], clip_norm: float = 0.0
-                 ) -> torch.Tensor:
+def clipped_mean(
+    vectors: list[torch.Tensor], weights, starts: list[torch.Tensor], clip_norm: float = 0.0
+) -> torch.Tensor:
     """The weighted mean of start_i + d_i * min(1, C / ||d_i||), d_i = v_i - start_i."""
     norms = torch.stack([(v.double() - s.double()).norm() for v, s in zip(vectors, starts)])
     c = clip_norm if clip_norm > 0 else float(_median(norms))
@@ -67,7 +69,7 @@ def _by_blocks(vectors: list[torch.Tensor], f) -> torch.Tensor:
     out = torch.empty(vectors[0].numel(), dtype=torch.float32)
     step = max(1, BLOCK // len(vectors))
     for a in range(0, len(out), step):
-        out[a: a + step] = f(torch.stack([v[a: a + step].double() for v in vectors])).float()
+        out[a : a + step] = f(torch.stack([v[a : a + step].double() for v in vectors])).float()
     return out
 
 
@@ -78,7 +80,7 @@ def coordinate_median(vectors: list[torch.Tensor]) -> torch.Tensor:
 def trimmed_mean(vectors: list[torch.Tensor], trim: float) -> torch.Tensor:
     n = len(vectors)
     k = int(np.floor(trim * n))
-    return _by_blocks(vectors, lambda x: x.sort(dim=0).values[k: n - k].mean(0))
+    return _by_blocks(vectors, lambda x: x.sort(dim=0).values[k : n - k].mean(0))
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,9 @@ class Aggregator:
     clip_norm: float = 0.0
     trim: float = 0.1
 
-    def __call__(self, vectors: Sequence[torch.Tensor], weights, start: torch.Tensor | Sequence[torch.Tensor]
-                 ) -> torch.Tensor:
+    def __call__(
+        self, vectors: Sequence[torch.Tensor], weights, start: torch.Tensor | Sequence[torch.Tensor]
+    ) -> torch.Tensor:
         """Combine ``vectors`` (trained from ``start``: one model, or one per vector) with
         weights ``weights`` (|D_i|, or ones); ``median`` and ``trimmed_mean`` ignore the weights."""
         vectors = list(vectors)

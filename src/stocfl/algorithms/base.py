@@ -8,20 +8,21 @@ batches clients or sends messages.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from stocfl.storage import state as state_mod
 from stocfl.algorithms.aggregation import Aggregator
 from stocfl.bounds import MAX_MODEL_BYTES
 from stocfl.client.optim import Optimizer
-from stocfl.errors import UserError
 from stocfl.client.tasks import Evaluate, Result, Task, Train, Trained, task_seed
+from stocfl.errors import UserError
+from stocfl.storage import state as state_mod
 
 RunTasks = Callable[[list[Task]], list[Result]]
 
@@ -63,11 +64,13 @@ def check_models_fit(count: int, ctx: Context, key: str) -> None:
     """``count`` models of the run's size must fit the server's model budget (``MAX_MODEL_BYTES``)."""
     need = count * ctx.init_weights.numel() * 4
     if need > MAX_MODEL_BYTES:
-        raise UserError(f"config: algorithm.{key} = {count}: {count} models of {ctx.init_weights.numel():,} parameters "
-                        f"need {need / 2**30:.1f} GiB, more than the {MAX_MODEL_BYTES / 2**30:.0f} GiB budget; lower it")
+        raise UserError(
+            f"config: algorithm.{key} = {count}: {count} models of {ctx.init_weights.numel():,} parameters "
+            f"need {need / 2**30:.1f} GiB, more than the {MAX_MODEL_BYTES / 2**30:.0f} GiB budget; lower it"
+        )
 
 
-def train_losses(clients: list[int], models: list[torch.Tensor], run: "RunTasks") -> np.ndarray:
+def train_losses(clients: list[int], models: list[torch.Tensor], run: RunTasks) -> np.ndarray:
     """The loss of every model on every client's TRAIN data, clients x models. One Evaluate
     task per (client, model)."""
     if not clients:
@@ -76,7 +79,7 @@ def train_losses(clients: list[int], models: list[torch.Tensor], run: "RunTasks"
     return np.array([r.loss for r in res]).reshape(len(clients), len(models))
 
 
-def lowest_train_loss(clients: list[int], models: list[torch.Tensor], run: "RunTasks") -> list[int]:
+def lowest_train_loss(clients: list[int], models: list[torch.Tensor], run: RunTasks) -> list[int]:
     """For each client, the index of the model with the lowest loss on its TRAIN data (ties:
     the lower index)."""
     return train_losses(clients, models, run).argmin(axis=1).tolist()
@@ -115,8 +118,9 @@ class Algorithm:
     name: ClassVar[str]
     Params: ClassVar[type[Params]] = Params
     State: ClassVar[type | None] = None
+    state: Any  # the State dataclass's value; a subclass declares its type (state: State)
 
-    def __init__(self, params: Params, ctx: Context):
+    def __init__(self, params: Params, ctx: Context):  # type: ignore[valid-type]
         self.params = params
         self.ctx = ctx
 
@@ -130,14 +134,21 @@ class Algorithm:
         for f in dataclasses.fields(st):
             if f.name in cls.__dict__:
                 raise TypeError(f"{cls.__name__}.{f.name} is both a State field and a class attribute")
-            setattr(cls, f.name, property(lambda self, n=f.name: getattr(self.state, n),
-                                          lambda self, v, n=f.name: setattr(self.state, n, v)))
+            setattr(
+                cls,
+                f.name,
+                property(
+                    lambda self, n=f.name: getattr(self.state, n), lambda self, v, n=f.name: setattr(self.state, n, v)
+                ),
+            )
 
     def encode_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """``self.state`` as (tensors, JSON-able meta): a checkpoint's content."""
         if getattr(self, "state", None) is None:
-            raise UserError(f"algorithm {self.name!r}: set self.state to an instance of its State dataclass in "
-                            f"__init__ (the state that checkpoints and replays keep)")
+            raise UserError(
+                f"algorithm {self.name!r}: set self.state to an instance of its State dataclass in "
+                f"__init__ (the state that checkpoints and replays keep)"
+            )
         try:
             return state_mod.encode(self.state)
         except state_mod.StateError as err:
@@ -147,12 +158,32 @@ class Algorithm:
         """Back to the state :meth:`encode_state` gave (tensors, meta); every tensor is copied."""
         self.state = state_mod.decode(tensors, meta, self.state)
 
-    def local_training(self, round_: int, client: int, weights: torch.Tensor, purpose: int = 0,
-                       prox_center: torch.Tensor | None = None, prox_weight: float = 0.0) -> Train:
+    def local_training(
+        self,
+        round_: int,
+        client: int,
+        weights: torch.Tensor,
+        purpose: int = 0,
+        prox_center: torch.Tensor | None = None,
+        prox_weight: float = 0.0,
+    ) -> Train:
         """A Train task with the run's E, B, eta and a seed unique to (round, client, purpose)."""
         c, o = self.ctx, self.ctx.optimizer
-        return Train(client, weights, c.epochs, c.batch_size, c.lr, task_seed(c.seed, round_, client, purpose),
-                     prox_center, prox_weight, o.name, o.momentum, o.weight_decay, o.beta1, o.beta2)
+        return Train(
+            client,
+            weights,
+            c.epochs,
+            c.batch_size,
+            c.lr,
+            task_seed(c.seed, round_, client, purpose),
+            prox_center,
+            prox_weight,
+            o.name,
+            o.momentum,
+            o.weight_decay,
+            o.beta1,
+            o.beta2,
+        )
 
     def aggregate(self, results: list[Trained], start: torch.Tensor | list[torch.Tensor], weights=None) -> torch.Tensor:
         """The trained models combined by the run's rule (``[aggregation]``; by default the mean
@@ -161,8 +192,9 @@ class Algorithm:
         w = [r.n_samples for r in results] if weights is None else weights
         return self.ctx.aggregator([r.weights for r in results], w, start)
 
-    def chain(self, clients: list[int], task: Callable[[int, torch.Tensor], Train], start: torch.Tensor,
-              run: RunTasks) -> torch.Tensor:
+    def chain(
+        self, clients: list[int], task: Callable[[int, torch.Tensor], Train], start: torch.Tensor, run: RunTasks
+    ) -> torch.Tensor:
         """A model trained in a chain, as the StoCFL authors' code trains its global model: each
         client in turn trains from what the client before it returned (``task(client, start)``),
         and the result is the aggregate of the chain's models. Not FedAvg: a round is one

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from stocfl.bounds import MAX_COUNT, MAX_WEIGHT
-from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks, place_by_lowest_loss
 from stocfl.algorithms.aggregation import weighted_mean
+from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks, place_by_lowest_loss
+from stocfl.bounds import MAX_COUNT, MAX_WEIGHT
 
 
 class CFLParams(Params):
@@ -19,8 +19,12 @@ class CFLParams(Params):
     eps2: float = Field(1.6, ge=0, le=MAX_WEIGHT, description="... and the largest client update norm is above eps2")
     warmup: int = Field(20, ge=0, le=MAX_COUNT, description="rounds before any split")
     cluster_warmup: int = Field(
-        0, ge=0, le=MAX_COUNT, description="rounds the two halves of a split train before either may split again, as "
-        "warmup does for the first split (the paper's Algorithm 2 runs FL to a stationary point at every level)")
+        0,
+        ge=0,
+        le=MAX_COUNT,
+        description="rounds the two halves of a split train before either may split again, as "
+        "warmup does for the first split (the paper's Algorithm 2 runs FL to a stationary point at every level)",
+    )
 
 
 def bipartition(updates: torch.Tensor) -> np.ndarray:
@@ -60,6 +64,7 @@ class CFL(Algorithm):
     name = "cfl"
     placement = "the cluster model with the lowest loss on the client's train data"
     Params = CFLParams
+    params: CFLParams
 
     @dataclass
     class State:
@@ -68,33 +73,42 @@ class CFL(Algorithm):
         next_id: int  # id of the next cluster a split opens
         opened: dict[int, int] = field(default_factory=dict)  # cluster -> round of the split that made it
 
+    state: State
+
     def __init__(self, params: CFLParams, ctx: Context):
         super().__init__(params, ctx)
         self.state = self.State(np.full(ctx.n_clients, -1, dtype=np.int64), {0: ctx.init_weights.clone()}, 1)
 
     def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
-        for p in self.place_new([i for i in sampled if self.labels[i] < 0], run):
-            self.labels[p.client] = p.cluster
-        results = run([self.local_training(round_, i, self.models[int(self.labels[i])]) for i in sampled])
+        for p in self.place_new([i for i in sampled if self.state.labels[i] < 0], run):
+            self.state.labels[p.client] = p.cluster
+        results = run([self.local_training(round_, i, self.state.models[int(self.state.labels[i])]) for i in sampled])
         norms, splits = [], 0
-        for c in sorted(self.models):
-            idx = [k for k, i in enumerate(sampled) if self.labels[i] == c]
+        for c in sorted(self.state.models):
+            idx = [k for k, i in enumerate(sampled) if self.state.labels[i] == c]
             if not idx:
                 continue
-            w_c = self.models[c]
+            w_c = self.state.models[c]
             dw = torch.stack([results[k].weights - w_c for k in idx])
             n = [results[k].n_samples for k in idx]
             mean_dw = weighted_mean(list(dw), n)
             mean_norm, max_norm = float(mean_dw.norm()), float(dw.norm(dim=1).max())
             # the updates are aggregated (from 0) and added: with the mean rule, FedAvg's w_c + mean dW
             robust = self.ctx.aggregator.rule != "mean"
-            self.models[c] = w_c + (self.ctx.aggregator(list(dw), n, torch.zeros_like(w_c)) if robust else mean_dw)
+            self.state.models[c] = w_c + (
+                self.ctx.aggregator(list(dw), n, torch.zeros_like(w_c)) if robust else mean_dw
+            )
             norms.append({"cluster": c, "mean_norm": mean_norm, "max_norm": max_norm})
-            rested = c not in self.opened or round_ - self.opened[c] > self.params.cluster_warmup
-            if (round_ > self.params.warmup and rested and mean_norm < self.params.eps1 and max_norm > self.params.eps2
-                    and len(idx) > 2):
+            rested = c not in self.state.opened or round_ - self.state.opened[c] > self.params.cluster_warmup
+            if (
+                round_ > self.params.warmup
+                and rested
+                and mean_norm < self.params.eps1
+                and max_norm > self.params.eps2
+                and len(idx) > 2
+            ):
                 new = self.split(c, [sampled[k] for k in idx], dw)
-                self.opened[c] = self.opened[new] = round_
+                self.state.opened[c] = self.state.opened[new] = round_
                 splits += 1
         return {"cfl_norms": norms, "splits": splits}
 
@@ -104,36 +118,36 @@ class CFL(Algorithm):
         ids = np.asarray(fresh)  # sub-matrix row k is client fresh[k]: map back to global ids
         side = {int(i): int(h) for i, h in zip(ids, halves)}
         larger = int(np.bincount(halves, minlength=2).argmax())
-        new = self.next_id
-        self.next_id += 1
-        self.models[new] = self.models[c].clone()
-        for i in np.flatnonzero(self.labels == c):
+        new = self.state.next_id
+        self.state.next_id += 1
+        self.state.models[new] = self.state.models[c].clone()
+        for i in np.flatnonzero(self.state.labels == c):
             if side.get(int(i), larger) == 1:
-                self.labels[i] = new
+                self.state.labels[i] = new
         return new
 
     def global_model(self) -> torch.Tensor:
-        return self.models[0] if len(self.models) == 1 else self._mean()
+        return self.state.models[0] if len(self.state.models) == 1 else self._mean()
 
     def _mean(self) -> torch.Tensor:
         # CFL has no global model; the members-weighted mean of the cluster models stands in
-        counts = {c: int((self.labels == c).sum()) for c in self.models}
+        counts = {c: int((self.state.labels == c).sum()) for c in self.state.models}
         if not sum(counts.values()):
-            return self.models[min(self.models)]
-        return weighted_mean([self.models[c] for c in self.models], [counts[c] for c in self.models])
+            return self.state.models[min(self.state.models)]
+        return weighted_mean([self.state.models[c] for c in self.state.models], [counts[c] for c in self.state.models])
 
     def client_models(self, clients, run):
-        late = {p.client: p.weights for p in self.place_new([i for i in clients if self.labels[i] < 0], run)}
-        return [late[i] if i in late else self.models[int(self.labels[i])] for i in clients]
+        late = {p.client: p.weights for p in self.place_new([i for i in clients if self.state.labels[i] < 0], run)}
+        return [late[i] if i in late else self.state.models[int(self.state.labels[i])] for i in clients]
 
     def cluster_labels(self) -> np.ndarray:
-        return self.labels.copy()
+        return self.state.labels.copy()
 
     def cluster_models(self) -> dict[int, torch.Tensor]:
-        return dict(self.models)
+        return dict(self.state.models)
 
     def place_new(self, clients, run):
-        if len(self.models) == 1:
-            (c,) = self.models
-            return [Placement(i, c, None, False, self.models[c]) for i in clients]
-        return place_by_lowest_loss(clients, self.models, run)
+        if len(self.state.models) == 1:
+            (c,) = self.state.models
+            return [Placement(i, c, None, False, self.state.models[c]) for i in clients]
+        return place_by_lowest_loss(clients, self.state.models, run)

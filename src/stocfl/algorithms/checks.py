@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from stocfl.storage import formats
 from stocfl.algorithms.base import Placement
 from stocfl.errors import UserError
+from stocfl.storage import formats
 
 
 def _weights_problem(w: Any, like: torch.Tensor) -> str | None:
@@ -35,8 +35,10 @@ def check_outputs(algorithm) -> None:
         raise UserError(f"algorithm {name!r}: global_model() returned {bad}; {_expected(like)}")
     models = algorithm.cluster_models()
     if not isinstance(models, dict):
-        raise UserError(f"algorithm {name!r}: cluster_models() returned a value of type {type(models).__name__}; "
-                        f"expected a dict cluster id -> weights")
+        raise UserError(
+            f"algorithm {name!r}: cluster_models() returned a value of type {type(models).__name__}; "
+            f"expected a dict cluster id -> weights"
+        )
     for k, w in models.items():
         if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 0:
             raise UserError(f"algorithm {name!r}: cluster_models() has key {k!r}; expected cluster ids >= 0")
@@ -48,12 +50,21 @@ def check_outputs(algorithm) -> None:
 def check_labels(algorithm) -> np.ndarray:
     """``cluster_labels()``: a numpy integer array of N, each a cluster id or -1; returned."""
     labels, n = algorithm.cluster_labels(), algorithm.ctx.n_clients
-    if not isinstance(labels, np.ndarray) or labels.shape != (n,) or not np.issubdtype(labels.dtype, np.integer) \
-            or (labels < -1).any():
-        what = (f"an array of {labels.dtype} of shape {labels.shape}" if isinstance(labels, np.ndarray)
-                else f"a value of type {type(labels).__name__}")
-        raise UserError(f"algorithm {algorithm.name!r}: cluster_labels() returned {what}; expected a numpy integer "
-                        f"array of shape ({n},): each client's cluster id, -1 for not placed")
+    if (
+        not isinstance(labels, np.ndarray)
+        or labels.shape != (n,)
+        or not np.issubdtype(labels.dtype, np.integer)
+        or (labels < -1).any()
+    ):
+        what = (
+            f"an array of {labels.dtype} of shape {labels.shape}"
+            if isinstance(labels, np.ndarray)
+            else f"a value of type {type(labels).__name__}"
+        )
+        raise UserError(
+            f"algorithm {algorithm.name!r}: cluster_labels() returned {what}; expected a numpy integer "
+            f"array of shape ({n},): each client's cluster id, -1 for not placed"
+        )
     return labels
 
 
@@ -62,8 +73,10 @@ def check_client_models(algorithm, clients: list[int], models: Any) -> None:
     like = algorithm.ctx.init_weights
     if not isinstance(models, (list, tuple)) or len(models) != len(clients):
         got = f"{len(models)} models" if isinstance(models, (list, tuple)) else f"a {type(models).__name__}"
-        raise UserError(f"algorithm {algorithm.name!r}: client_models() returned {got} for {len(clients)} clients; "
-                        f"expected a list of one model per client")
+        raise UserError(
+            f"algorithm {algorithm.name!r}: client_models() returned {got} for {len(clients)} clients; "
+            f"expected a list of one model per client"
+        )
     for i, w in zip(clients, models):
         if (bad := _weights_problem(w, like)) is not None:
             raise UserError(f"algorithm {algorithm.name!r}: client_models() gave client {i} {bad}; {_expected(like)}")
@@ -74,24 +87,32 @@ def check_diagnostics(algorithm, t: int, diag: Any, measured: dict[str, Any]) ->
     replace one (a user's "accuracy" would be reported as the run's) and must be JSON."""
     name = algorithm.name
     if not isinstance(diag, dict) or not all(isinstance(k, str) for k in diag):
-        raise UserError(f"algorithm {name!r}: round({t}) returned a value of type {type(diag).__name__}; expected a "
-                        f"dict of diagnostics with string keys ({{}} for none)")
+        raise UserError(
+            f"algorithm {name!r}: round({t}) returned a value of type {type(diag).__name__}; expected a "
+            f"dict of diagnostics with string keys ({{}} for none)"
+        )
     if clash := sorted(set(diag) & (set(measured) | {"seconds"})):
-        raise UserError(f"algorithm {name!r}: round({t}) returned {clash[0]!r}, a figure the runner measures "
-                        f"itself; give the algorithm's own figure another name")
+        raise UserError(
+            f"algorithm {name!r}: round({t}) returned {clash[0]!r}, a figure the runner measures "
+            f"itself; give the algorithm's own figure another name"
+        )
     try:
         formats.json_line(diag)
     except (TypeError, ValueError) as err:
-        raise UserError(f"algorithm {name!r}: round({t}) returned diagnostics that are not JSON ({err}); return "
-                        f"numbers, strings, lists and dicts (a numpy array: .tolist())") from None
+        raise UserError(
+            f"algorithm {name!r}: round({t}) returned diagnostics that are not JSON ({err}); return "
+            f"numbers, strings, lists and dicts (a numpy array: .tolist())"
+        ) from None
 
 
 def check_placements(algorithm, clients: list[int], placed: Any) -> None:
     """``place_new(clients)``: one Placement per client, in order, with a model like w_0."""
     name, like = algorithm.name, algorithm.ctx.init_weights
     if not isinstance(placed, (list, tuple)) or [getattr(p, "client", None) for p in placed] != list(clients):
-        raise UserError(f"algorithm {name!r}: place_new() must return one Placement per client asked, in the order "
-                        f"asked ({len(clients)} clients)")
+        raise UserError(
+            f"algorithm {name!r}: place_new() must return one Placement per client asked, in the order "
+            f"asked ({len(clients)} clients)"
+        )
     for p in placed:
         if not isinstance(p, Placement):
             raise UserError(f"algorithm {name!r}: place_new() returned a {type(p).__name__}; expected Placement")

@@ -8,15 +8,16 @@ from typing import Any
 import torch
 from pydantic import ConfigDict, Field
 
-from stocfl.bounds import MAX_WEIGHT
 from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks
+from stocfl.bounds import MAX_WEIGHT
 from stocfl.storage.store import ClientStore
 
 
 class DittoParams(Params):
     model_config = ConfigDict(populate_by_name=True)
-    lam: float = Field(0.1, ge=0, le=MAX_WEIGHT, alias="lambda",
-                       description="lambda: personal loss + (lambda/2)||v_i - w||^2")
+    lam: float = Field(
+        0.1, ge=0, le=MAX_WEIGHT, alias="lambda", description="lambda: personal loss + (lambda/2)||v_i - w||^2"
+    )
 
 
 class Ditto(Algorithm):
@@ -32,31 +33,35 @@ class Ditto(Algorithm):
     name = "ditto"
     placement = "a new client has no personal model yet: it uses the global model (cluster 0)"
     Params = DittoParams
+    params: DittoParams
 
     @dataclass
     class State:
         w: torch.Tensor  # the global model
         personal: ClientStore  # v_i of every client sampled so far
 
+    state: State
+
     def __init__(self, params: DittoParams, ctx: Context):
         super().__init__(params, ctx)
-        self.state = self.State(ctx.init_weights.clone(),
-                                ClientStore(ctx.n_clients, len(ctx.init_weights), ctx.workdir, "ditto_personal"))
+        self.state = self.State(
+            ctx.init_weights.clone(), ClientStore(ctx.n_clients, len(ctx.init_weights), ctx.workdir, "ditto_personal")
+        )
 
     def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
         tasks = []
         for i in sampled:
-            v = self.personal.get(i) if i in self.personal else self.w
-            tasks.append(self.local_training(round_, i, self.w))
-            tasks.append(self.local_training(round_, i, v, prox_center=self.w, prox_weight=self.params.lam))
+            v = self.state.personal.get(i) if i in self.state.personal else self.state.w
+            tasks.append(self.local_training(round_, i, self.state.w))
+            tasks.append(self.local_training(round_, i, v, prox_center=self.state.w, prox_weight=self.params.lam))
         results = run(tasks)
         ws, vs = results[0::2], results[1::2]
-        self.w = self.aggregate(ws, self.w)
-        self.personal.write({i: r.weights for i, r in zip(sampled, vs)})
+        self.state.w = self.aggregate(ws, self.state.w)
+        self.state.personal.write({i: r.weights for i, r in zip(sampled, vs)})
         return {}
 
     def global_model(self) -> torch.Tensor:
-        return self.w
+        return self.state.w
 
     def client_models(self, clients, run):
-        return [self.personal.get(i) if i in self.personal else self.w for i in clients]
+        return [self.state.personal.get(i) if i in self.state.personal else self.state.w for i in clients]

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from pydantic import Field
 
 from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks
 
-CHAIN = ("train w in a chain, as the StoCFL authors' code does (Table 1): each sampled client, in client order, "
-         "trains from the previous one's result and w <- the mean of the chain; not the paper's method")
+CHAIN = (
+    "train w in a chain, as the StoCFL authors' code does (Table 1): each sampled client, in client order, "
+    "trains from the previous one's result and w <- the mean of the chain; not the paper's method"
+)
 
 
 class FedAvgParams(Params):
@@ -32,13 +34,16 @@ class FedAvg(Algorithm):
     """
 
     name = "fedavg"
-    Params = FedAvgParams
+    Params: ClassVar[type[FedAvgParams]] = FedAvgParams
+    params: FedAvgParams
 
     @dataclass
     class State:
         w: torch.Tensor  # the server model
 
-    def __init__(self, params: Params, ctx: Context):
+    state: State
+
+    def __init__(self, params: FedAvgParams, ctx: Context):
         super().__init__(params, ctx)
         self.state = self.State(ctx.init_weights.clone())
 
@@ -47,10 +52,12 @@ class FedAvg(Algorithm):
 
     def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
         if self.params.chain:
-            self.w = self.chain(sampled, lambda i, start: self.local_task(round_, i, start), self.w, run)
+            self.state.w = self.chain(sampled, lambda i, start: self.local_task(round_, i, start), self.state.w, run)
         else:
-            self.w = self.aggregate(run([self.local_task(round_, i, self.w) for i in sampled]), self.w)
+            self.state.w = self.aggregate(
+                run([self.local_task(round_, i, self.state.w) for i in sampled]), self.state.w
+            )
         return {}
 
     def global_model(self) -> torch.Tensor:
-        return self.w
+        return self.state.w

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from stocfl.bounds import MAX_WEIGHT
 from stocfl.algorithms.fedavg import FedAvg, FedAvgParams
+from stocfl.bounds import MAX_WEIGHT
 
 
 class FedProxParams(FedAvgParams):
@@ -23,6 +23,7 @@ class FedProx(FedAvg):
 
     name = "fedprox"
     Params = FedProxParams
+    params: FedProxParams
 
     def local_task(self, round_: int, client: int, start):
-        return self.local_training(round_, client, start, prox_center=self.w, prox_weight=self.params.mu)
+        return self.local_training(round_, client, start, prox_center=self.state.w, prox_weight=self.params.mu)

@@ -9,9 +9,16 @@ import numpy as np
 import torch
 from pydantic import ConfigDict, Field
 
+from stocfl.algorithms.base import (
+    Algorithm,
+    Context,
+    Params,
+    RunTasks,
+    check_models_fit,
+    lowest_train_loss,
+    place_by_lowest_loss,
+)
 from stocfl.bounds import MAX_WEIGHT
-from stocfl.algorithms.base import (Algorithm, Context, Params, RunTasks, check_models_fit, lowest_train_loss,
-                                   place_by_lowest_loss)
 from stocfl.errors import UserError
 from stocfl.storage.store import ClientStore
 
@@ -19,7 +26,9 @@ from stocfl.storage.store import ClientStore
 class FeSEMParams(Params):
     model_config = ConfigDict(populate_by_name=True)
     n_centers: int = Field(4, ge=1, le=1000, description="K: number of centers")
-    lam: float = Field(0.1, ge=0, le=MAX_WEIGHT, alias="lambda", description="lambda: local loss + lambda ||W_i - W~_k||^2")
+    lam: float = Field(
+        0.1, ge=0, le=MAX_WEIGHT, alias="lambda", description="lambda: local loss + lambda ||W_i - W~_k||^2"
+    )
     restarts: int = Field(20, ge=1, le=1000, description="K-means restarts for the initial centers")
 
 
@@ -52,6 +61,7 @@ class FeSEM(Algorithm):
     name = "fesem"
     placement = "the cluster model with the lowest loss on the client's train data"
     Params = FeSEMParams
+    params: FeSEMParams
 
     @dataclass
     class State:
@@ -59,70 +69,87 @@ class FeSEM(Algorithm):
         centers: torch.Tensor | None  # the K centers (K x P); None before round 1
         labels: np.ndarray  # center of every client; -1: never sampled
 
+    state: State
+
     def __init__(self, params: FeSEMParams, ctx: Context):
         super().__init__(params, ctx)
         if 0 < ctx.sample_size < params.n_centers:
-            raise UserError(f"fesem: K = algorithm.n_centers = {params.n_centers} centers need at least K clients in "
-                            f"round 1, but a round samples {ctx.sample_size}; raise run.sample_rate or lower n_centers")
+            raise UserError(
+                f"fesem: K = algorithm.n_centers = {params.n_centers} centers need at least K clients in "
+                f"round 1, but a round samples {ctx.sample_size}; raise run.sample_rate or lower n_centers"
+            )
         check_models_fit(params.n_centers, ctx, "n_centers")
-        self.state = self.State(ClientStore(ctx.n_clients, len(ctx.init_weights), ctx.workdir, "fesem_local"), None,
-                                np.full(ctx.n_clients, -1, dtype=np.int64))
+        self.state = self.State(
+            ClientStore(ctx.n_clients, len(ctx.init_weights), ctx.workdir, "fesem_local"),
+            None,
+            np.full(ctx.n_clients, -1, dtype=np.int64),
+        )
 
     def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
-        if self.centers is None:
-            first = torch.stack([r.weights for r in run([self.local_training(round_, i, self.ctx.init_weights, 1)
-                                                          for i in sampled])])
-            self.centers = self.kmeans(first)
+        if self.state.centers is None:
+            first = torch.stack(
+                [r.weights for r in run([self.local_training(round_, i, self.ctx.init_weights, 1) for i in sampled])]
+            )
+            self.state.centers = self.kmeans(first)
             assign = self.nearest(first)
         else:
-            known = [i for i in sampled if i in self.local]
-            unknown = [i for i in sampled if i not in self.local]
-            where = dict(zip(known, self.nearest(torch.stack([self.local.get(i) for i in known])) if known else []))
-            where.update(zip(unknown, lowest_train_loss(unknown, list(self.centers), run)))
+            known = [i for i in sampled if i in self.state.local]
+            unknown = [i for i in sampled if i not in self.state.local]
+            where = dict(
+                zip(known, self.nearest(torch.stack([self.state.local.get(i) for i in known])) if known else [])
+            )
+            where.update(zip(unknown, lowest_train_loss(unknown, list(self.state.centers), run)))
             assign = np.array([where[i] for i in sampled], dtype=np.int64)
         mu = 2 * self.params.lam  # tasks carry (mu/2)||.||^2
-        results = run([self.local_training(round_, i, self.centers[k], prox_center=self.centers[k], prox_weight=mu)
-                       for i, k in zip(sampled, assign)])
-        for k in range(len(self.centers)):
+        results = run(
+            [
+                self.local_training(round_, i, self.state.centers[k], prox_center=self.state.centers[k], prox_weight=mu)
+                for i, k in zip(sampled, assign)
+            ]
+        )
+        for k in range(len(self.state.centers)):
             mine = [r for r, a in zip(results, assign) if a == k]
             if mine:
-                self.centers[k] = self.aggregate(mine, self.centers[k], [1.0] * len(mine))
-        self.labels[sampled] = assign
-        self.local.write({i: r.weights for i, r in zip(sampled, results)})
-        return {"assigned": np.bincount(assign, minlength=len(self.centers)).tolist()}
+                self.state.centers[k] = self.aggregate(mine, self.state.centers[k], [1.0] * len(mine))
+        self.state.labels[sampled] = assign
+        self.state.local.write({i: r.weights for i, r in zip(sampled, results)})
+        return {"assigned": np.bincount(assign, minlength=len(self.state.centers)).tolist()}
 
     def nearest(self, models: torch.Tensor) -> np.ndarray:
         """E-step: the nearest center of each model (L2; ties: the lower index)."""
-        return torch.cdist(models.double(), self.centers.double()).argmin(dim=1).numpy()
+        assert self.state.centers is not None  # made in round 1, before any E-step
+        return torch.cdist(models.double(), self.state.centers.double()).argmin(dim=1).numpy()
 
     def kmeans(self, local: torch.Tensor) -> torch.Tensor:
         from sklearn.cluster import KMeans
 
         k = self.params.n_centers
         if len(local) < k:
-            raise UserError(f"fesem: K = algorithm.n_centers = {k} centers need at least K clients in round 1, "
-                            f"got {len(local)} (clients dropped?); raise run.sample_rate or lower n_centers")
+            raise UserError(
+                f"fesem: K = algorithm.n_centers = {k} centers need at least K clients in round 1, "
+                f"got {len(local)} (clients dropped?); raise run.sample_rate or lower n_centers"
+            )
         km = KMeans(n_clusters=k, n_init=self.params.restarts, random_state=self.ctx.seed).fit(local.double().numpy())
         return torch.from_numpy(km.cluster_centers_).float()
 
     def global_model(self) -> torch.Tensor:
-        return self.ctx.init_weights if self.centers is None else self.centers.mean(0)
+        return self.ctx.init_weights if self.state.centers is None else self.state.centers.mean(0)
 
     def client_models(self, clients, run):
-        if self.centers is None:
+        if self.state.centers is None:
             return [self.ctx.init_weights] * len(clients)
-        rows = list(self.centers)
-        unseen = [i for i in clients if self.labels[i] < 0]
+        rows = list(self.state.centers)
+        unseen = [i for i in clients if self.state.labels[i] < 0]
         guess = dict(zip(unseen, lowest_train_loss(unseen, rows, run)))
-        return [rows[int(self.labels[i])] if self.labels[i] >= 0 else rows[guess[i]] for i in clients]
+        return [rows[int(self.state.labels[i])] if self.state.labels[i] >= 0 else rows[guess[i]] for i in clients]
 
     def cluster_labels(self) -> np.ndarray:
-        return self.labels.copy()
+        return self.state.labels.copy()
 
     def cluster_models(self) -> dict[int, torch.Tensor]:
-        return {} if self.centers is None else dict(enumerate(self.centers))
+        return {} if self.state.centers is None else dict(enumerate(self.state.centers))
 
     def place_new(self, clients, run):
-        if self.centers is None:
+        if self.state.centers is None:
             return super().place_new(clients, run)
-        return place_by_lowest_loss(clients, dict(enumerate(self.centers)), run)
+        return place_by_lowest_loss(clients, dict(enumerate(self.state.centers)), run)

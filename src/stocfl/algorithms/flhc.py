@@ -9,10 +9,9 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from stocfl.bounds import MAX_COUNT, MAX_EPOCHS
 from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks, place_by_lowest_loss
+from stocfl.bounds import MAX_COUNT, MAX_EPOCHS
 from stocfl.client.tasks import Train, task_seed, without_dropped
-
 
 # The distance threshold that cuts the tree when none is given, per metric. l2: the paper's 3.0
 # (Briggs et al., section III-A: Ward linkage, Euclidean distance, their MNIST CNN). l1 and cosine:
@@ -21,24 +20,34 @@ from stocfl.client.tasks import Train, task_seed, without_dropped
 # rounds at cf = 0.2; benchmarks/flhc_threshold.py, results in benchmarks/flhc_threshold.json) with
 # complete linkage, as the middle of the gap between the highest merge inside a true group and the
 # lowest merge across groups: l1 1786 / 1879 -> 1830, cosine 0.826 / 1.077 -> 0.95 (l2: Ward 2.99 /
-# 8.18 and complete 2.82 / 3.19, both cut into the 4 true groups at 3.0). Distances of updates scale with the model, lr and epochs: on another
-# setting read the clustering step's merge heights in metrics.jsonl (flhc_heights) and set
-# distance_threshold, or n_clusters.
+# 8.18 and complete 2.82 / 3.19, both cut into the 4 true groups at 3.0). Distances of updates
+# scale with the model, lr and epochs: on another setting read the clustering step's merge
+# heights in metrics.jsonl (flhc_heights) and set distance_threshold, or n_clusters.
 DEFAULT_THRESHOLD = {"l1": 1830.0, "l2": 3.0, "cosine": 0.95}
 
 
 class FLHCParams(Params):
     warmup_rounds: int = Field(10, ge=0, le=MAX_COUNT, description="n: FedAvg rounds before the clustering step")
-    cluster_epochs: int = Field(3, ge=1, le=MAX_EPOCHS, description="local epochs of every client at the clustering step")
+    cluster_epochs: int = Field(
+        3, ge=1, le=MAX_EPOCHS, description="local epochs of every client at the clustering step"
+    )
     metric: Literal["l1", "l2", "cosine"] = Field("l1", description="distance between client updates")
     linkage: Literal["single", "complete", "average", "ward"] = Field("complete", description="ward needs l2")
     distance_threshold: float = Field(
-        0.0, ge=0, le=1e12, description="cut the tree at this distance; 0 = the metric's default "
-        f"({', '.join(f'{k} {v:g}' for k, v in DEFAULT_THRESHOLD.items())}) unless n_clusters is set")
-    n_clusters: int = Field(0, ge=0, le=MAX_COUNT, description="cut the tree into this many clusters instead (0 = cut by distance)")
+        0.0,
+        ge=0,
+        le=1e12,
+        description="cut the tree at this distance; 0 = the metric's default "
+        f"({', '.join(f'{k} {v:g}' for k, v in DEFAULT_THRESHOLD.items())}) unless n_clusters is set",
+    )
+    n_clusters: int = Field(
+        0, ge=0, le=MAX_COUNT, description="cut the tree into this many clusters instead (0 = cut by distance)"
+    )
     cluster_start: Literal["global", "updates"] = Field(
-        "global", description="each cluster's first model: 'global' = w, as the paper's Algorithm 1 prints "
-        "it; 'updates' = the mean of its members' models from the clustering step")
+        "global",
+        description="each cluster's first model: 'global' = w, as the paper's Algorithm 1 prints "
+        "it; 'updates' = the mean of its members' models from the clustering step",
+    )
 
     @model_validator(mode="after")
     def _one_cut(self):
@@ -79,6 +88,7 @@ class FLHC(Algorithm):
     name = "flhc"
     placement = "the cluster model with the lowest loss on the client's train data"
     Params = FLHCParams
+    params: FLHCParams
 
     @dataclass
     class State:
@@ -86,25 +96,27 @@ class FLHC(Algorithm):
         labels: np.ndarray  # cluster of every client; -1: not clustered
         models: dict[int, torch.Tensor]  # cluster id -> model; empty until the clustering step
 
+    state: State
+
     def __init__(self, params: FLHCParams, ctx: Context):
         super().__init__(params, ctx)
         self.state = self.State(ctx.init_weights.clone(), np.full(ctx.n_clients, -1, dtype=np.int64), {})
 
     def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
         if round_ <= self.params.warmup_rounds:
-            results = run([self.local_training(round_, i, self.w) for i in sampled])
-            self.w = self.aggregate(results, self.w)
+            results = run([self.local_training(round_, i, self.state.w) for i in sampled])
+            self.state.w = self.aggregate(results, self.state.w)
             return {}
-        if not self.models:
+        if not self.state.models:
             return self.cluster(round_, run)
-        late = [i for i in sampled if self.labels[i] < 0]
+        late = [i for i in sampled if self.state.labels[i] < 0]
         for p in self.place_new(late, run):
-            self.labels[p.client] = p.cluster
-        results = run([self.local_training(round_, i, self.models[int(self.labels[i])]) for i in sampled])
-        for c in self.models:
-            mine = [r for i, r in zip(sampled, results) if self.labels[i] == c]
+            self.state.labels[p.client] = p.cluster
+        results = run([self.local_training(round_, i, self.state.models[int(self.state.labels[i])]) for i in sampled])
+        for c in self.state.models:
+            mine = [r for i, r in zip(sampled, results) if self.state.labels[i] == c]
             if mine:
-                self.models[c] = self.aggregate(mine, self.models[c])
+                self.state.models[c] = self.aggregate(mine, self.state.models[c])
         return {}
 
     def cluster(self, round_: int, run: RunTasks) -> dict[str, Any]:
@@ -113,51 +125,68 @@ class FLHC(Algorithm):
         c, p = self.ctx, self.params
         # every participant (never a held-out client); clients that fail here are clustered
         # later, by lowest loss, like new clients
-        everyone, results = without_dropped(c.training_clients, lambda clients: run(
-            [Train(i, self.w, p.cluster_epochs, c.batch_size, c.lr, task_seed(c.seed, round_, i))
-             for i in clients]), f"round {round_}: FL+HC's clustering")
+        everyone, results = without_dropped(
+            c.training_clients,
+            lambda clients: run(
+                [
+                    Train(i, self.state.w, p.cluster_epochs, c.batch_size, c.lr, task_seed(c.seed, round_, i))
+                    for i in clients
+                ]
+            ),
+            f"round {round_}: FL+HC's clustering",
+        )
         unanswered = sorted(set(c.training_clients) - set(everyone))
         if not everyone:  # nobody answered: the clustering step is tried again next round
             return {"clustered": 0, "clustering_unanswered": unanswered}
-        self.labels = np.full(c.n_clients, -1, dtype=np.int64)
+        self.state.labels = np.full(c.n_clients, -1, dtype=np.int64)
         heights: list[float] = []
         if len(everyone) == 1:
             labels = np.zeros(1, dtype=np.int64)
         else:
-            dw = torch.stack([r.weights - self.w for r in results]).double().numpy()
+            dw = torch.stack([r.weights - self.state.w for r in results]).double().numpy()
             metric = {"l1": "manhattan", "l2": "euclidean", "cosine": "cosine"}[p.metric]
             n_clusters = min(p.n_clusters, len(everyone)) if p.n_clusters else None
             tree = AgglomerativeClustering(
-                n_clusters=n_clusters, distance_threshold=None if n_clusters else p.distance_threshold,
-                metric=metric, linkage=p.linkage, compute_full_tree=True, compute_distances=True,
+                n_clusters=n_clusters,
+                distance_threshold=None if n_clusters else p.distance_threshold,
+                metric=metric,
+                linkage=p.linkage,
+                compute_full_tree=True,
+                compute_distances=True,
             ).fit(dw)
             labels = tree.labels_
             heights = sorted(float(h) for h in tree.distances_)[-10:][::-1]
-        self.labels[everyone] = labels
+        self.state.labels[everyone] = labels
         members: dict[int, list] = {}
         for r, k in zip(results, labels):
             members.setdefault(int(k), []).append(r)
-        self.models = {k: self.w.clone() if p.cluster_start == "global" else self.aggregate(mine, self.w)
-                       for k, mine in sorted(members.items())}
-        return {"clustered": len(self.models), "flhc_heights": heights, "clustered_clients": len(everyone),
-                "clustering_unanswered": unanswered}
+        self.state.models = {
+            k: self.state.w.clone() if p.cluster_start == "global" else self.aggregate(mine, self.state.w)
+            for k, mine in sorted(members.items())
+        }
+        return {
+            "clustered": len(self.state.models),
+            "flhc_heights": heights,
+            "clustered_clients": len(everyone),
+            "clustering_unanswered": unanswered,
+        }
 
     def global_model(self) -> torch.Tensor:
-        return self.w
+        return self.state.w
 
     def client_models(self, clients, run):
-        if not self.models:
-            return [self.w] * len(clients)
-        late = {p.client: p.weights for p in self.place_new([i for i in clients if self.labels[i] < 0], run)}
-        return [late[i] if i in late else self.models[int(self.labels[i])] for i in clients]
+        if not self.state.models:
+            return [self.state.w] * len(clients)
+        late = {p.client: p.weights for p in self.place_new([i for i in clients if self.state.labels[i] < 0], run)}
+        return [late[i] if i in late else self.state.models[int(self.state.labels[i])] for i in clients]
 
     def cluster_labels(self) -> np.ndarray:
-        return self.labels.copy() if self.models else super().cluster_labels()
+        return self.state.labels.copy() if self.state.models else super().cluster_labels()
 
     def cluster_models(self) -> dict[int, torch.Tensor]:
-        return dict(self.models)
+        return dict(self.state.models)
 
     def place_new(self, clients, run):
-        if not self.models:
+        if not self.state.models:
             return super().place_new(clients, run)
-        return place_by_lowest_loss(clients, self.models, run)
+        return place_by_lowest_loss(clients, self.state.models, run)

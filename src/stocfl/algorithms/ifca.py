@@ -9,8 +9,16 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from stocfl.algorithms.base import (Algorithm, Context, Params, RunTasks, check_models_fit, lowest_train_loss,
-                                   place_by_lowest_loss, train_losses)
+from stocfl.algorithms.base import (
+    Algorithm,
+    Context,
+    Params,
+    RunTasks,
+    check_models_fit,
+    lowest_train_loss,
+    place_by_lowest_loss,
+    train_losses,
+)
 from stocfl.errors import UserError
 
 
@@ -37,63 +45,70 @@ class IFCA(Algorithm):
     name = "ifca"
     placement = "the cluster model with the lowest loss on the client's train data"
     Params = IFCAParams
+    params: IFCAParams
 
     @dataclass
     class State:
         models: list[torch.Tensor]  # the M cluster models
         choice: np.ndarray  # latest choice of every client (-1: never sampled)
 
+    state: State
+
     def __init__(self, params: IFCAParams, ctx: Context):
         super().__init__(params, ctx)
         if ctx.init_model is None:
             raise UserError("ifca needs Context.init_model (seed -> weights) to initialise its models independently")
         check_models_fit(params.n_models, ctx, "n_models")
-        self.state = self.State([ctx.init_model(ctx.seed + 1 + m) for m in range(params.n_models)],
-                                np.full(ctx.n_clients, -1, dtype=np.int64))
+        self.state = self.State(
+            [ctx.init_model(ctx.seed + 1 + m) for m in range(params.n_models)],
+            np.full(ctx.n_clients, -1, dtype=np.int64),
+        )
 
     def choose(self, clients: list[int], run: RunTasks) -> list[int]:
         """argmin_m of the train loss of model m on each client (ties: the lower index)."""
-        return lowest_train_loss(clients, self.models, run)
+        return lowest_train_loss(clients, self.state.models, run)
 
     def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
-        losses = train_losses(sampled, self.models, run)
+        losses = train_losses(sampled, self.state.models, run)
         chosen = losses.argmin(axis=1).tolist()  # as choose(): the lowest train loss, ties the lower index
-        self.choice[sampled] = chosen
-        starts = [self.models[k] for k in chosen]
+        self.state.choice[sampled] = chosen
+        starts = [self.state.models[k] for k in chosen]
         results = run([self.local_training(round_, i, w) for i, w in zip(sampled, starts)])
-        for k in range(len(self.models)):
+        for k in range(len(self.state.models)):
             mine = [r for r, c in zip(results, chosen) if c == k]
             if mine:
-                self.models[k] = self.aggregate(mine, self.models[k])
+                self.state.models[k] = self.aggregate(mine, self.state.models[k])
         if self.params.share_layers:
             shared = self.aggregate(results, starts)
             end = self.ctx.n_trainable or len(shared)  # the output layer: the last parameters
             head = end - self.ctx.last_layer
-            for w in self.models:
+            for w in self.state.models:
                 w[:head] = shared[:head]
                 w[end:] = shared[end:]  # buffers (BatchNorm statistics) are shared like the body
         # each model's mean train loss over the clients that chose it (None: nobody), before
         # training: where a model's own clients leave it (collapse), this says why
         picked = np.asarray(chosen)
-        own = [losses[picked == k, k] for k in range(len(self.models))]
-        return {"choices": np.bincount(picked, minlength=len(self.models)).tolist(),
-                "model_loss": [round(float(o.mean()), 4) if o.size else None for o in own]}
+        own = [losses[picked == k, k] for k in range(len(self.state.models))]
+        return {
+            "choices": np.bincount(picked, minlength=len(self.state.models)).tolist(),
+            "model_loss": [round(float(o.mean()), 4) if o.size else None for o in own],
+        }
 
     def global_model(self) -> torch.Tensor:
-        return self.models[0] if len(self.models) == 1 else self._mean()
+        return self.state.models[0] if len(self.state.models) == 1 else self._mean()
 
     def _mean(self) -> torch.Tensor:
         # IFCA has no global model; the plain mean of the M models stands in for global_accuracy
-        return torch.stack(self.models).mean(0)
+        return torch.stack(self.state.models).mean(0)
 
     def client_models(self, clients, run):
-        return [self.models[k] for k in self.choose(clients, run)]
+        return [self.state.models[k] for k in self.choose(clients, run)]
 
     def cluster_labels(self) -> np.ndarray:
-        return self.choice.copy()
+        return self.state.choice.copy()
 
     def cluster_models(self) -> dict[int, torch.Tensor]:
-        return dict(enumerate(self.models))
+        return dict(enumerate(self.state.models))
 
     def place_new(self, clients, run):
-        return place_by_lowest_loss(clients, dict(enumerate(self.models)), run)
+        return place_by_lowest_loss(clients, dict(enumerate(self.state.models)), run)

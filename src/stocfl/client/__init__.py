@@ -2,9 +2,33 @@
 
 from stocfl.client.models import FlatModel, build_module, make_model, register_model
 from stocfl.client.optim import Optimizer
-from stocfl.client.tasks import (ClientData, Evaluate, Evaluated, Train, Trained, evaluate_pooled, id_ranges,
-                                 register_task, task_seed)
+from stocfl.client.tasks import (
+    ClientData,
+    Evaluate,
+    Evaluated,
+    Train,
+    Trained,
+    evaluate_pooled,
+    id_ranges,
+    register_task,
+    task_seed,
+)
 from stocfl.client.training import local_sgd
 
-__all__ = ["ClientData", "Evaluate", "Evaluated", "FlatModel", "Optimizer", "Train", "Trained", "build_module",
-           "evaluate_pooled", "id_ranges", "local_sgd", "make_model", "register_model", "register_task", "task_seed"]
+__all__ = [
+    "ClientData",
+    "Evaluate",
+    "Evaluated",
+    "FlatModel",
+    "Optimizer",
+    "Train",
+    "Trained",
+    "build_module",
+    "evaluate_pooled",
+    "id_ranges",
+    "local_sgd",
+    "make_model",
+    "register_model",
+    "register_task",
+    "task_seed",
+]

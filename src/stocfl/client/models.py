@@ -11,13 +11,12 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
-
 
 
 def mlp(in_features: int, hidden: int, n_classes: int) -> nn.Module:
@@ -30,18 +29,32 @@ def cnn28(in_channels: int, n_classes: int) -> nn.Module:
     each followed by 2x2 max pooling, then FC 512 and the output layer. (The StoCFL paper adds
     dropout 0.5; left out because dropout makes local training depend on extra randomness.)"""
     return nn.Sequential(
-        nn.Conv2d(in_channels, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(64 * 7 * 7, 512), nn.ReLU(), nn.Linear(512, n_classes),
+        nn.Conv2d(in_channels, 32, 5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * 7 * 7, 512),
+        nn.ReLU(),
+        nn.Linear(512, n_classes),
     )
 
 
 def cifar_cnn(in_channels: int, n_classes: int) -> nn.Module:
     """Two 5x5 convs (32, 64) with 2x2 pooling and two FC layers (512, classes) for 32x32."""
     return nn.Sequential(
-        nn.Conv2d(in_channels, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(64 * 5 * 5, 512), nn.ReLU(), nn.Linear(512, n_classes),
+        nn.Conv2d(in_channels, 32, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * 5 * 5, 512),
+        nn.ReLU(),
+        nn.Linear(512, n_classes),
     )
 
 
@@ -77,8 +90,9 @@ def register_model(name: str, factory: ModelFactory) -> None:
         raise UserError(f"register_model: name {name!r} must be an identifier other than 'auto'")
     refuse_builtin("register_model", name, name in BUILTIN_MODELS)
     if not callable(factory):
-        raise UserError(f"register_model({name!r}): factory must be a function (input_shape, n_classes, hidden) -> "
-                        f"nn.Module")
+        raise UserError(
+            f"register_model({name!r}): factory must be a function (input_shape, n_classes, hidden) -> nn.Module"
+        )
     MODELS[name] = factory
 
 
@@ -163,8 +177,9 @@ class FlatModel:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             for m in module.modules():
-                if hasattr(m, "reset_parameters"):
-                    m.reset_parameters()
+                reset = getattr(m, "reset_parameters", None)
+                if callable(reset):
+                    reset()
             return _flat(module)
 
     @staticmethod
@@ -187,9 +202,8 @@ class FlatModel:
 
     def eval_chunk(self, x: torch.Tensor) -> int:
         """Samples per forward pass when evaluating on ``x`` (a batch). On a CPU a chunk's
-        largest layer output is kept near the cache's size: measured on one core, the LEAF CNN
-        (cnn28) took 548 us a sample in chunks of 256 and 933 in chunks of 8,192, with identical
-        logits; the MLP 784-2048-10 is level from 256 to 8,192. Accelerators take big chunks."""
+        largest layer output is kept near the cache's size, where a conv model runs fastest
+        with identical logits (docs: measured figures); accelerators take big chunks."""
         if x.device.type != "cpu":
             return EVAL_CHUNK_MAX
         key = (tuple(x.shape[1:]), x.dtype)
@@ -200,10 +214,9 @@ class FlatModel:
     def layout(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` (a batch of images, not under ``vmap``) in the memory layout this model's layers
         run fastest on: channels-last for a model with 2-D convolutions on the CPU, oneDNN's native
-        layout. Results are the same up to float rounding; measured on one core with
-        ``cifar_cnn``, local SGD (batch 10) took 1.2x less time and evaluation 1.85x less, most of
-        it in max-pooling (PyTorch's NCHW kernel is several times slower than its NHWC one); with
-        ``cnn28`` on one-channel images, 1.21x and 2.1x. A module that fails on such inputs or
+        layout. Results are the same up to float rounding, and local SGD and evaluation take less
+        time, most of it in max-pooling, whose NCHW kernel is several times slower than its NHWC
+        one (docs: measured figures). A module that fails on such inputs or
         gives other outputs (a ``view`` of a convolution's output, say), found once per input
         shape on one sample, keeps the caller's layout."""
         if not self._has_conv2d or x.dim() != 4 or x.device.type != "cpu":
@@ -267,8 +280,9 @@ class FlatModel:
         k = self.n_tensors
         return [t.view(s) for t, s in zip(torch.split(params[: self.n_trainable], self.numels[:k]), self.shapes[:k])]
 
-    def forward_tensors(self, params: list[torch.Tensor], buffers: list[torch.Tensor] | None, x: torch.Tensor
-                        ) -> torch.Tensor:
+    def forward_tensors(
+        self, params: list[torch.Tensor], buffers: list[torch.Tensor] | None, x: torch.Tensor
+    ) -> torch.Tensor:
         """Logits from shaped parameter tensors (each may be its own autograd leaf, so gradients
         come back per tensor, never concatenated); with ``buffers`` in train mode (as
         :meth:`forward_train`), without them as :meth:`forward`."""
@@ -281,7 +295,7 @@ class FlatModel:
 
     def split_buffers(self, w: torch.Tensor) -> list[torch.Tensor]:
         """The buffers of flat weights ``w``, each a tensor of its own (copies)."""
-        return [t.clone() for t in torch.split(w[self.n_trainable:], self.numels[self.n_tensors:])]
+        return [t.clone() for t in torch.split(w[self.n_trainable :], self.numels[self.n_tensors :])]
 
 
 def linear_model(input_shape, n_classes: int) -> FlatModel:

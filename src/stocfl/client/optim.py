@@ -11,13 +11,14 @@ original update ``w -= lr * g``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 
 @dataclass(frozen=True)
 class Optimizer:
-    name: str = "sgd"  # "sgd" | "adam"
+    name: Literal["sgd", "adam"] = "sgd"
     lr: float = 0.1
     momentum: float = 0.0
     weight_decay: float = 0.0
@@ -32,11 +33,16 @@ class Optimizer:
     def init(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
         """A fresh state for weights ``w`` (shape (P,) or (C, P))."""
         if self.name == "adam":
-            return {"m": torch.zeros_like(w), "v": torch.zeros_like(w), "t": torch.zeros(*w.shape[:-1], 1, device=w.device)}
+            return {
+                "m": torch.zeros_like(w),
+                "v": torch.zeros_like(w),
+                "t": torch.zeros(*w.shape[:-1], 1, device=w.device),
+            }
         return {"buf": torch.zeros_like(w), "t": torch.zeros(*w.shape[:-1], 1, device=w.device)}
 
-    def step(self, w: torch.Tensor, g: torch.Tensor, state: dict[str, torch.Tensor],
-             active: torch.Tensor | None = None) -> torch.Tensor:
+    def step(
+        self, w: torch.Tensor, g: torch.Tensor, state: dict[str, torch.Tensor], active: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Updates ``w`` and ``state`` in place with gradient ``g``; rows whose ``active`` is 0
         (a client out of mini-batches in the batched executor) keep their weights and state."""
         if self.weight_decay:
@@ -46,8 +52,8 @@ class Optimizer:
             m = state["m"].lerp(g, 1 - self.beta1)  # torch's own operations, in its order
             v = (self.beta2 * state["v"]).addcmul_(g, g, value=1 - self.beta2)
             tt = t.clamp(min=1.0).double()
-            step_size = (self.lr / (1 - self.beta1 ** tt)).float()
-            bias2_sqrt = (1 - self.beta2 ** tt).sqrt().float()
+            step_size = (self.lr / (1 - self.beta1**tt)).float()
+            bias2_sqrt = (1 - self.beta2**tt).sqrt().float()
             update = step_size * m / ((v.sqrt() / bias2_sqrt) + self.eps)
             new = {"m": m, "v": v}
         else:

@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, fields, is_dataclass
-from typing import Any, Callable, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
 
-from stocfl.errors import UserError, refuse_builtin
 from stocfl.client.models import FlatModel
 from stocfl.client.optim import Optimizer
 from stocfl.client.training import local_sgd
+from stocfl.errors import UserError, refuse_builtin
 
 log = logging.getLogger("stocfl")
 
@@ -108,13 +109,13 @@ def _count(n, expected: int, what: str) -> None:
         raise BadResult(f"{what} = {n!r}, but the client holds {expected}")
 
 
-def check_trained(task: "Train", result: "Trained", train_size: int, test_size: int) -> "Trained":
+def check_trained(task: Train, result: Trained, train_size: int, test_size: int) -> Trained:
     check_vector(result.weights, "weights", task.weights.numel(), MAX_ABS)
     _count(result.n_samples, train_size, "n_samples")
     return result
 
 
-def check_evaluated(task: "Evaluate", result: "Evaluated", train_size: int, test_size: int) -> "Evaluated":
+def check_evaluated(task: Evaluate, result: Evaluated, train_size: int, test_size: int) -> Evaluated:
     _count(result.n_samples, train_size if task.split == "train" else test_size, "n_samples")
     c = result.correct
     if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c <= result.n_samples:
@@ -169,8 +170,10 @@ def grouped_reasons(reasons: list[str]) -> str:
             alone.append(r)
         else:
             groups.setdefault(m.group(2), []).append((int(m.group(1)), r))
-    said = [got[0][1] if len(got) == 1 else f"{len(got)} clients ({id_ranges([i for i, _ in got])}): {why}"
-            for why, got in groups.items()]
+    said = [
+        got[0][1] if len(got) == 1 else f"{len(got)} clients ({id_ranges([i for i, _ in got])}): {why}"
+        for why, got in groups.items()
+    ]
     return "; ".join(said + alone)
 
 
@@ -244,8 +247,14 @@ KINDS: dict[type, TaskKind] = {}
 BUILTIN_MESSAGES = ("train", "evaluate", "query.represent")  # the tasks of the built-in algorithms
 
 
-def register_task(task: type, result: type, run: Callable[[ClientData, Any], Any], message: str | None = None,
-                  check: Callable | None = None, batched: Callable | None = None) -> TaskKind:
+def register_task(
+    task: type,
+    result: type,
+    run: Callable[[ClientData, Any], Any],
+    message: str | None = None,
+    check: Callable | None = None,
+    batched: Callable | None = None,
+) -> TaskKind:
     """Register a task kind (see :class:`TaskKind`). ``task`` and ``result`` are dataclasses; a
     task has a field ``client``. ``message`` defaults to ``query.<task name in lower case>``."""
     if not (isinstance(task, type) and is_dataclass(task) and isinstance(result, type) and is_dataclass(result)):
@@ -269,8 +278,9 @@ def kind_of(task_type: type) -> TaskKind:
     try:
         return KINDS[task_type]
     except KeyError:
-        raise UserError(f"{task_type.__name__} is not a registered task kind; register it with "
-                        f"stocfl.client.tasks.register_task") from None
+        raise UserError(
+            f"{task_type.__name__} is not a registered task kind; register it with stocfl.client.tasks.register_task"
+        ) from None
 
 
 def kind_by_message(message: str) -> TaskKind:
@@ -282,21 +292,25 @@ def kind_by_message(message: str) -> TaskKind:
 
 def check_train_task(t: Train, n_params: int) -> None:
     if t.weights.shape != (n_params,):
-        raise UserError(f"train task for client {t.client}: weights have shape {tuple(t.weights.shape)}, "
-                        f"the model has {n_params} parameters")
+        raise UserError(
+            f"train task for client {t.client}: weights have shape {tuple(t.weights.shape)}, "
+            f"the model has {n_params} parameters"
+        )
 
 
 def train_one(c: ClientData, t: Train) -> Trained:
     """The reference: local SGD on the client's train set (``stocfl.client.training.local_sgd``)."""
     check_train_task(t, c.model.n_params)
-    w = local_sgd(c.model, c.x, c.y, t.weights, t.epochs, t.batch_size, t.lr, t.seed, t.prox_center, t.prox_weight,
-                  opt=t.opt)
+    w = local_sgd(
+        c.model, c.x, c.y, t.weights, t.epochs, t.batch_size, t.lr, t.seed, t.prox_center, t.prox_weight, opt=t.opt
+    )
     return Trained(w, len(c.y))
 
 
 @torch.no_grad()
-def evaluate_pooled(model: FlatModel, w: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor]]
-                    ) -> list[Evaluated]:
+def evaluate_pooled(
+    model: FlatModel, w: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor]]
+) -> list[Evaluated]:
     """Loss and accuracy of one weights vector on each of several clients' data, in one forward
     pass over their concatenation (exact: the per-sample numbers do not depend on the batch)."""
     x = torch.cat([p[0] for p in parts])
@@ -304,9 +318,9 @@ def evaluate_pooled(model: FlatModel, w: torch.Tensor, parts: list[tuple[torch.T
     losses, correct = [], []
     chunk = model.eval_chunk(x)
     for a in range(0, len(y), chunk):
-        logits = model.forward(w, model.layout(x[a: a + chunk]))
-        losses.append(model.per_sample_loss(logits, y[a: a + chunk]).double())
-        correct.append(logits.argmax(1) == y[a: a + chunk])
+        logits = model.forward(w, model.layout(x[a : a + chunk]))
+        losses.append(model.per_sample_loss(logits, y[a : a + chunk]).double())
+        correct.append(logits.argmax(1) == y[a : a + chunk])
     loss_all = torch.cat(losses) if losses else torch.zeros(0, dtype=torch.float64)
     correct_all = torch.cat(correct) if correct else torch.zeros(0, dtype=torch.bool)
     out, start = [], 0

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -22,8 +22,9 @@ def batch_plan(n: int, epochs: int, batch_size: int, seed: int) -> list[list[tor
     return [list(torch.split(torch.randperm(n, generator=g), batch_size)) for _ in range(epochs)]
 
 
-def stacked_batch(plans, epoch: int, step: int, steps: list[int], sizes: list[int], device=None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def stacked_batch(
+    plans, epoch: int, step: int, steps: list[int], sizes: list[int], device=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Step ``step`` of ``epoch`` for a stack of clients following their ``plans``
     (:func:`batch_plan`): sample indices (clients x widest batch, padded with 0) and a mask of
     the real ones. A client out of batches gets an empty row."""
@@ -42,8 +43,20 @@ def stacked_batch(plans, epoch: int, step: int, steps: list[int], sizes: list[in
     return idx.to(device), mask.to(device)
 
 
-def local_sgd(model: FlatModel, x, y, w, epochs, batch_size, lr, seed, center=None, mu: float = 0.0,
-              grad: Callable | None = None, opt: Optimizer | None = None):
+def local_sgd(
+    model: FlatModel,
+    x,
+    y,
+    w,
+    epochs,
+    batch_size,
+    lr,
+    seed,
+    center=None,
+    mu: float = 0.0,
+    grad: Callable | None = None,
+    opt: Optimizer | None = None,
+):
     """E epochs of mini-batch SGD on f(w) + (mu/2)||w - center||^2, in the order of batch_plan.
 
     ``grad(w, x_flat, y, n_classes)``, when given, is an exact closed-form gradient used
@@ -63,9 +76,11 @@ def local_sgd(model: FlatModel, x, y, w, epochs, batch_size, lr, seed, center=No
     centers = model.param_views(center) if center is not None and mu else None
     with _seeded(seed, x.device) if model.random else contextlib.nullcontext():
         for epoch in batch_plan(len(y), epochs, batch_size, seed):
-            for idx in epoch or [None]:
+            batches: list[torch.Tensor | None] = list(epoch) if epoch else [None]  # None: the whole set
+            for idx in batches:
                 xb, yb = (x, y) if idx is None else (x[idx], y[idx])
                 flat = None
+                gs: Sequence[torch.Tensor]
                 if grad is not None:
                     flat = grad(params, xb, yb, n_classes)
                     gs = model.param_views(flat)
@@ -83,6 +98,7 @@ def local_sgd(model: FlatModel, x, y, w, epochs, batch_size, lr, seed, center=No
                     for v, g in zip(views, gs):
                         v.add_(g, alpha=-lr)
                 else:
+                    assert opt is not None  # a state is made only for an optimizer
                     opt.step(params, flat if flat is not None else torch.cat([g.reshape(-1) for g in gs]), state)
     return w
 
@@ -95,5 +111,3 @@ def _seeded(seed: int, device: torch.device):
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(int(seed))
         yield
-
-

@@ -4,5 +4,13 @@ from stocfl.data.datasets import Dataset, data_root, load_dataset, register_data
 from stocfl.data.federation import Federation
 from stocfl.data.scenarios import build, register_scenario
 
-__all__ = ["Dataset", "Federation", "build", "data_root", "load_dataset", "register_dataset", "register_scenario",
-           "resolve_data_dir"]
+__all__ = [
+    "Dataset",
+    "Federation",
+    "build",
+    "data_root",
+    "load_dataset",
+    "register_dataset",
+    "register_scenario",
+    "resolve_data_dir",
+]

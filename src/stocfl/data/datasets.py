@@ -14,10 +14,11 @@ import io
 import lzma
 import os
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -100,8 +101,10 @@ def data_root(name: str, data_dir: str | os.PathLike | None = None) -> Path | No
         return root
     if root is None:
         where = f" (expected layout: DIR/{LAYOUT[name]})" if name in LAYOUT else ""
-        raise UserError(f"data set {name!r} needs a data directory: pass --data-dir DIR or set "
-                        f"STOCFL_DATA_DIR{where}; 'digits' needs none")
+        raise UserError(
+            f"data set {name!r} needs a data directory: pass --data-dir DIR or set "
+            f"STOCFL_DATA_DIR{where}; 'digits' needs none"
+        )
     if not root.is_dir():
         what = "is a file, not a directory" if root.exists() else "does not exist"
         raise UserError(f"data directory {root} {what}; pass --data-dir DIR or set STOCFL_DATA_DIR")
@@ -120,20 +123,33 @@ def as_dataset(name: str, data: Any) -> Dataset:
         except TypeError:
             parts = ()
         if len(parts) != 4:
-            raise UserError(f"data set {name!r}: the loader must return a Dataset or (x_train, y_train, x_test, y_test)")
+            raise UserError(
+                f"data set {name!r}: the loader must return a Dataset or (x_train, y_train, x_test, y_test)"
+            )
         n_classes = None
     x_tr, y_tr = check_arrays(f"data set {name!r} train", *parts[:2])
     x_te, y_te = check_arrays(f"data set {name!r} test", *parts[2:])
     if x_tr.shape[1:] != x_te.shape[1:]:
-        raise UserError(f"data set {name!r}: train inputs have shape {tuple(x_tr.shape[1:])}, test inputs "
-                        f"{tuple(x_te.shape[1:])}; they must match")
+        raise UserError(
+            f"data set {name!r}: train inputs have shape {tuple(x_tr.shape[1:])}, test inputs "
+            f"{tuple(x_te.shape[1:])}; they must match"
+        )
     top = int(max(y_tr.max(), y_te.max() if len(y_te) else 0)) + 1
     n_classes = n_classes or top
     if top > n_classes:
         raise UserError(f"data set {name!r}: label {top - 1} is outside 0..{n_classes - 1}")
     note = data.note if isinstance(data, Dataset) else ""
-    return Dataset(name, x_tr, y_tr, x_te, y_te, int(n_classes),
-                   getattr(data, "writer_train", None), getattr(data, "writer_test", None), note)
+    return Dataset(
+        name,
+        x_tr,
+        y_tr,
+        x_te,
+        y_te,
+        int(n_classes),
+        getattr(data, "writer_train", None),
+        getattr(data, "writer_test", None),
+        note,
+    )
 
 
 def check_arrays(what: str, x: Any, y: Any, allow_empty: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -212,8 +228,13 @@ def _digits() -> Dataset:
     # A fixed stratified 75/25 split, independent of the run seed: the test split never moves.
     tr, te = train_test_split(np.arange(len(x)), test_size=0.25, random_state=0, stratify=d.target)
     return Dataset(
-        "digits", torch.from_numpy(x[tr]), torch.from_numpy(d.target[tr].astype(np.int64)), torch.from_numpy(x[te]),
-        torch.from_numpy(d.target[te].astype(np.int64)), 10, note="scikit-learn digits: 1,347 train / 450 test (fixed split)",
+        "digits",
+        torch.from_numpy(x[tr]),
+        torch.from_numpy(d.target[tr].astype(np.int64)),
+        torch.from_numpy(x[te]),
+        torch.from_numpy(d.target[te].astype(np.int64)),
+        10,
+        note="scikit-learn digits: 1,347 train / 450 test (fixed split)",
     )
 
 
@@ -272,9 +293,12 @@ def _fashion(root: Path) -> Dataset:
     if len(x["test_first2000"]) <= k:
         raise _corrupt(path, "fashion_mnist", f"{len(x['test_first2000'])} test images, expected 2,000")
     return Dataset(
-        "fashion_mnist", torch.cat([x["train_first100"], x["test_first2000"][:k]]),
-        torch.cat([y["train_first100"], y["test_first2000"][:k]]), x["test_first2000"][k:],
-        y["test_first2000"][k:], 10,
+        "fashion_mnist",
+        torch.cat([x["train_first100"], x["test_first2000"][:k]]),
+        torch.cat([y["train_first100"], y["test_first2000"][:k]]),
+        x["test_first2000"][k:],
+        y["test_first2000"][k:],
+        10,
         note="partial Fashion-MNIST: 2,100 images; train = official train 0..99 + test 0..1499 "
         "(1,600), test = official test 1500..1999 (500); the official train- and t10k-images-idx3-ubyte.gz "
         "and -labels-idx1-ubyte.gz in DATA_DIR/fashion_mnist give all 70,000",
@@ -302,16 +326,28 @@ def _cifar10(root: Path) -> Dataset:
     if len(x_tr) != 50000 or len(x_te) != 1000:
         raise _corrupt(d, "cifar10", f"{len(x_tr)} train and {len(x_te)} test images, expected 50,000 and 1,000")
     return Dataset(
-        "cifar10", x_tr, _labels(labels["y_train"], lp, "cifar10", 10, len(x_tr)), x_te,
-        _labels(labels["y_test_first1000"], lp, "cifar10", 10, len(x_te)), 10,
+        "cifar10",
+        x_tr,
+        _labels(labels["y_train"], lp, "cifar10", 10, len(x_tr)),
+        x_te,
+        _labels(labels["y_test_first1000"], lp, "cifar10", 10, len(x_te)),
+        10,
         note="CIFAR-10: 50,000 train; only the first 1,000 official test images",
     )
 
 
 @lru_cache(maxsize=1)
 def _femnist(root: Path) -> Dataset:
-    keys = ("x_train", "y_train", "writer_idx_train", "x_test", "y_test", "writer_idx_test",
-            "writer_id", "writer_source")
+    keys = (
+        "x_train",
+        "y_train",
+        "writer_idx_train",
+        "x_test",
+        "y_test",
+        "writer_idx_test",
+        "writer_id",
+        "writer_source",
+    )
     xs_tr, ys_tr, ws_tr, xs_te, ys_te, ws_te = [], [], [], [], [], []
     offset = 0
     for i in range(3):
@@ -320,18 +356,32 @@ def _femnist(root: Path) -> Dataset:
         for split, xs, ys, ws in (("train", xs_tr, ys_tr, ws_tr), ("test", xs_te, ys_te, ws_te)):
             x = _images(p[f"x_{split}"], path, "femnist", (28, 28))
             w = _labels(p[f"writer_idx_{split}"], path, "femnist", len(p["writer_id"]), len(x)).numpy()
-            xs.append(x); ys.append(_labels(p[f"y_{split}"], path, "femnist", 62, len(x))); ws.append(w + offset)
+            xs.append(x)
+            ys.append(_labels(p[f"y_{split}"], path, "femnist", 62, len(x)))
+            ws.append(w + offset)
         offset += len(p["writer_id"])
     # LEAF stores 255 = white background; invert to MNIST's dark background.
     x_tr = 1.0 - torch.cat(xs_tr)
     x_te = 1.0 - torch.cat(xs_te)
     return Dataset(
-        "femnist", x_tr, torch.cat(ys_tr), x_te, torch.cat(ys_te), 62,
-        writer_train=np.concatenate(ws_tr), writer_test=np.concatenate(ws_te),
+        "femnist",
+        x_tr,
+        torch.cat(ys_tr),
+        x_te,
+        torch.cat(ys_te),
+        62,
+        writer_train=np.concatenate(ws_tr),
+        writer_test=np.concatenate(ws_te),
         note=f"FEMNIST (LEAF 5% sample): {offset} writers, LEAF's own per-writer train/test split",
     )
 
 
-DATASETS.update({"digits": (lambda root: _digits(), False, True), "mnist": (_mnist, True, True),
-                 "fashion_mnist": (_fashion, True, True), "cifar10": (_cifar10, True, True),
-                 "femnist": (_femnist, True, True)})
+DATASETS.update(
+    {
+        "digits": (lambda root: _digits(), False, True),
+        "mnist": (_mnist, True, True),
+        "fashion_mnist": (_fashion, True, True),
+        "cifar10": (_cifar10, True, True),
+        "femnist": (_femnist, True, True),
+    }
+)

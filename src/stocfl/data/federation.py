@@ -11,7 +11,7 @@ import torch
 from stocfl.errors import UserError
 
 
-@dataclass
+@dataclass(repr=False)
 class Federation:
     """Every client's train and test data, stacked: client i's train set is
     ``x_train[train_offsets[i]:train_offsets[i+1]]`` (views, no copies)."""
@@ -28,6 +28,15 @@ class Federation:
     groups: np.ndarray | None = None  # true group of each client, where the scenario has one
     notes: list[str] = field(default_factory=list)
     heldout: np.ndarray | None = None  # clients kept out of training (new clients at the end)
+
+    def __repr__(self) -> str:
+        groups = "no true groups" if self.groups is None else f"{len(np.unique(self.groups))} true groups"
+        held = f", {int(self.heldout.sum())} held out" if self.heldout is not None and self.heldout.any() else ""
+        return (
+            f"Federation({self.scenario} on {self.dataset}: {self.n_clients} clients{held}, "
+            f"{len(self.y_train)} train / {len(self.y_test)} test samples of shape {self.input_shape}, "
+            f"{self.n_classes} classes, {groups})"
+        )
 
     @property
     def participants(self) -> list[int]:
@@ -85,8 +94,9 @@ class Federation:
         return self.x_test[a:b], self.y_test[a:b]
 
     @classmethod
-    def from_arrays(cls, train, test, groups=None, n_classes: int | None = None, name: str = "arrays",
-                    holdout=None) -> "Federation":
+    def from_arrays(
+        cls, train, test, groups=None, n_classes: int | None = None, name: str = "arrays", holdout=None
+    ) -> Federation:
         """A federation from each client's own data: ``train[i]`` and ``test[i]`` are client i's
         ``(x, y)`` (tensors or arrays: inputs (n, ...) of one shape for all, labels 0..classes-1).
         ``groups``: each client's true group, where known (for ARI/NMI); ``n_classes``: default
@@ -96,8 +106,10 @@ class Federation:
 
         train, test = list(train), list(test)
         if not train or len(train) != len(test):
-            raise UserError(f"Federation.from_arrays: {len(train)} train and {len(test)} test sets; give one of "
-                            f"each per client (at least one client)")
+            raise UserError(
+                f"Federation.from_arrays: {len(train)} train and {len(test)} test sets; give one of "
+                f"each per client (at least one client)"
+            )
         parts = []
         for split, sets in (("train", train), ("test", test)):
             for i, xy in enumerate(sets):
@@ -106,23 +118,32 @@ class Federation:
                 parts.append((split, i, *check_arrays(f"client {i} {split}", *xy, allow_empty=split == "test")))
         shapes = {tuple(x.shape[1:]) for _, _, x, _ in parts if len(x)}
         if len(shapes) != 1:
-            raise UserError(f"Federation.from_arrays: clients' inputs have different shapes {sorted(shapes)}; "
-                            f"every client's inputs must share one shape")
+            raise UserError(
+                f"Federation.from_arrays: clients' inputs have different shapes {sorted(shapes)}; "
+                f"every client's inputs must share one shape"
+            )
         top = max(int(y.max()) for *_, y in parts if len(y)) + 1
-        if n_classes is not None and (isinstance(n_classes, bool) or not isinstance(n_classes, (int, np.integer))
-                                      or n_classes < 2):
-            raise UserError(f"Federation.from_arrays: n_classes = {n_classes!r}; expected an integer >= 2, or None "
-                            f"for the largest label + 1")
+        if n_classes is not None and (
+            isinstance(n_classes, bool) or not isinstance(n_classes, (int, np.integer)) or n_classes < 2
+        ):
+            raise UserError(
+                f"Federation.from_arrays: n_classes = {n_classes!r}; expected an integer >= 2, or None "
+                f"for the largest label + 1"
+            )
         k = top if n_classes is None else int(n_classes)
         if top > k:
             bad = next((split, i) for split, i, _, y in parts if len(y) and int(y.max()) >= k)
-            raise UserError(f"Federation.from_arrays: client {bad[1]} {bad[0]} has label {top - 1}, outside "
-                            f"0..{k - 1} (n_classes = {k})")
+            raise UserError(
+                f"Federation.from_arrays: client {bad[1]} {bad[0]} has label {top - 1}, outside "
+                f"0..{k - 1} (n_classes = {k})"
+            )
         (shape,) = shapes
+
         def stack(split):
             xs = [x if len(x) else x.reshape(0, *shape) for sp, _, x, _ in parts if sp == split]
             ys = [y for sp, _, _, y in parts if sp == split]
             return torch.cat(xs), torch.cat(ys), np.concatenate([[0], np.cumsum([len(y) for y in ys])])
+
         (xtr, ytr, otr), (xte, yte, ote) = stack("train"), stack("test")
         n = len(train)
         if groups is not None:
@@ -139,18 +160,21 @@ class Federation:
                     raise ValueError("not client ids")  # a negative id would count from the end
                 mask[h if h.dtype == bool else list(h)] = True
             except (IndexError, ValueError, TypeError):
-                raise UserError(f"Federation.from_arrays: holdout must be client ids in 0..{n - 1} or a mask of "
-                                f"{n}") from None
+                raise UserError(
+                    f"Federation.from_arrays: holdout must be client ids in 0..{n - 1} or a mask of {n}"
+                ) from None
             if mask.all():
                 raise UserError("Federation.from_arrays: holdout leaves no client to train")
             fed.heldout = mask if mask.any() else None
         return fed
 
     @classmethod
-    def from_datasets(cls, train, test, groups=None, n_classes: int | None = None, name: str = "datasets",
-                      holdout=None) -> "Federation":
+    def from_datasets(
+        cls, train, test, groups=None, n_classes: int | None = None, name: str = "datasets", holdout=None
+    ) -> Federation:
         """:meth:`from_arrays` from one ``torch.utils.data.Dataset`` per client and split, each
         item an ``(x, y)`` pair."""
+
         def arrays(ds, what):
             try:
                 items = [ds[j] for j in range(len(ds))]
@@ -158,8 +182,9 @@ class Federation:
                 raise UserError(f"Federation.from_datasets: {what}: cannot read its items ({err})") from None
             if not items:
                 return torch.zeros(0, 1), torch.zeros(0, dtype=torch.long)
-            if (j := next((j for j, it in enumerate(items) if not isinstance(it, (tuple, list)) or len(it) != 2),
-                          None)) is not None:
+            if (
+                j := next((j for j, it in enumerate(items) if not isinstance(it, (tuple, list)) or len(it) != 2), None)
+            ) is not None:
                 raise UserError(f"Federation.from_datasets: {what}: item {j} is not a pair (x, y)")
             try:
                 xs = [torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x) for x, _ in items]
@@ -169,8 +194,10 @@ class Federation:
             if len({tuple(x.shape) for x in xs}) != 1:
                 raise UserError(f"Federation.from_datasets: {what}: items of different shapes")
             if (j := next((j for j, y in enumerate(ys) if y.numel() != 1), None)) is not None:
-                raise UserError(f"Federation.from_datasets: {what}: item {j}'s label has shape {tuple(ys[j].shape)}; "
-                                f"expected one number")
+                raise UserError(
+                    f"Federation.from_datasets: {what}: item {j}'s label has shape {tuple(ys[j].shape)}; "
+                    f"expected one number"
+                )
             # stacked as given, so that from_arrays refuses a label such as 1.7 instead of truncating it
             return torch.stack(xs), torch.stack([y.reshape(()) for y in ys])
 

@@ -25,9 +25,8 @@ writers                one client per real writer (FEMNIST)                     
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -67,8 +66,18 @@ def _swap(a: int, b: int):
     return f
 
 
-BUILTIN_SCENARIOS = ("iid", "pathological", "rotated", "shifted", "label_swap", "permuted_labels", "hybrid",
-                     "rotated_pathological", "dirichlet", "writers")
+BUILTIN_SCENARIOS = (
+    "iid",
+    "pathological",
+    "rotated",
+    "shifted",
+    "label_swap",
+    "permuted_labels",
+    "hybrid",
+    "rotated_pathological",
+    "dirichlet",
+    "writers",
+)
 ScenarioBuilder = Callable[..., "Federation"]
 # name -> builder for scenarios registered from user code (the built-ins are in ``build``)
 SCENARIOS: dict[str, ScenarioBuilder | None] = {name: None for name in BUILTIN_SCENARIOS}
@@ -124,8 +133,9 @@ def build(
     src = dataset if isinstance(dataset, Dataset) else load_dataset(dataset, data_dir)
     rng = np.random.default_rng(seed)
     if n_clients < 1 or samples_per_client < 1 or test_per_client < 0:
-        raise UserError("config: scenario.n_clients and scenario.samples_per_client must be >= 1, "
-                        "scenario.test_per_client >= 0")
+        raise UserError(
+            "config: scenario.n_clients and scenario.samples_per_client must be >= 1, scenario.test_per_client >= 0"
+        )
     if SCENARIOS.get(name) is not None:
         fed = SCENARIOS[name](src, n_clients, samples_per_client, test_per_client, seed, alpha)
         if not isinstance(fed, Federation):
@@ -135,8 +145,9 @@ def build(
     elif name == "dirichlet":
         fed = _dirichlet(src, n_clients, samples_per_client, test_per_client, alpha, rng)
     else:
-        fed = _grouped(name, src.name, _groups(name, src, data_dir), n_clients, samples_per_client,
-                       test_per_client, rng)
+        fed = _grouped(
+            name, src.name, _groups(name, src, data_dir), n_clients, samples_per_client, test_per_client, rng
+        )
     if holdout > 0:
         fed.heldout = _holdout(fed, holdout, np.random.default_rng([seed, 2]))
     return fed
@@ -152,8 +163,10 @@ def _holdout(fed: Federation, fraction: float, rng: np.random.Generator) -> np.n
         raise UserError(f"config: scenario.holdout = {fraction} leaves no client to train; lower it")
     if not out.any():
         sizes = sorted({int((groups == g).sum()) for g in np.unique(groups)})
-        raise UserError(f"config: scenario.holdout = {fraction} holds out no client (it rounds to 0 of each group's "
-                        f"{'/'.join(map(str, sizes))} clients); raise it, or give each group more clients")
+        raise UserError(
+            f"config: scenario.holdout = {fraction} holds out no client (it rounds to 0 of each group's "
+            f"{'/'.join(map(str, sizes))} clients); raise it, or give each group more clients"
+        )
     return out
 
 
@@ -170,18 +183,23 @@ def _groups(name: str, src: Dataset, data_dir: str | None) -> list[_Group]:
     if name == "label_swap":
         return [_Group(src, label=_swap(a, b), name=f"swap {a}<->{b}") for a, b in SWAPS]
     if name == "permuted_labels":
-        return [_Group(src, label=lambda y, p=torch.tensor(p): p[y], name=f"labels permuted {''.join(map(str, p))}")
-                for p in PERMUTATIONS]
+        return [
+            _Group(src, label=lambda y, p=torch.tensor(p): p[y], name=f"labels permuted {''.join(map(str, p))}")
+            for p in PERMUTATIONS
+        ]
     if name == "rotated_pathological":
         return [
             _Group(src, labels=ls, image=_rotate(t), name=f"rot {90 * t}, labels {ls}")
-            for t in (0, 2) for ls in LABEL_GROUPS
+            for t in (0, 2)
+            for ls in LABEL_GROUPS
         ]
     if name == "hybrid":
         if src.name == "digits":
             return [_Group(src, name="digits"), _Group(src, image=lambda x: 1.0 - x, name="negative digits")]
         if src.name != "mnist":
-            raise UserError("config: scenario.dataset: scenario hybrid needs mnist (paired with fashion_mnist) or digits")
+            raise UserError(
+                "config: scenario.dataset: scenario hybrid needs mnist (paired with fashion_mnist) or digits"
+            )
         return [_Group(src, name="mnist"), _Group(load_dataset("fashion_mnist", data_dir), name="fashion_mnist")]
     raise UserError(f"config: scenario.name: unknown scenario {name!r}")
 
@@ -204,7 +222,8 @@ def _grouped(scenario, dataset, groups, n_clients, per_client, test_per_client, 
         need = n_g * per_client
         if need > len(tr):
             raise UserError(
-                f"config: scenario.n_clients x scenario.samples_per_client: scenario {scenario} on {grp.source.name}: group {g} "
+                f"config: scenario.n_clients x scenario.samples_per_client: scenario {scenario} on "
+                f"{grp.source.name}: group {g} "
                 f"({grp.name}) needs {n_g} clients x "
                 f"{per_client} = {need} train samples but has {len(tr)}; lower n_clients or samples_per_client"
                 + (f" ({grp.source.note})" if grp.source.note else "")
@@ -212,7 +231,8 @@ def _grouped(scenario, dataset, groups, n_clients, per_client, test_per_client, 
         t = test_per_client or min(per_client, len(te) // n_g)
         if t == 0 or n_g * t > len(te):
             raise UserError(
-                f"config: scenario.n_clients x scenario.test_per_client: scenario {scenario} on {grp.source.name}: group {g} "
+                f"config: scenario.n_clients x scenario.test_per_client: scenario {scenario} on "
+                f"{grp.source.name}: group {g} "
                 f"({grp.name}) has {len(te)} test samples, "
                 f"too few for {n_g} clients x {max(t, 1)}; lower n_clients or test_per_client"
                 + (f" ({grp.source.note})" if grp.source.note else "")
@@ -227,9 +247,14 @@ def _grouped(scenario, dataset, groups, n_clients, per_client, test_per_client, 
     if len(shape) > 1:
         raise UserError(f"scenario {scenario}: groups have different image shapes {shape}")
     return Federation(
-        scenario, dataset,
-        torch.cat(xs_tr).contiguous(), torch.cat(ys_tr), np.arange(n_clients + 1) * per_client,
-        torch.cat(xs_te).contiguous(), torch.cat(ys_te), np.concatenate([[0], np.cumsum(sizes_te)]),
+        scenario,
+        dataset,
+        torch.cat(xs_tr).contiguous(),
+        torch.cat(ys_tr),
+        np.arange(n_clients + 1) * per_client,
+        torch.cat(xs_te).contiguous(),
+        torch.cat(ys_te),
+        np.concatenate([[0], np.cumsum(sizes_te)]),
         n_classes=max(g.source.n_classes for g in groups),
         groups=np.repeat(np.arange(len(groups)), counts),
         notes=[f"group {g}: {grp.name}" for g, grp in enumerate(groups)]
@@ -263,8 +288,10 @@ def _dirichlet(src, n_clients, per_client, test_per_client, alpha, rng) -> Feder
         if min(len(p) for p in tr_parts) > 0:
             break
     else:
-        raise UserError(f"config: scenario.alpha = {alpha} leaves dirichlet clients empty; raise scenario.alpha or "
-                        "scenario.samples_per_client")
+        raise UserError(
+            f"config: scenario.alpha = {alpha} leaves dirichlet clients empty; raise scenario.alpha or "
+            "scenario.samples_per_client"
+        )
     te_parts = _split_by_label(src.y_test.numpy()[te], te, q, n_clients)
     return _from_parts("dirichlet", src, tr_parts, te_parts, None, [f"alpha = {alpha}"])
 
@@ -287,18 +314,31 @@ def _from_parts(scenario, src, tr_parts, te_parts, groups, notes) -> Federation:
 
     x_tr, y_tr, off_tr = stack(src.x_train, src.y_train, tr_parts)
     x_te, y_te, off_te = stack(src.x_test, src.y_test, te_parts)
-    return Federation(scenario, src.name, x_tr, y_tr, off_tr, x_te, y_te, off_te, src.n_classes, groups,
-                      notes + ([src.note] if src.note else []))
+    return Federation(
+        scenario,
+        src.name,
+        x_tr,
+        y_tr,
+        off_tr,
+        x_te,
+        y_te,
+        off_te,
+        src.n_classes,
+        groups,
+        notes + ([src.note] if src.note else []),
+    )
 
 
 def _writers(src, n_clients, cap, test_cap, rng) -> Federation:
     if src.writer_train is None:
-        raise UserError(f"config: scenario.dataset: scenario writers needs a data set with writers (femnist); "
-                        f"{src.name} has none")
+        raise UserError(
+            f"config: scenario.dataset: scenario writers needs a data set with writers (femnist); {src.name} has none"
+        )
     have = np.intersect1d(np.unique(src.writer_train), np.unique(src.writer_test))
     if n_clients > len(have):
         raise UserError(
-            f"config: scenario.n_clients: asked for {n_clients} writers, {src.name} has {len(have)} with train and test "
+            f"config: scenario.n_clients: asked for {n_clients} writers, {src.name} has {len(have)} with train "
+            f"and test "
             f"data ({src.note}); lower n_clients"
         )
     chosen = np.sort(rng.choice(have, n_clients, replace=False))

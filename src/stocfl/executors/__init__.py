@@ -5,11 +5,37 @@ from stocfl.executors.base import Executor
 from stocfl.executors.batched import BatchedExecutor
 from stocfl.executors.lowrank import Structure, structure
 from stocfl.executors.parallel import ParallelExecutor
-from stocfl.executors.registry import (BATCHED_BELOW_FLOPS, BUILTIN_ENGINES, ENGINES, Engine, choose_engine,
-                                       choose_lowrank, engine_of, make_executor, register_engine, set_threads,
-                                       usable_cores)
+from stocfl.executors.registry import (
+    BATCHED_BELOW_FLOPS,
+    BUILTIN_ENGINES,
+    ENGINES,
+    Engine,
+    choose_engine,
+    choose_lowrank,
+    engine_of,
+    make_executor,
+    register_engine,
+    set_threads,
+    usable_cores,
+)
 from stocfl.executors.sequential import SequentialExecutor
 
-__all__ = ["BATCHED_BELOW_FLOPS", "BUILTIN_ENGINES", "ENGINES", "BatchedExecutor", "Engine", "Executor",
-           "ParallelExecutor", "SequentialExecutor", "Structure", "choose_engine", "choose_lowrank", "engine_of", "make_executor",
-           "register_engine", "set_threads", "structure", "usable_cores"]
+__all__ = [
+    "BATCHED_BELOW_FLOPS",
+    "BUILTIN_ENGINES",
+    "ENGINES",
+    "BatchedExecutor",
+    "Engine",
+    "Executor",
+    "ParallelExecutor",
+    "SequentialExecutor",
+    "Structure",
+    "choose_engine",
+    "choose_lowrank",
+    "engine_of",
+    "make_executor",
+    "register_engine",
+    "set_threads",
+    "structure",
+    "usable_cores",
+]

@@ -4,15 +4,15 @@ exact shared evaluation of clients that use one model."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
+from stocfl.client.models import FlatModel
+from stocfl.client.tasks import ClientData, Evaluate, Evaluated, Result, Task, evaluate_pooled, kind_of
+from stocfl.data.federation import Federation
 from stocfl.devices import federation_on, move
 from stocfl.errors import UserError
-from stocfl.client.models import FlatModel
-from stocfl.data.federation import Federation
-from stocfl.client.tasks import ClientData, Evaluate, Evaluated, Result, Task, evaluate_pooled, kind_of
 
 
 class Executor:
@@ -46,18 +46,21 @@ class Executor:
         for k, t in enumerate(tasks):
             by_kind[type(t)].append(k)
         fast = self.fast_paths()
-        remote, memo, cpu = self.device.type != "cpu", {}, torch.device("cpu")
+        memo: dict[int, torch.Tensor] = {}
+        remote, cpu = self.device.type != "cpu", torch.device("cpu")
         for kind, idx in by_kind.items():
             batch = [tasks[k] for k in idx]
             if remote:
                 batch = [move(t, self.device, memo) for t in batch]
             results = fast[kind](batch) if kind in fast else self.run_reference(kind, batch)
             if len(results) != len(batch):  # a user's batched function: its missing results were replies of None
-                raise UserError(f"the {kind.__name__} tasks' batched path returned {len(results)} results for "
-                                f"{len(batch)} tasks; it returns one result per task, in order")
+                raise UserError(
+                    f"the {kind.__name__} tasks' batched path returned {len(results)} results for "
+                    f"{len(batch)} tasks; it returns one result per task, in order"
+                )
             for k, r in zip(idx, results):
                 out[k] = move(r, cpu) if remote else r
-        return out  # type: ignore[return-value]
+        return out
 
     def run_reference(self, kind: type, tasks: list[Task]) -> list[Result]:
         """Tasks of one kind through its registered reference function, client by client."""
@@ -71,8 +74,9 @@ class Executor:
             groups[(id(t.weights), t.split)].append(k)
         for (_, split), idx in groups.items():
             data = self.data.train_data if split == "train" else self.data.test_data
-            for k, r in zip(idx, evaluate_pooled(self.model, tasks[idx[0]].weights, [data(tasks[k].client)
-                                                                                      for k in idx])):
+            for k, r in zip(
+                idx, evaluate_pooled(self.model, tasks[idx[0]].weights, [data(tasks[k].client) for k in idx])
+            ):
                 out[k] = r
         return out  # type: ignore[return-value]
 

@@ -14,13 +14,13 @@ from collections import defaultdict
 import torch
 from torch.func import grad, vmap
 
-from stocfl.devices import free_bytes
-from stocfl.executors.base import Executor
-from stocfl.errors import UserError
-from stocfl.executors.lowrank import LowRankTrainer, structure
 from stocfl.client.optim import Optimizer
 from stocfl.client.tasks import KINDS, Train, Trained, check_train_task
 from stocfl.client.training import batch_plan, stacked_batch
+from stocfl.devices import free_bytes
+from stocfl.errors import UserError
+from stocfl.executors.base import Executor
+from stocfl.executors.lowrank import LowRankTrainer, structure
 
 MEMORY_BUDGET = 1 << 30  # bytes per chunk for weights, gradients, centers and activations
 MAX_CHUNK = 512
@@ -33,9 +33,11 @@ class BatchedExecutor(Executor):
     def __init__(self, federation, model, chunk_size: int = 0, lowrank: bool = False, device="cpu"):
         super().__init__(federation, model, device)
         if model.random:
-            raise UserError(f"run.engine = {'lowrank' if lowrank else 'batched'}: the model has layers that draw "
-                            f"random numbers in training (Dropout, RReLU), which clients batched in one vmap cannot "
-                            f"draw as each would alone; use run.engine = sequential (auto picks it for such a model)")
+            raise UserError(
+                f"run.engine = {'lowrank' if lowrank else 'batched'}: the model has layers that draw "
+                f"random numbers in training (Dropout, RReLU), which clients batched in one vmap cannot "
+                f"draw as each would alone; use run.engine = sequential (auto picks it for such a model)"
+            )
         self.chunk_size = chunk_size
         s = structure(model) if lowrank else None
         self.lowrank = LowRankTrainer(s) if s is not None else None  # plain SGD on a dense first layer
@@ -53,7 +55,7 @@ class BatchedExecutor(Executor):
         paths = super().fast_paths()
         paths.update({k.task: (lambda tasks, f=k.batched: f(self, tasks)) for k in KINDS.values() if k.batched})
         if not self.model.has_buffers:  # vmap cannot update BatchNorm's running statistics in place:
-            paths[Train] = self.train   # such models train client by client (the reference)
+            paths[Train] = self.train  # such models train client by client (the reference)
         return paths
 
     def _chunk_len(self, max_batch: int) -> int:
@@ -101,15 +103,25 @@ class BatchedExecutor(Executor):
         if has_prox:
             centers = torch.stack([t.prox_center if t.prox_center is not None else t.weights for t in tasks])
         if self.lowrank is not None and opt.plain:
-            trained = self.lowrank.train(w, centers if has_prox else None, mu, x_pad, y_pad, sizes, epochs,
-                                         batch_size, opt.lr, [t.seed for t in tasks])
+            trained = self.lowrank.train(
+                w,
+                centers if has_prox else None,
+                mu,
+                x_pad,
+                y_pad,
+                sizes,
+                epochs,
+                batch_size,
+                opt.lr,
+                [t.seed for t in tasks],
+            )
             return [Trained(trained[i].clone(), sizes[i]) for i in range(c)]
         plans = [batch_plan(sizes[i], epochs, batch_size, t.seed) for i, t in enumerate(tasks)]
         rows = torch.arange(c, device=dev)[:, None]
         state = None if opt.plain else opt.init(w)
         full_mask = (torch.arange(n_max, device=dev)[None, :] < n[:, None]).float()
         for e in range(epochs):
-            steps = [len(p[e]) if p[e] is not None else 1 for p in plans]
+            steps = [1 if (plan_e := p[e]) is None else len(plan_e) for p in plans]
             for s in range(max(steps)):
                 if all(p[e] is None for p in plans):
                     xb, yb, mask = x_pad, y_pad, full_mask

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from stocfl.storage.store import ClientStore
 from stocfl.client.tasks import Evaluate, Train
+from stocfl.storage.store import ClientStore
 
 
 class LocalBatchNorm:
@@ -41,8 +41,9 @@ class LocalBatchNorm:
 
     def personalise(self, task):
         if isinstance(task, Train):
-            return dataclasses.replace(task, weights=self.own(task.client, task.weights),
-                                       prox_center=self.own(task.client, task.prox_center))
+            return dataclasses.replace(
+                task, weights=self.own(task.client, task.weights), prox_center=self.own(task.client, task.prox_center)
+            )
         if isinstance(task, Evaluate):
             return dataclasses.replace(task, weights=self.own(task.client, task.weights))
         return task

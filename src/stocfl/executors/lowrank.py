@@ -21,6 +21,7 @@ first layer is an ``nn.Linear`` on the flattened input, followed by layers witho
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -86,9 +87,19 @@ class LowRankTrainer:
 
         self._grads = vmap(grad(loss, argnums=(0, 1)))
 
-    def train(self, w: torch.Tensor, centers: torch.Tensor | None, mu: torch.Tensor, x: torch.Tensor,
-              y: torch.Tensor, sizes: list[int], epochs: int, batch_size: int, lr: float,
-              seeds: list[int]) -> torch.Tensor:
+    def train(
+        self,
+        w: torch.Tensor,
+        centers: torch.Tensor | None,
+        mu: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        sizes: list[int],
+        epochs: int,
+        batch_size: int,
+        lr: float,
+        seeds: list[int],
+    ) -> torch.Tensor:
         """Trained weights (c x P) from ``w`` (c x P, trained in place and returned); ``x``
         (c x n_max x ...) padded, ``sizes`` the true sizes; ``centers`` (c x P) with weights
         ``mu`` (c), or None."""
@@ -96,14 +107,14 @@ class LowRankTrainer:
         X = x.reshape(c, x.shape[1], -1).to(w.dtype)
         W0 = w[:, :hd].reshape(c, h, d)
         nb = h if self.s.bias else 0
-        b = w[:, hd:hd + nb].clone()
-        rest = w[:, hd + nb:].clone()
+        b = w[:, hd : hd + nb].clone()
+        rest = w[:, hd + nb :].clone()
         P0 = torch.bmm(X, W0.transpose(1, 2))
         has_prox = centers is not None and bool((mu != 0).any())
-        if has_prox:
+        if has_prox and centers is not None:
             C = centers[:, :hd].reshape(c, h, d)
             PC = P0 if torch.equal(C, W0) else torch.bmm(X, C.transpose(1, 2))  # FedProx: the center is the start
-            cb, crest = centers[:, hd:hd + nb], centers[:, hd + nb:]
+            cb, crest = centers[:, hd : hd + nb], centers[:, hd + nb :]
         K = torch.bmm(X, X.transpose(1, 2))
         n_max = X.shape[1]
         A = torch.zeros(c, n_max, h, dtype=w.dtype, device=dev)
@@ -114,14 +125,19 @@ class LowRankTrainer:
         rows = torch.arange(c, device=dev)[:, None]
         full_mask = (torch.arange(n_max, device=dev)[None, :] < torch.tensor(sizes, device=dev)[:, None]).to(w.dtype)
         for e in range(epochs):
-            steps = [len(p[e]) if p[e] is not None else 1 for p in plans]
+            steps = [1 if (plan_e := p[e]) is None else len(plan_e) for p in plans]
             whole = all(p[e] is None for p in plans)  # full batch: every row, in order, no gathering
+            pick: Callable[[torch.Tensor], torch.Tensor]
             for st in range(max(steps)):
                 if whole:
                     mask, pick = full_mask, (lambda t: t)
                 else:
                     idx, mask = stacked_batch(plans, e, st, steps, sizes, dev)
-                    mask, pick = mask.to(w.dtype), (lambda t, idx=idx: t[rows, idx])
+                    mask = mask.to(w.dtype)
+
+                    def pick(t: torch.Tensor, idx: torch.Tensor = idx) -> torch.Tensor:
+                        return t[rows, idx]
+
                 z = torch.baddbmm(alpha[:, None, None] * pick(P0), pick(K), A)
                 if has_prox:
                     z = z + beta[:, None, None] * pick(PC)
@@ -154,7 +170,6 @@ class LowRankTrainer:
         W0.baddbmm_(A.transpose(1, 2), X)
         if has_prox:
             W0.add_(beta[:, None, None] * C)
-        w[:, hd:hd + nb] = b
-        w[:, hd + nb:] = rest
+        w[:, hd : hd + nb] = b
+        w[:, hd + nb :] = rest
         return w
-

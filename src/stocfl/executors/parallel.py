@@ -1,9 +1,9 @@
 """Clients side by side in worker processes, one torch thread each.
 
-On a CPU a small client step uses a second thread poorly: pfl-research's CIFAR-10 CNN at
-batch 10 took 12.5 ms a step on 2 threads, and 19.5 ms on one thread in each of two processes
-at once, i.e. 9.75 ms of throughput (2026-11-25, this machine). Threads in one process do not
-get that (the interpreter lock serialises the Python between the kernels), processes do.
+On a CPU a small client step uses a second thread poorly, and two one-thread processes side by
+side get more steps a second than one process with two threads (the figures are on the docs'
+measured-figures page). Threads in one process do not get that (the interpreter lock
+serialises the Python between the kernels), processes do.
 
 Workers are forked from this process when the first tasks come, so they start with the
 federation, the model and the registered task kinds. Tasks and results cross through shared
@@ -26,12 +26,12 @@ from typing import Any
 
 import torch
 
+from stocfl.client.tasks import KINDS, kind_of
 from stocfl.devices import map_tensors
 from stocfl.errors import UserError
 from stocfl.executors.base import Executor
-from stocfl.client.tasks import KINDS, kind_of
 
-_worker: "ParallelExecutor | None" = None  # the executor being forked; in a worker, the one it was forked from
+_worker: ParallelExecutor | None = None  # the executor being forked; in a worker, the one it was forked from
 
 
 def _start_worker() -> None:
@@ -68,7 +68,11 @@ def _compact(value: Any, memo: dict[int, torch.Tensor] | None = None) -> Any:
 
 
 def _is_view(v: torch.Tensor) -> bool:
-    return bool(v.storage_offset()) or not v.is_contiguous() or v.untyped_storage().nbytes() != v.numel() * v.element_size()
+    return (
+        bool(v.storage_offset())
+        or not v.is_contiguous()
+        or v.untyped_storage().nbytes() != v.numel() * v.element_size()
+    )
 
 
 def part_sizes(n: int, workers: int) -> list[int]:
@@ -94,13 +98,17 @@ class ParallelExecutor(Executor):
 
     def __init__(self, federation, model, workers: int, device: str | torch.device = "cpu"):
         if torch.device(device).type != "cpu":
-            raise UserError(f"run.engine = 'parallel' runs on the CPU, not on {torch.device(device)}; use batched or "
-                            f"sequential there, or set run.device = 'cpu'")
+            raise UserError(
+                f"run.engine = 'parallel' runs on the CPU, not on {torch.device(device)}; use batched or "
+                f"sequential there, or set run.device = 'cpu'"
+            )
         if not isinstance(workers, int) or workers < 1:
             raise UserError(f"parallel executor: workers must be a whole number >= 1, got {workers!r}")
         if workers > 1 and not fork_available():
-            raise UserError(f"run.engine = 'parallel' forks worker processes, which {sys.platform} does not offer; "
-                            f"use run.engine = 'sequential'")
+            raise UserError(
+                f"run.engine = 'parallel' forks worker processes, which {sys.platform} does not offer; "
+                f"use run.engine = 'sequential'"
+            )
         super().__init__(federation, model, device)
         self.workers = workers
         self._pool: ProcessPoolExecutor | None = None
@@ -118,12 +126,16 @@ class ParallelExecutor(Executor):
             return [r for part in self._workers().map(_run_part, parts) for r in part]
         except BrokenProcessPool:
             self.close()
-            raise UserError("parallel executor: a worker process died (killed for memory, by a signal, or /dev/shm was "
-                            "full); resume the run, with run.engine = 'sequential' if it happens again") from None
+            raise UserError(
+                "parallel executor: a worker process died (killed for memory, by a signal, or /dev/shm was "
+                "full); resume the run, with run.engine = 'sequential' if it happens again"
+            ) from None
         except RuntimeError as e:
             if any(m in str(e) for m in ("shared memory", "No space left on device", "unable to write to file")):
-                raise UserError(f"parallel executor: cannot pass tensors through shared memory ({e}); enlarge "
-                                f"/dev/shm or use run.engine = 'sequential'") from None
+                raise UserError(
+                    f"parallel executor: cannot pass tensors through shared memory ({e}); enlarge "
+                    f"/dev/shm or use run.engine = 'sequential'"
+                ) from None
             raise
 
     def _workers(self) -> ProcessPoolExecutor:
@@ -133,8 +145,9 @@ class ParallelExecutor(Executor):
             global _worker
             _worker = self
             try:
-                self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"),
-                                                 initializer=_start_worker)
+                self._pool = ProcessPoolExecutor(
+                    self.workers, mp_context=multiprocessing.get_context("fork"), initializer=_start_worker
+                )
                 # fork every worker now, while _worker names this executor for them to inherit
                 list(self._pool.map(_noop, range(self.workers)))
             finally:

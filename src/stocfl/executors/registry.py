@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -13,12 +14,12 @@ from stocfl.devices import resolve_device
 from stocfl.errors import UserError, refuse_builtin
 from stocfl.executors.base import Executor
 from stocfl.executors.batched import BatchedExecutor
+from stocfl.executors.lowrank import flops, structure
 from stocfl.executors.parallel import ParallelExecutor
 from stocfl.executors.sequential import SequentialExecutor
-from stocfl.executors.lowrank import flops, structure
 
 # Per-step work per client (about 6 * P * B flops) below which per-client overhead dominates
-# and batching clients with vmap pays; measured by `stocfl bench` (see README).
+# and batching clients with vmap pays; `stocfl-lab bench` measures where (docs: measured figures).
 BATCHED_BELOW_FLOPS = 5e7
 
 
@@ -31,8 +32,10 @@ def set_threads(threads: int = 0) -> int:
     the cores made a prototype 7-9x slower. Kept fixed for a run so numbers repeat."""
     cores = usable_cores()
     if threads > cores:
-        raise UserError(f"config: run.threads = {threads} is more than the {cores} cores this process may use; "
-                        f"use at most {cores} (0 = all of them)")
+        raise UserError(
+            f"config: run.threads = {threads} is more than the {cores} cores this process may use; "
+            f"use at most {cores} (0 = all of them)"
+        )
     n = threads or cores
     torch.set_num_threads(n)
     return n
@@ -84,8 +87,10 @@ def make_executor(engine: str, federation, model, cfg) -> Executor:
     the engine that runs (``auto`` resolves to one)."""
     e = engine_of(engine)
     if e.executor is None:
-        raise UserError(f"run.engine = {engine!r} runs through 'stocfl run'/'stocfl resume', not in-process; choose "
-                        f"one of {', '.join(n for n, x in ENGINES.items() if x.executor is not None)}")
+        raise UserError(
+            f"run.engine = {engine!r} runs through 'stocfl run'/'stocfl resume', not in-process; choose "
+            f"one of {', '.join(n for n, x in ENGINES.items() if x.executor is not None)}"
+        )
     return e.executor(federation, model, cfg)
 
 
@@ -118,17 +123,43 @@ def _auto(federation, model, cfg) -> Executor:
     return make_executor(chosen, federation, model, cfg)
 
 
-register_engine(Engine("auto", "lowrank, sequential or batched, chosen by a cost model of the model, data and "
-                       "training", executor=_auto))
-register_engine(Engine("sequential", "one client after another, a tight loop over pre-stacked tensors",
-                       executor=lambda fed, model, cfg: SequentialExecutor(fed, model, resolve_device(cfg.run.device))))
-register_engine(Engine("parallel", "the sequential loop in worker processes, one per torch thread, each on one "
-                       "thread (CPU)", executor=lambda fed, model, cfg: ParallelExecutor(
-                           fed, model, workers=torch.get_num_threads(), device=resolve_device(cfg.run.device))))
-register_engine(Engine("batched", "chunks of clients as one vmap(grad) computation",
-                       executor=lambda fed, model, cfg: BatchedExecutor(fed, model, chunk_size=cfg.run.chunk_size,
-                                                                        device=resolve_device(cfg.run.device))))
-register_engine(Engine("lowrank", "batched, with plain-SGD training of a dense first layer in the span of each "
-                       "client's inputs (exact; stocfl.executors.lowrank)", executor=lambda fed, model, cfg: BatchedExecutor(
-                           fed, model, chunk_size=cfg.run.chunk_size, lowrank=True,
-                           device=resolve_device(cfg.run.device))))
+register_engine(
+    Engine(
+        "auto", "lowrank, sequential or batched, chosen by a cost model of the model, data and training", executor=_auto
+    )
+)
+register_engine(
+    Engine(
+        "sequential",
+        "one client after another, a tight loop over pre-stacked tensors",
+        executor=lambda fed, model, cfg: SequentialExecutor(fed, model, resolve_device(cfg.run.device)),
+    )
+)
+register_engine(
+    Engine(
+        "parallel",
+        "the sequential loop in worker processes, one per torch thread, each on one thread (CPU)",
+        executor=lambda fed, model, cfg: ParallelExecutor(
+            fed, model, workers=torch.get_num_threads(), device=resolve_device(cfg.run.device)
+        ),
+    )
+)
+register_engine(
+    Engine(
+        "batched",
+        "chunks of clients as one vmap(grad) computation",
+        executor=lambda fed, model, cfg: BatchedExecutor(
+            fed, model, chunk_size=cfg.run.chunk_size, device=resolve_device(cfg.run.device)
+        ),
+    )
+)
+register_engine(
+    Engine(
+        "lowrank",
+        "batched, with plain-SGD training of a dense first layer in the span of each "
+        "client's inputs (exact; stocfl.executors.lowrank)",
+        executor=lambda fed, model, cfg: BatchedExecutor(
+            fed, model, chunk_size=cfg.run.chunk_size, lowrank=True, device=resolve_device(cfg.run.device)
+        ),
+    )
+)

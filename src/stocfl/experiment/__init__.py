@@ -2,10 +2,22 @@
 metrics and plots, new clients, model files, comparisons."""
 
 from stocfl.experiment.compare import run_or_reuse
-from stocfl.experiment.loop import finished_summary
+from stocfl.experiment.loop import config_digest, finished_summary
 from stocfl.experiment.metrics import cluster_numbers, clustering_scores
+from stocfl.experiment.modelfiles import export_models, load_model
 from stocfl.experiment.plots import integer_rounds
 from stocfl.experiment.saved import LoadedRun, SavedRun, open_run
 
-__all__ = ["LoadedRun", "SavedRun", "cluster_numbers", "clustering_scores", "finished_summary", "integer_rounds", "open_run",
-           "run_or_reuse"]
+__all__ = [
+    "LoadedRun",
+    "SavedRun",
+    "cluster_numbers",
+    "clustering_scores",
+    "config_digest",
+    "export_models",
+    "finished_summary",
+    "load_model",
+    "integer_rounds",
+    "open_run",
+    "run_or_reuse",
+]

@@ -12,26 +12,36 @@ from typing import Any
 
 import torch
 
-from stocfl.algorithms.aggregation import Aggregator
 from stocfl.algorithms import Context
-from stocfl.config import Config
-from stocfl.data.datasets import resolve_data_dir
-from stocfl.errors import UserError
+from stocfl.algorithms.aggregation import Aggregator
 from stocfl.client.models import FlatModel, build_module, make_model
 from stocfl.client.optim import Optimizer
+from stocfl.client.tasks import BadResult, ClientsDropped, check_result
+from stocfl.config import Config
+from stocfl.data.datasets import resolve_data_dir
 from stocfl.data.federation import Federation
 from stocfl.data.scenarios import build
-from stocfl.client.tasks import BadResult, ClientsDropped, check_result
+from stocfl.errors import UserError
 
 
 def build_federation(cfg: Config) -> Federation:
     s = cfg.scenario
-    return build(s.name, s.dataset, s.n_clients, s.samples_per_client, s.test_per_client,
-                 seed=cfg.run.seed, alpha=s.alpha, data_dir=s.data_dir or None, holdout=s.holdout)
+    return build(
+        s.name,
+        s.dataset,
+        s.n_clients,
+        s.samples_per_client,
+        s.test_per_client,
+        seed=cfg.run.seed,
+        alpha=s.alpha,
+        data_dir=s.data_dir or None,
+        holdout=s.holdout,
+    )
 
 
-def build_model(cfg: Config, fed: Federation, module: Any = None, loss: Any = None
-                ) -> tuple[FlatModel, torch.Tensor, Any]:
+def build_model(
+    cfg: Config, fed: Federation, module: Any = None, loss: Any = None
+) -> tuple[FlatModel, torch.Tensor, Any]:
     """The run's model as a flat function, its w_0 and its nn.Module: the module given (its
     current weights are w_0), else ``[model]`` initialised with the run's seed; with ``loss``
     (per-sample loss(logits, y)) instead of cross-entropy. Checked against the data by one
@@ -63,12 +73,16 @@ def check_loss(model: FlatModel, w0: torch.Tensor, fed: Federation) -> None:
         if ok:
             torch.autograd.grad(out.sum(), w)
     except Exception as err:  # a user's function can raise anything
-        raise UserError(f"loss: calling it on the model's outputs failed ({type(err).__name__}: "
-                        f"{str(err).splitlines()[0] if str(err) else ''}); expected loss(logits, y) -> one value per "
-                        f"sample") from None
+        raise UserError(
+            f"loss: calling it on the model's outputs failed ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}); expected loss(logits, y) -> one value per "
+            f"sample"
+        ) from None
     if not ok:
-        raise UserError(f"loss: expected loss(logits, y) -> a finite tensor of shape ({len(y)},), one value per "
-                        f"sample, got {getattr(out, 'shape', type(out).__name__)}")
+        raise UserError(
+            f"loss: expected loss(logits, y) -> a finite tensor of shape ({len(y)},), one value per "
+            f"sample, got {getattr(out, 'shape', type(out).__name__)}"
+        )
 
 
 def check_model_fits(model: FlatModel, w0: torch.Tensor, fed: Federation, name: str) -> None:
@@ -80,11 +94,15 @@ def check_model_fits(model: FlatModel, w0: torch.Tensor, fed: Federation, name: 
             out = model.forward(w0, x)
     except RuntimeError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UserError(f"config: model.name = {name!r} does not fit {fed.dataset} inputs of shape "
-                        f"{tuple(x.shape[1:])} ({first}); pick a model for this data") from None
+        raise UserError(
+            f"config: model.name = {name!r} does not fit {fed.dataset} inputs of shape "
+            f"{tuple(x.shape[1:])} ({first}); pick a model for this data"
+        ) from None
     if tuple(out.shape) != (1, fed.n_classes):
-        raise UserError(f"config: model.name = {name!r} gives outputs of shape {tuple(out.shape[1:])} on "
-                        f"{fed.dataset}, which has {fed.n_classes} classes; pick a model for this data")
+        raise UserError(
+            f"config: model.name = {name!r} gives outputs of shape {tuple(out.shape[1:])} on "
+            f"{fed.dataset}, which has {fed.n_classes} classes; pick a model for this data"
+        )
 
 
 def checked(run, fed: Federation):
@@ -99,8 +117,10 @@ def checked(run, fed: Federation):
         results = run(tasks)
         if not isinstance(results, (list, tuple)) or len(results) != len(tasks):  # a user's engine or batched path
             got = f"{len(results)} results" if isinstance(results, (list, tuple)) else f"a {type(results).__name__}"
-            raise UserError(f"the executor returned {got} for {len(tasks)} tasks; an executor (and a task kind's "
-                            f"batched function) returns a list of one result per task, in order")
+            raise UserError(
+                f"the executor returned {got} for {len(tasks)} tasks; an executor (and a task kind's "
+                f"batched function) returns a list of one result per task, in order"
+            )
         results = list(results)
         for k, t in enumerate(tasks):
             r, results[k] = results[k], None  # a raw result goes once checked: replies can be large (Psi)
@@ -138,13 +158,26 @@ def sample_size(cfg: Config, fed: Federation) -> int:
     return min(pool, math.ceil(cfg.run.sample_rate * pool))
 
 
-def build_context(cfg: Config, fed: Federation, model: FlatModel, w0: torch.Tensor, module: Any,
-                  workdir: Path | None = None) -> Context:
+def build_context(
+    cfg: Config, fed: Federation, model: FlatModel, w0: torch.Tensor, module: Any, workdir: Path | None = None
+) -> Context:
     """What the algorithm's server knows when it starts (:class:`~stocfl.algorithms.Context`)."""
     t = cfg.train
-    return Context(fed.n_clients, w0, t.epochs, t.batch_size, t.lr, cfg.run.seed, fed.input_shape, fed.n_classes,
-                   init_model=lambda seed: FlatModel.init_weights(copy.deepcopy(module), seed),
-                   last_layer=sum(model.numels[model.n_tensors - 2: model.n_tensors]),
-                   n_trainable=model.n_trainable, workdir=workdir, participants=tuple(fed.participants),
-                   sample_size=sample_size(cfg, fed), aggregator=Aggregator(**cfg.aggregation.model_dump()),
-                   optimizer=Optimizer(t.optimizer, t.lr, t.momentum, t.weight_decay, *t.betas))
+    return Context(
+        fed.n_clients,
+        w0,
+        t.epochs,
+        t.batch_size,
+        t.lr,
+        cfg.run.seed,
+        fed.input_shape,
+        fed.n_classes,
+        init_model=lambda seed: FlatModel.init_weights(copy.deepcopy(module), seed),
+        last_layer=sum(model.numels[model.n_tensors - 2 : model.n_tensors]),
+        n_trainable=model.n_trainable,
+        workdir=workdir,
+        participants=tuple(fed.participants),
+        sample_size=sample_size(cfg, fed),
+        aggregator=Aggregator(**cfg.aggregation.model_dump()),
+        optimizer=Optimizer(t.optimizer, t.lr, t.momentum, t.weight_decay, *t.betas),
+    )

@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 
 from stocfl import config
-from stocfl.experiment import metrics, plots
-from stocfl.storage import formats
 from stocfl.errors import UserError, first_repeated
-from stocfl.storage.files import save_figure, write_atomic
+from stocfl.experiment import plots
 from stocfl.experiment.build import read_config
 from stocfl.experiment.loop import Experiment, config_digest, finished_summary
+from stocfl.storage import formats
+from stocfl.storage.files import save_figure, write_atomic
 
 COLUMNS = ("accuracy", "global_accuracy", "ari", "n_clusters", "seconds")
 
@@ -38,7 +38,9 @@ def parse_spec(spec: str) -> tuple[str, list[str]]:
     return label, [f"algorithm.name={name}", *(f"algorithm.{p}" for p in params)]
 
 
-def run_or_reuse(cfg: config.Config, out: Path, data_dir: str | None, progress: bool) -> dict[str, Any]:
+def run_or_reuse(
+    cfg: config.Config, out: Path, data_dir: str | None, progress: bool, label: str | None = None
+) -> dict[str, Any]:
     """The summary of the run ``cfg`` in ``out``: read when it has finished, resumed when it
     stopped, started when ``out`` holds no run. A run of another resolved config there is
     refused: its numbers are not the ones asked for."""
@@ -46,15 +48,16 @@ def run_or_reuse(cfg: config.Config, out: Path, data_dir: str | None, progress: 
         held = config.validate(read_config(out, data_dir))
         if config_digest(held, core=True) != config_digest(cfg, core=True):
             changed = _differences(held.to_dict(), cfg.to_dict())
-            raise UserError(f"{out} holds a run of another config ({changed}); remove it or choose another output "
-                            f"directory")
+            raise UserError(
+                f"{out} holds a run of another config ({changed}); remove it or choose another output directory"
+            )
         same = config_digest(held) == config_digest(cfg)
         finished = finished_summary(out)
         if finished is not None and same:
             return finished
         extend = [] if same else [f"run.rounds={cfg.run.rounds}", f"run.eval_every={cfg.run.eval_every}"]
-        return Experiment.resume(out, data_dir, overrides=extend).run(progress=progress)
-    return Experiment.create(cfg, out).run(progress=progress)
+        return Experiment.resume(out, data_dir, overrides=extend).run(progress=progress, label=label)
+    return Experiment.create(cfg, out).run(progress=progress, label=label)
 
 
 def check_directory(out: Path, asked: dict[str, config.Config], seeds: list[int], data_dir: str | None) -> None:
@@ -74,21 +77,30 @@ def check_directory(out: Path, asked: dict[str, config.Config], seeds: list[int]
         held = _setting(config.validate(read_config(d, data_dir)).to_dict(), label in asked)
         want = _setting((asked.get(label) or first).to_dict(), label in asked)
         if held != want:
-            raise UserError(f"{d} holds a run of another setting ({_differences(held, want)}) and the table lists "
-                            f"every run in {out}: remove it or choose another output directory")
+            raise UserError(
+                f"{d} holds a run of another setting ({_differences(held, want)}) and the table lists "
+                f"every run in {out}: remove it or choose another output directory"
+            )
 
 
 def _setting(cfg: dict[str, Any], with_algorithm: bool) -> dict[str, Any]:
     """A resolved config less what runs of one comparison may differ in: the seed, the data
     directory, the evaluation schedule and, between algorithms, the algorithm."""
     free = ("run.seed", "run.eval_every", "run.tensorboard", "scenario.data_dir")
-    return {s: {k: v for k, v in sec.items() if f"{s}.{k}" not in free}
-            for s, sec in cfg.items() if with_algorithm or s != "algorithm"}
+    return {
+        s: {k: v for k, v in sec.items() if f"{s}.{k}" not in free}
+        for s, sec in cfg.items()
+        if with_algorithm or s != "algorithm"
+    }
 
 
 def _differences(held: dict[str, Any], asked: dict[str, Any]) -> str:
-    keys = [f"{s}.{k}: {held.get(s, {}).get(k)!r} there, {v!r} asked" for s, sec in asked.items()
-            for k, v in sec.items() if k != "data_dir" and held.get(s, {}).get(k) != v]
+    keys = [
+        f"{s}.{k}: {held.get(s, {}).get(k)!r} there, {v!r} asked"
+        for s, sec in asked.items()
+        for k, v in sec.items()
+        if k != "data_dir" and held.get(s, {}).get(k) != v
+    ]
     return "; ".join(keys[:3]) + (f"; and {len(keys) - 3} more" if len(keys) > 3 else "")
 
 
@@ -104,12 +116,20 @@ def finished_runs(out: Path) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
     return found
 
 
-def compare(cfg_path, specs: list[str], seeds: list[int], out: Path, overrides: list[str] = (),
-            data_dir: str | None = None, progress: bool = True) -> list[dict[str, Any]]:
+def compare(
+    cfg_path,
+    specs: list[str],
+    seeds: list[int],
+    out: Path,
+    overrides: list[str] = (),
+    data_dir: str | None = None,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
     seeded = [o for o in overrides if o.split("=", 1)[0].strip() == "run.seed"]
     if seeded:  # every run's seed is one of --seeds: this one would be overridden without a word
-        raise UserError(f"--set {seeded[0]!r}: a comparison's seeds are given with --seeds (e.g. --seeds 0,1,2), "
-                        f"not run.seed")
+        raise UserError(
+            f"--set {seeded[0]!r}: a comparison's seeds are given with --seeds (e.g. --seeds 0,1,2), not run.seed"
+        )
     parsed = [parse_spec(s) for s in specs]
     labels = [label for label, _ in parsed]
     if (k := first_repeated(labels)) is not None:
@@ -119,30 +139,47 @@ def compare(cfg_path, specs: list[str], seeds: list[int], out: Path, overrides: 
     for label, algo in parsed:
         for seed in seeds:
             cfg = config.load(cfg_path, [*overrides, *algo, f"run.seed={seed}"], data_dir)
-            run_or_reuse(cfg, out / f"{label}-seed{seed}", data_dir, progress)
+            run_or_reuse(cfg, out / f"{label}-seed{seed}", data_dir, progress, label)
     found = finished_runs(out)  # the table lists every finished run here, of this call or an earlier one
     order = [label for label, _ in parsed] + [label for label in found if label not in dict(parsed)]
+    rows, curves = table(
+        {
+            label: [
+                (summary, formats.read_jsonl(run_dir / "metrics.jsonl")) for run_dir, summary in found.get(label, [])
+            ]
+            for label in order
+        }
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    formats.write_csv(out / "compare.csv", rows)
+    write_atomic(out / "compare.md", markdown(rows))
+    plot(curves, out / "compare.png", setting(checked[0]) if checked else "")
+    return rows
+
+
+def table(runs: dict[str, list[tuple[dict[str, Any], list[dict[str, Any]]]]]) -> tuple[list[dict[str, Any]], dict]:
+    """Per label, from its runs' (summary, metrics rows): one row of mean, std and count of each
+    column over the runs, and the accuracy curves (rounds, accuracies) of each run."""
     rows, curves = [], {}
-    for label in order:
+    for label, found in runs.items():
         summaries, acc = [], []
-        for run_dir, summary in found.get(label, []):
+        for summary, per_round in found:
             summaries.append(summary)
-            metrics = [r for r in formats.read_jsonl(run_dir / "metrics.jsonl") if r.get("accuracy") is not None]
-            acc.append(([r["round"] for r in metrics], [r["accuracy"] for r in metrics]))
+            evaluated = [r for r in per_round if r.get("accuracy") is not None]
+            acc.append(([r["round"] for r in evaluated], [r["accuracy"] for r in evaluated]))
         curves[label] = acc
-        row: dict[str, Any] = {"algorithm": label, "seeds": len(summaries),
-                               "runs_with_clients_left_out": sum(bool(s.get("eval_left_out")) for s in summaries)}
+        row: dict[str, Any] = {
+            "algorithm": label,
+            "seeds": len(summaries),
+            "runs_with_clients_left_out": sum(bool(s.get("eval_left_out")) for s in summaries),
+        }
         for col in COLUMNS:
             vals = [s[col] for s in summaries if s.get(col) is not None]
             row[f"{col}_mean"] = float(np.mean(vals)) if vals else None
             row[f"{col}_std"] = float(np.std(vals)) if vals else None
             row[f"{col}_n"] = len(vals)
         rows.append(row)
-    out.mkdir(parents=True, exist_ok=True)
-    formats.write_csv(out / "compare.csv", rows)
-    write_atomic(out / "compare.md", markdown(rows))
-    plot(curves, out / "compare.png", setting(checked[0]) if checked else "")
-    return rows
+    return rows, curves
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
@@ -153,21 +190,34 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         fewer = f" (n={n})" if n < r["seeds"] else ""  # a seed without this figure is not in its mean
         return (f"{100 * m:.2f} +- {100 * s:.2f}" if pct else f"{m:.2f} +- {s:.2f}") + fewer
 
-    head = "| algorithm | seeds | accuracy (%) | global accuracy (%) | ARI | clusters | seconds |\n|---|---|---|---|---|---|---|\n"
-    notes = "".join(f"\n{r['algorithm']}: in {r['runs_with_clients_left_out']} of its runs, clients that failed to "
-                    f"answer the last evaluation are left out of its figures (eval_left_out in their summary.json).\n"
-                    for r in rows if r.get("runs_with_clients_left_out"))
-    return head + "".join(
-        f"| {r['algorithm']} | {r['seeds']} | {cell(r, 'accuracy', True)} | {cell(r, 'global_accuracy', True)} | "
-        f"{cell(r, 'ari', False)} | {cell(r, 'n_clusters', False)} | {cell(r, 'seconds', False)} |\n" for r in rows
-    ) + notes
+    head = (
+        "| algorithm | seeds | accuracy (%) | global accuracy (%) | ARI | clusters | seconds |\n"
+        "|---|---|---|---|---|---|---|\n"
+    )
+    notes = "".join(
+        f"\n{r['algorithm']}: in {r['runs_with_clients_left_out']} of its runs, clients that failed to "
+        f"answer the last evaluation are left out of its figures (eval_left_out in their summary.json).\n"
+        for r in rows
+        if r.get("runs_with_clients_left_out")
+    )
+    return (
+        head
+        + "".join(
+            f"| {r['algorithm']} | {r['seeds']} | {cell(r, 'accuracy', True)} | {cell(r, 'global_accuracy', True)} | "
+            f"{cell(r, 'ari', False)} | {cell(r, 'n_clusters', False)} | {cell(r, 'seconds', False)} |\n"
+            for r in rows
+        )
+        + notes
+    )
 
 
 def setting(cfg: config.Config) -> str:
     """The comparison's scenario and setting, for the plot's title."""
     s, r = cfg.scenario, cfg.run
-    return (f"{s.name} ({s.dataset}): {s.n_clients} clients, {100 * r.sample_rate:g}% per round, "
-            f"{cfg.train.epochs} local epochs, lr {cfg.train.lr:g}")
+    return (
+        f"{s.name} ({s.dataset}): {s.n_clients} clients, {100 * r.sample_rate:g}% per round, "
+        f"{cfg.train.epochs} local epochs, lr {cfg.train.lr:g}"
+    )
 
 
 def plot(curves: dict[str, list], path: Path, title: str = "") -> None:
@@ -185,15 +235,17 @@ def plot(curves: dict[str, list], path: Path, title: str = "") -> None:
         rounds = runs[0][0]
         acc = np.array([r[1] for r in runs if r[0] == rounds])
         seeds = f" ({len(acc)} seeds)" if len(acc) > 1 else ""
-        ax.plot(rounds, acc.mean(0), marker="os^Dv<>pP*X"[n % 11], ms=4 if len(rounds) <= 40 else 0,
-                label=label + seeds)
+        ax.plot(
+            rounds, acc.mean(0), marker="os^Dv<>pP*X"[n % 11], ms=4 if len(rounds) <= 40 else 0, label=label + seeds
+        )
         if len(acc) > 1:
             ax.fill_between(rounds, acc.mean(0) - acc.std(0), acc.mean(0) + acc.std(0), alpha=0.2)
     ax.set(xlabel="round", ylabel="test accuracy (own model)", ylim=(0, 1), title=title)
     plots.integer_rounds(ax)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=min(4, max(1, len(curves))),
-              frameon=False)
+    ax.legend(
+        fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=min(4, max(1, len(curves))), frameon=False
+    )
     fig.tight_layout()
     save_figure(fig, path)
     plt.close(fig)

@@ -28,23 +28,36 @@ import numpy as np
 import torch
 
 from stocfl import config as config_mod
-from stocfl.storage import checkpoint
-from stocfl.experiment import metrics
-from stocfl.storage import formats
 from stocfl.algorithms import algorithm_class
 from stocfl.algorithms.checks import check_client_models, check_diagnostics, check_labels, check_outputs
-from stocfl.experiment.build import (build_context, build_federation, build_model, checked, pin_data_dir, read_config,
-                          sample_size)
+from stocfl.client.tasks import ClientsDropped, Evaluate, without_dropped
 from stocfl.config import Config
+from stocfl.data.federation import Federation
 from stocfl.errors import UserError
 from stocfl.executors import make_executor, set_threads
-from stocfl.storage.files import exclusive, write_atomic
 from stocfl.executors.localbn import LocalBatchNorm
-from stocfl.storage.tensorboard import Scalars
-from stocfl.experiment.results import client_spread, models_used, place_heldout, summarize, summarize_placements, write_results
-from stocfl.data.federation import Federation
+from stocfl.experiment import metrics
+from stocfl.experiment.build import (
+    build_context,
+    build_federation,
+    build_model,
+    checked,
+    pin_data_dir,
+    read_config,
+    sample_size,
+)
+from stocfl.experiment.results import (
+    client_spread,
+    models_used,
+    place_heldout,
+    summarize,
+    summarize_placements,
+    write_results,
+)
+from stocfl.storage import checkpoint, formats
+from stocfl.storage.files import exclusive, write_atomic
 from stocfl.storage.state import StateError
-from stocfl.client.tasks import ClientsDropped, Evaluate, without_dropped
+from stocfl.storage.tensorboard import Scalars
 
 CHECKPOINT = "checkpoint.safetensors"
 log = logging.getLogger("stocfl")
@@ -59,7 +72,7 @@ def client_models_in_parts(algorithm, clients: list[int], run):
     1.6M-parameter MLP are 31 GB (evaluating them at once was killed for memory)."""
     step = max(1, EVAL_MODEL_BYTES // (4 * max(1, len(algorithm.ctx.init_weights))))
     for a in range(0, len(clients), step):
-        part = clients[a:a + step]
+        part = clients[a : a + step]
         yield part, algorithm.client_models(part, run)
 
 
@@ -93,8 +106,10 @@ class Experiment:
         if self.cfg.train.local_bn:
             entries = self.model.batchnorm_entries()
             if not len(entries):
-                raise UserError("config: train.local_bn = true keeps BatchNorm layers per client, but the model has "
-                                "none; set it false or use a model with BatchNorm")
+                raise UserError(
+                    "config: train.local_bn = true keeps BatchNorm layers per client, but the model has "
+                    "none; set it false or use a model with BatchNorm"
+                )
             self.local = LocalBatchNorm(entries, self.fed.n_clients, self.out)
             self.run_tasks = self.local.wrap(self.run_tasks)
         ctx = build_context(self.cfg, self.fed, self.model, w0, module, self.out)
@@ -109,13 +124,22 @@ class Experiment:
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def create(cls, cfg: Config, out: Path | None, executor: Any = None, federation: Federation | None = None,
-               module: Any = None, loss: Any = None) -> "Experiment":
+    def create(
+        cls,
+        cfg: Config,
+        out: Path | None,
+        executor: Any = None,
+        federation: Federation | None = None,
+        module: Any = None,
+        loss: Any = None,
+    ) -> Experiment:
         if out is not None:
             _refuse_a_run_in(out)
         if federation is None:
             pin_data_dir(cfg)
-        exp = cls(cfg, out, executor, federation, module, loss)  # data first: a data error leaves no half-made directory
+        exp = cls(
+            cfg, out, executor, federation, module, loss
+        )  # data first: a data error leaves no half-made directory
         if out is None:
             exp.save_checkpoint()
             return exp
@@ -128,8 +152,16 @@ class Experiment:
         return exp
 
     @classmethod
-    def open(cls, out: Path, data_dir: str | None = None, executor: Any = None, federation: Federation | None = None,
-             module: Any = None, loss: Any = None, overrides: list[str] = ()) -> "Experiment":
+    def open(
+        cls,
+        out: Path,
+        data_dir: str | None = None,
+        executor: Any = None,
+        federation: Federation | None = None,
+        module: Any = None,
+        loss: Any = None,
+        overrides: list[str] = (),
+    ) -> Experiment:
         """A saved run, rebuilt from its config and last checkpoint (and the federation and
         module it was given in Python, if it was). ``overrides`` (``run.rounds=N``,
         ``run.eval_every=K``: keys that change nothing computed so far) are written into its
@@ -146,14 +178,22 @@ class Experiment:
             meta = checkpoint.read_meta(out / CHECKPOINT)
             core, stored = meta.get("config_core_sha256"), meta.get("config_sha256")
             if (core is not None and core != config_digest(cfg, core=True)) or (
-                    core is None and stored is not None and stored != config_digest(cfg)):
-                raise UserError(f"{path} does not match the run's checkpoint (edited, truncated or corrupt); "
-                                f"restore it or start a new run")
-            for key, given, what in (("custom_data", federation, "federation"), ("custom_model", module, "model"),
-                                     ("custom_loss", loss, "loss")):
+                core is None and stored is not None and stored != config_digest(cfg)
+            ):
+                raise UserError(
+                    f"{path} does not match the run's checkpoint (edited, truncated or corrupt); "
+                    f"restore it or start a new run"
+                )
+            for key, given, what in (
+                ("custom_data", federation, "federation"),
+                ("custom_model", module, "model"),
+                ("custom_loss", loss, "loss"),
+            ):
                 if meta.get(key) and given is None:
-                    raise UserError(f"{out} was run on a {what} given in Python; continue it from Python with "
-                                    f"stocfl.resume({str(out)!r}, {what}=...)")
+                    raise UserError(
+                        f"{out} was run on a {what} given in Python; continue it from Python with "
+                        f"stocfl.resume({str(out)!r}, {what}=...)"
+                    )
         if overrides:
             with exclusive(out):
                 cfg = extended(cfg, overrides, meta["round"] if has_checkpoint else 0, out)
@@ -164,25 +204,38 @@ class Experiment:
         return exp
 
     @classmethod
-    def resume(cls, out: Path, data_dir: str | None = None, executor: Any = None, federation: Federation | None = None,
-               module: Any = None, loss: Any = None, overrides: list[str] = ()) -> "Experiment":
+    def resume(
+        cls,
+        out: Path,
+        data_dir: str | None = None,
+        executor: Any = None,
+        federation: Federation | None = None,
+        module: Any = None,
+        loss: Any = None,
+        overrides: list[str] = (),
+    ) -> Experiment:
         """A saved run, ready to continue: its metrics must be the ones its checkpoint saw (rows
         after the checkpoint's round, from a kill before the checkpoint, are dropped).
         ``overrides``: as for :meth:`open` (``run.rounds=N`` extends a finished run)."""
         if (out / "config.toml").is_file() and not (out / CHECKPOINT).exists():
-            raise UserError(f"{out} has no checkpoint ({CHECKPOINT}), so there is nothing to continue from; start "
-                            f"the run again into a new directory")
+            raise UserError(
+                f"{out} has no checkpoint ({CHECKPOINT}), so there is nothing to continue from; start "
+                f"the run again into a new directory"
+            )
         with exclusive(out) if out.is_dir() else contextlib.nullcontext():  # not read while another process writes
             return cls._resumed(out, cls.open(out, data_dir, executor, federation, module, loss, overrides))
 
     @staticmethod
-    def _resumed(out: Path, exp: "Experiment") -> "Experiment":
+    def _resumed(out: Path, exp: Experiment) -> Experiment:
         rows = formats.read_jsonl(out / "metrics.jsonl")
         kept = rows[: exp.round]
         if [r.get("round") for r in kept] != list(range(1, exp.round + 1)) or (
-                exp.metrics_chain is not None and metrics_chain(kept) != exp.metrics_chain):
-            raise UserError(f"{out}/metrics.jsonl does not match the run's checkpoint at round {exp.round} (rows "
-                            f"missing, edited or corrupt); restore it or start a new run")
+            exp.metrics_chain is not None and metrics_chain(kept) != exp.metrics_chain
+        ):
+            raise UserError(
+                f"{out}/metrics.jsonl does not match the run's checkpoint at round {exp.round} (rows "
+                f"missing, edited or corrupt); restore it or start a new run"
+            )
         if exp.metrics_chain is None:
             exp.metrics_chain = metrics_chain(kept)
         if len(rows) != len(kept):
@@ -201,21 +254,27 @@ class Experiment:
         self.saved = {k: (t, json.loads(json.dumps(m))) for k, (t, m) in parts.items()}
         if self.out is None:
             return
-        checkpoint.save(self.out / CHECKPOINT, {f"{p}/{k}": v for p, (t, _) in parts.items() for k, v in t.items()}, {
-            "round": self.round,
-            "elapsed": self.elapsed,
-            "sampler": self.sampler.bit_generator.state,
-            **{p: m for p, (_, m) in parts.items()},
-            "config_sha256": self.config_sha256,
-            "config_core_sha256": config_digest(self.cfg, core=True),
-            "metrics_sha256": self.metrics_chain,
-            "data_sha256": self.digests["data_sha256"],
-            **({"custom_data": True} if self.federation is not None else {}),
-            **({"custom_model": True, "model_sha256": self.digests["model_sha256"]}
-               if self.module is not None else {}),
-            **({"custom_loss": True, "loss_probe": self.digests["loss_probe"]}
-               if self.loss is not None else {}),
-        })
+        checkpoint.save(
+            self.out / CHECKPOINT,
+            {f"{p}/{k}": v for p, (t, _) in parts.items() for k, v in t.items()},
+            {
+                "round": self.round,
+                "elapsed": self.elapsed,
+                "sampler": self.sampler.bit_generator.state,
+                **{p: m for p, (_, m) in parts.items()},
+                "config_sha256": self.config_sha256,
+                "config_core_sha256": config_digest(self.cfg, core=True),
+                "metrics_sha256": self.metrics_chain,
+                "data_sha256": self.digests["data_sha256"],
+                **({"custom_data": True} if self.federation is not None else {}),
+                **(
+                    {"custom_model": True, "model_sha256": self.digests["model_sha256"]}
+                    if self.module is not None
+                    else {}
+                ),
+                **({"custom_loss": True, "loss_probe": self.digests["loss_probe"]} if self.loss is not None else {}),
+            },
+        )
 
     @functools.cached_property
     def digests(self) -> dict[str, Any]:
@@ -240,31 +299,41 @@ class Experiment:
         mine = self.digests
         if meta.get("data_sha256") not in (None, mine["data_sha256"]):
             if self.federation is not None:
-                raise UserError(f"{self.out}: the federation given is not the one the run started on (its data, clients "
-                                f"or classes differ); pass the same Federation to stocfl.resume, or start a new run")
-            raise UserError(f"{self.out}: the data built from its config ({self.cfg.scenario.dataset} in "
-                            f"{self.cfg.scenario.data_dir or 'the package'}) differ from the data the run started on; "
-                            f"point --data-dir at the run's copy of the data set, or start a new run")
+                raise UserError(
+                    f"{self.out}: the federation given is not the one the run started on (its data, clients "
+                    f"or classes differ); pass the same Federation to stocfl.resume, or start a new run"
+                )
+            raise UserError(
+                f"{self.out}: the data built from its config ({self.cfg.scenario.dataset} in "
+                f"{self.cfg.scenario.data_dir or 'the package'}) differ from the data the run started on; "
+                f"point --data-dir at the run's copy of the data set, or start a new run"
+            )
         if meta.get("model_sha256") not in (None, mine["model_sha256"]):
-            raise UserError(f"{self.out}: the model given is not the one the run started on (its parameters' names, "
-                            f"shapes or initial weights w_0 differ); pass the same nn.Module, initialised with the "
-                            f"same seed, to stocfl.resume, or start a new run")
+            raise UserError(
+                f"{self.out}: the model given is not the one the run started on (its parameters' names, "
+                f"shapes or initial weights w_0 differ); pass the same nn.Module, initialised with the "
+                f"same seed, to stocfl.resume, or start a new run"
+            )
         probe, mine_probe = meta.get("loss_probe"), mine["loss_probe"]
         if probe is not None and mine_probe is not None and not np.allclose(probe, mine_probe, rtol=1e-4, atol=1e-6):
-            raise UserError(f"{self.out}: the loss given is not the one the run started on (on the same samples and "
-                            f"w_0 it gives {mine_probe[0]:.6g}, the run's gave {probe[0]:.6g}); pass the same loss to "
-                            f"stocfl.resume, or start a new run")
+            raise UserError(
+                f"{self.out}: the loss given is not the one the run started on (on the same samples and "
+                f"w_0 it gives {mine_probe[0]:.6g}, the run's gave {probe[0]:.6g}); pass the same loss to "
+                f"stocfl.resume, or start a new run"
+            )
 
     def load_checkpoint(self) -> None:
         tensors, meta = checkpoint.load(self.out / CHECKPOINT)
         names = ["algorithm"] + (["local_bn"] if self.local is not None else [])
-        self.saved = {p: ({k[len(p) + 1:]: v for k, v in tensors.items() if k.startswith(p + "/")}, meta.get(p))
-                      for p in names}
+        self.saved = {
+            p: ({k[len(p) + 1 :]: v for k, v in tensors.items() if k.startswith(p + "/")}, meta.get(p)) for p in names
+        }
         try:
             self.restore_algorithm()
         except (StateError, KeyError, TypeError) as err:
-            raise UserError(f"checkpoint {self.out / CHECKPOINT} does not fit this version of stocfl ({err}); "
-                            f"start a new run") from None
+            raise UserError(
+                f"checkpoint {self.out / CHECKPOINT} does not fit this version of stocfl ({err}); start a new run"
+            ) from None
         self.sampler.bit_generator.state = meta["sampler"]
         self.round = meta["round"]
         self.elapsed = meta["elapsed"]
@@ -291,8 +360,9 @@ class Experiment:
                 return self.algorithm.round(t, present, self.run_tasks), dropped
             except ClientsDropped as err:
                 if not set(err.clients) <= set(present):
-                    raise UserError(f"round {t}: clients outside the round failed ({err}); "
-                                    f"resume with 'stocfl resume {self.out}'") from None
+                    raise UserError(
+                        f"round {t}: clients outside the round failed ({err}); resume with 'stocfl resume {self.out}'"
+                    ) from None
                 log.warning("round %d: dropped %s", t, err.summary())
                 dropped += err.clients
                 self.restore_algorithm()
@@ -322,11 +392,13 @@ class Experiment:
                     res, gres = res + r, gres + r
                 else:  # one batch of tasks, not two: over Flower, one exchange with each node, not two
                     r = self.run_tasks(tasks + [Evaluate(i, gw) for i in part])
-                    res, gres = res + r[:len(part)], gres + r[len(part):]
+                    res, gres = res + r[: len(part)], gres + r[len(part) :]
                 used.update(models_used(part, models, self.algorithm))
             return res, gres, used
 
-        clients, (res, gres, self.last_used) = without_dropped(self.fed.participants, attempt, f"round {round_ or self.round}: evaluation")
+        clients, (res, gres, self.last_used) = without_dropped(
+            self.fed.participants, attempt, f"round {round_ or self.round}: evaluation"
+        )
         self.last_eval = dict(zip(clients, res))
         self.last_global = dict(zip(clients, gres))
         out: dict[str, Any] = {"accuracy": _pooled(res), "global_accuracy": _pooled(gres)}
@@ -335,17 +407,21 @@ class Experiment:
             out["eval_left_out"] = left
         return out
 
-    def run(self, progress: bool = True, stop_after: int | None = None) -> dict[str, Any] | None:
+    def run(
+        self, progress: bool = True, stop_after: int | None = None, label: str | None = None
+    ) -> dict[str, Any] | None:
         """Run to ``run.rounds`` and write the summary; with ``stop_after``, stop once that many
-        rounds are done (checkpointed, no summary), as a kill would, and return None."""
+        rounds are done (checkpointed, no summary), as a kill would, and return None. ``label``
+        names the run in its progress lines (a comparison's algorithm label)."""
         from tqdm import tqdm
 
         r = self.cfg.run
-        desc = f"{self.cfg.algorithm['name']} on {self.cfg.scenario.name}"
+        desc = f"{label or self.cfg.algorithm['name']} on {self.cfg.scenario.name}, seed {r.seed}"
         lines = progress and not sys.stderr.isatty()  # nohup, SLURM, CI: one line per round, not a bar
         scalars = Scalars(self.out, self.round + 1) if r.tensorboard else None
-        bar = tqdm(total=r.rounds, initial=self.round, disable=True if lines or not progress else None, desc=desc,
-                   unit="round")
+        bar = tqdm(
+            total=r.rounds, initial=self.round, disable=True if lines or not progress else None, desc=desc, unit="round"
+        )
         try:
             with exclusive(self.out) if self.out is not None else contextlib.nullcontext():
                 return self._loop(bar, scalars, lines, desc, stop_after)
@@ -362,12 +438,20 @@ class Experiment:
             t0 = time.perf_counter()
             t = self.round + 1
             diag, dropped = self.play_round(t, self.sample())
-            row: dict[str, Any] = {"round": t, "accuracy": None, "global_accuracy": None,
-                                   "dropped": len(dropped), "dropped_clients": dropped}
+            row: dict[str, Any] = {
+                "round": t,
+                "accuracy": None,
+                "global_accuracy": None,
+                "dropped": len(dropped),
+                "dropped_clients": dropped,
+            }
             if t % r.eval_every == 0 or t == r.rounds:
                 row.update(self.evaluate(t))
-            row.update(metrics.clustering_scores(check_labels(self.algorithm), self.fed.groups, self.fed.participants,
-                                                self.label_dists))
+            row.update(
+                metrics.clustering_scores(
+                    check_labels(self.algorithm), self.fed.groups, self.fed.participants, self.label_dists
+                )
+            )
             check_diagnostics(self.algorithm, t, diag, row)
             row.update(diag)
             row["seconds"] = time.perf_counter() - t0
@@ -383,23 +467,45 @@ class Experiment:
             bar.update(1)
             bar.set_postfix_str(round_line(row), refresh=False)
             if lines:
-                print(f"{desc}: round {t}/{r.rounds} {round_line(row)} ({row['seconds']:.1f} s)", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"{desc}: round {t}/{r.rounds} {round_line(row)} ({row['seconds']:.1f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
         return self.finish()
 
     def finish(self) -> dict[str, Any]:
         """The summary of a finished run; with a results directory, every results file too."""
         if not hasattr(self, "last_eval"):
             self.evaluate()
-        summary = summarize(self.cfg, self.fed, self.federation is not None, self.algorithm, self.rows, self.round,
-                            self.engine, self.threads, self.elapsed)
+        summary = summarize(
+            self.cfg,
+            self.fed,
+            self.federation is not None,
+            self.algorithm,
+            self.rows,
+            self.round,
+            self.engine,
+            self.threads,
+            self.elapsed,
+        )
         summary.update(client_spread(self.last_eval))
         heldout, heldout_left = place_heldout(self.algorithm, self.fed, self.run_tasks)
         if heldout or heldout_left:
             summary["heldout"] = summarize_placements(heldout, self.algorithm.placement, heldout_left)
         if self.out is not None:
-            write_results(self.out, summary, self.rows, self.algorithm, self.fed, self.last_eval, heldout,
-                          self.last_global, self.last_used, self.cfg.run.seed)
+            write_results(
+                self.out,
+                summary,
+                self.rows,
+                self.algorithm,
+                self.fed,
+                self.last_eval,
+                heldout,
+                self.last_global,
+                self.last_used,
+                self.cfg.run.seed,
+            )
         return summary
 
 
@@ -424,8 +530,11 @@ def finished_summary(out: Path) -> dict[str, Any] | None:
     try:
         summary = json.loads((out / "summary.json").read_text())
         rounds = read_config(out)["run"]["rounds"]
-        meta = (checkpoint.read_meta(out / CHECKPOINT) if (out / CHECKPOINT).exists()
-                else {"round": summary.get("rounds_done")})
+        meta = (
+            checkpoint.read_meta(out / CHECKPOINT)
+            if (out / CHECKPOINT).exists()
+            else {"round": summary.get("rounds_done")}
+        )
     except Exception:  # noqa: BLE001 - anything unreadable: not a finished run; resume says what is wrong
         return None
     if any(meta.get(k) for k in ("custom_data", "custom_model", "custom_loss")):
@@ -440,8 +549,12 @@ EXTENDABLE = ("run.rounds", "run.eval_every", "run.tensorboard")
 
 # Keys added after checkpoints began to store a digest of the whole config, with the default
 # that reproduces the behaviour before them.
-ADDED_KEYS = {"run.tensorboard": False, "algorithm.cluster_start": "global", "algorithm.cluster_warmup": 0,
-              "algorithm.chain": False}
+ADDED_KEYS = {
+    "run.tensorboard": False,
+    "algorithm.cluster_start": "global",
+    "algorithm.cluster_warmup": 0,
+    "algorithm.chain": False,
+}
 
 
 def config_digest(cfg: Config, core: bool = False) -> str:
@@ -466,13 +579,16 @@ def extended(cfg: Config, overrides: list[str], done: int, out: Path) -> Config:
         parts, value = config_mod.parse_override(item)
         key = ".".join(parts)
         if key not in EXTENDABLE:
-            raise UserError(f"resume --set {item!r}: a resumed run may change only {', '.join(EXTENDABLE)}; other "
-                            f"keys would change what it computed: start a new run with 'stocfl run'")
+            raise UserError(
+                f"resume --set {item!r}: a resumed run may change only {', '.join(EXTENDABLE)}; other "
+                f"keys would change what it computed: start a new run with 'stocfl run'"
+            )
         raw["run"][parts[1]] = value
     new = config_mod.validate(raw)
     if new.run.rounds < done:
-        raise UserError(f"resume --set run.rounds={new.run.rounds}: the run has done {done} rounds already; ask for "
-                        f"{done} or more")
+        raise UserError(
+            f"resume --set run.rounds={new.run.rounds}: the run has done {done} rounds already; ask for {done} or more"
+        )
     write_atomic(out / "config.toml", formats.to_toml(new.to_dict()))
     return new
 
@@ -490,5 +606,3 @@ def _pooled(results) -> float | None:
     """Correct over samples of all results; None when no client was evaluated."""
     n = sum(r.n_samples for r in results)
     return sum(r.correct for r in results) / n if n else None
-
-

@@ -8,8 +8,12 @@ from typing import Any
 import numpy as np
 
 
-def clustering_scores(labels: np.ndarray, groups: np.ndarray | None, participants: list[int] | None = None,
-                      label_dists: np.ndarray | None = None) -> dict[str, Any]:
+def clustering_scores(
+    labels: np.ndarray,
+    groups: np.ndarray | None,
+    participants: list[int] | None = None,
+    label_dists: np.ndarray | None = None,
+) -> dict[str, Any]:
     """Over the participants placed so far (held-out clients never count): their number
     (``placed``) and share of all participants (``coverage``), the number of clusters among
     them, ARI and NMI against the true groups, and with ``label_dists`` (the clients' unit
@@ -20,8 +24,13 @@ def clustering_scores(labels: np.ndarray, groups: np.ndarray | None, participant
     if participants is not None:
         assigned &= np.isin(np.arange(len(labels)), participants)
     n = len(participants) if participants is not None else len(labels)
-    out: dict[str, Any] = {"n_clusters": int(len(np.unique(labels[assigned]))), "placed": int(assigned.sum()),
-                           "coverage": float(assigned.sum() / n) if n else None, "ari": None, "nmi": None}
+    out: dict[str, Any] = {
+        "n_clusters": int(len(np.unique(labels[assigned]))),
+        "placed": int(assigned.sum()),
+        "coverage": float(assigned.sum() / n) if n else None,
+        "ari": None,
+        "nmi": None,
+    }
     if groups is not None and assigned.any():
         out["ari"] = float(adjusted_rand_score(groups[assigned], labels[assigned]))
         out["nmi"] = float(normalized_mutual_info_score(groups[assigned], labels[assigned]))
@@ -71,8 +80,12 @@ def cluster_table(labels: np.ndarray, groups: np.ndarray | None, evals: dict) ->
         members = np.flatnonzero(labels == k)
         res = [evals[i] for i in members if i in evals]
         n = sum(r.n_samples for r in res)
-        row = {"cluster": number, "id": k, "members": len(members),
-               "accuracy": sum(r.correct for r in res) / n if n else None}
+        row = {
+            "cluster": number,
+            "id": k,
+            "members": len(members),
+            "accuracy": sum(r.correct for r in res) / n if n else None,
+        }
         if groups is not None:
             mix = np.bincount(groups[members], minlength=int(groups.max()) + 1)
             row["true_groups"] = " ".join(f"{g}:{c}" for g, c in enumerate(mix) if c)

@@ -21,18 +21,24 @@ import numpy as np
 import torch
 from safetensors.torch import save as to_bytes
 
-from stocfl.experiment import metrics
-from stocfl.storage import formats
-from stocfl.errors import UserError
-from stocfl.storage.files import write_atomic
 from stocfl.client.models import build_module
+from stocfl.errors import UserError
+from stocfl.experiment import metrics
 from stocfl.experiment.loop import Experiment
+from stocfl.storage import formats
+from stocfl.storage.files import write_atomic
 
 INDEX = "models.json"
 
 
-def export_models(run_dir: str | Path, out: str | Path | None = None, data_dir: str | None = None, federation=None,
-           module=None, loss=None) -> Path:
+def export_models(
+    run_dir: str | Path,
+    out: str | Path | None = None,
+    data_dir: str | None = None,
+    federation=None,
+    module=None,
+    loss=None,
+) -> Path:
     """Write the models of the run in ``run_dir`` into ``out`` (default ``run_dir/export``) and
     return ``out``. A run on data or a model given in Python is opened with the same ones."""
     run_dir = Path(run_dir)
@@ -49,8 +55,14 @@ def export_models(run_dir: str | Path, out: str | Path | None = None, data_dir: 
             continue
         members = np.flatnonzero(labels == k)
         name = f"cluster_{n}.safetensors"
-        entry = {"file": name, "model": "cluster", "cluster": n, "id": k, "members": len(members),
-                 "clients": members.tolist()}
+        entry = {
+            "file": name,
+            "model": "cluster",
+            "cluster": n,
+            "id": k,
+            "members": len(members),
+            "clients": members.tolist(),
+        }
         if fed.groups is not None and len(members):
             entry["true_groups"] = " ".join(f"{g}:{c}" for g, c in enumerate(np.bincount(fed.groups[members])) if c)
         entries.append(entry)
@@ -63,11 +75,19 @@ def export_models(run_dir: str | Path, out: str | Path | None = None, data_dir: 
         write_atomic(out / name, to_bytes({n: t.contiguous() for n, t in model.state_dict(w).items()}, metadata=meta))
     cfg = exp.cfg
     index = {
-        "run": str(run_dir.resolve()), "algorithm": cfg.algorithm["name"], "round": exp.round,
-        "rounds": cfg.run.rounds, "new_client_uses": algorithm.placement,
-        "module": None if exp.module is not None else {
-            "name": cfg.model.name, "hidden": cfg.model.hidden, "input_shape": list(fed.input_shape),
-            "n_classes": fed.n_classes},
+        "run": str(run_dir.resolve()),
+        "algorithm": cfg.algorithm["name"],
+        "round": exp.round,
+        "rounds": cfg.run.rounds,
+        "new_client_uses": algorithm.placement,
+        "module": None
+        if exp.module is not None
+        else {
+            "name": cfg.model.name,
+            "hidden": cfg.model.hidden,
+            "input_shape": list(fed.input_shape),
+            "n_classes": fed.n_classes,
+        },
         "models": entries,
     }
     if exp.module is not None:
@@ -105,19 +125,23 @@ def load_model(path: str | Path, cluster: int | None = None) -> torch.nn.Module:
     if spec is None:
         raise UserError(f"{path}: the run's model was given in Python; load the state_dict files into that module")
     if cluster not in files:
-        raise UserError(f"cluster {cluster} is not among the exported models of {path} (clusters: "
-                        f"{', '.join(map(str, have)) or 'none'}); omit cluster for the global model")
+        raise UserError(
+            f"cluster {cluster} is not among the exported models of {path} (clusters: "
+            f"{', '.join(map(str, have)) or 'none'}); omit cluster for the global model"
+        )
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     try:
         module = build_module(spec["name"], tuple(spec["input_shape"]), spec["n_classes"], spec["hidden"])
     except ValueError as err:  # a model registered in the run's process but not in this one
-        raise UserError(f"{path}: {err}; a model registered with stocfl.register_model must be registered again "
-                        f"before loading") from None
+        raise UserError(
+            f"{path}: {err}; a model registered with stocfl.register_model must be registered again before loading"
+        ) from None
     try:
         module.load_state_dict(load_file(str(path / files[cluster])))
     except (OSError, RuntimeError, ValueError, SafetensorError) as err:  # missing or truncated, or another model
-        raise UserError(f"{path / files[cluster]}: cannot load it into model {spec['name']!r} "
-                        f"({str(err).splitlines()[0]}); {again}") from None
+        raise UserError(
+            f"{path / files[cluster]}: cannot load it into model {spec['name']!r} ({str(err).splitlines()[0]}); {again}"
+        ) from None
     return module.eval()

@@ -15,19 +15,20 @@ import torch
 
 from stocfl import config as config_mod
 from stocfl.algorithms.checks import check_placements
+from stocfl.client.tasks import Evaluate
+from stocfl.data.federation import Federation
 from stocfl.errors import UserError, first_repeated
 from stocfl.executors import make_executor
 from stocfl.experiment.build import build_federation, checked, read_config
-from stocfl.experiment.results import placement_rows, summarize_placements
 from stocfl.experiment.loop import Experiment
-from stocfl.data.federation import Federation
-from stocfl.client.tasks import Evaluate
+from stocfl.experiment.results import placement_rows, summarize_placements
 
 NEW_DATA_KEYS = ("scenario.", "run.seed")
 
 
-def place_clients(run_dir: str | Path, overrides: list[str] = (), clients: list[int] | None = None,
-                  data_dir: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def place_clients(
+    run_dir: str | Path, overrides: list[str] = (), clients: list[int] | None = None, data_dir: str | None = None
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Place clients on the saved run in ``run_dir``.
 
     Without ``overrides`` the clients are the run's held-out clients (``scenario.holdout``);
@@ -47,25 +48,33 @@ def place_clients(run_dir: str | Path, overrides: list[str] = (), clients: list[
             raw.setdefault(parts[0], {})[parts[-1]] = value
         fed = build_federation(config_mod.validate(raw))
         if _same_train_data(fed, exp.fed):
-            raise UserError(f"--set {' '.join(overrides)} builds the run's own clients (the same train data), which it "
-                            f"trained on; change run.seed or how the scenario splits the data (without --set, the "
-                            f"run's held-out clients are placed)")
+            raise UserError(
+                f"--set {' '.join(overrides)} builds the run's own clients (the same train data), which it "
+                f"trained on; change run.seed or how the scenario splits the data (without --set, the "
+                f"run's held-out clients are placed)"
+            )
         if fed.input_shape != exp.fed.input_shape or fed.n_classes != exp.fed.n_classes:
-            raise UserError(f"the new clients' data ({fed.input_shape}, {fed.n_classes} classes) does not fit the "
-                            f"run's model ({exp.fed.input_shape}, {exp.fed.n_classes} classes)")
+            raise UserError(
+                f"the new clients' data ({fed.input_shape}, {fed.n_classes} classes) does not fit the "
+                f"run's model ({exp.fed.input_shape}, {exp.fed.n_classes} classes)"
+            )
         executor = make_executor(exp.engine, fed, exp.model, exp.cfg)
         chosen = clients if clients is not None else list(range(fed.n_clients))
     else:
         held = fed.heldout_clients
         held_set = set(held)
         if not held:
-            raise UserError(f"{out} has no held-out clients (scenario.holdout = {exp.cfg.scenario.holdout}); pass new "
-                            "clients' data with --set scenario.KEY=VALUE or --set run.seed=N")
+            raise UserError(
+                f"{out} has no held-out clients (scenario.holdout = {exp.cfg.scenario.holdout}); pass new "
+                "clients' data with --set scenario.KEY=VALUE or --set run.seed=N"
+            )
         chosen = clients if clients is not None else held
         trained = [i for i in chosen if 0 <= i < fed.n_clients and i not in held_set]
         if trained:
-            raise UserError(f"client {trained[0]} took part in training, so it is not new; choose among the held-out "
-                            f"clients {_ids(held)}, or pass new clients' data with --set")
+            raise UserError(
+                f"client {trained[0]} took part in training, so it is not new; choose among the held-out "
+                f"clients {_ids(held)}, or pass new clients' data with --set"
+            )
     bad_ids = [i for i in chosen if not 0 <= i < fed.n_clients]
     if bad_ids:
         raise UserError(f"client {bad_ids[0]} does not exist; the federation has clients 0..{fed.n_clients - 1}")
@@ -84,7 +93,9 @@ def _ids(ids: list[int], shown: int = 10) -> str:
 
 
 def _same_train_data(a: Federation, b: Federation) -> bool:
-    return (a.x_train.shape == b.x_train.shape and torch.equal(torch.as_tensor(a.train_offsets),
-                                                               torch.as_tensor(b.train_offsets))
-            and torch.equal(torch.as_tensor(a.y_train), torch.as_tensor(b.y_train))
-            and torch.equal(torch.as_tensor(a.x_train), torch.as_tensor(b.x_train)))
+    return (
+        a.x_train.shape == b.x_train.shape
+        and torch.equal(torch.as_tensor(a.train_offsets), torch.as_tensor(b.train_offsets))
+        and torch.equal(torch.as_tensor(a.y_train), torch.as_tensor(b.y_train))
+        and torch.equal(torch.as_tensor(a.x_train), torch.as_tensor(b.x_train))
+    )

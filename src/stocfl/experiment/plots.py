@@ -51,8 +51,9 @@ def similarity_matrix(reps: torch.Tensor, groups: np.ndarray | None, path: Path,
     plt.close(fig)
 
 
-def embedding(reps: torch.Tensor, clusters: np.ndarray, groups: np.ndarray | None, path: Path, title: str,
-              seed: int = 0) -> None:
+def embedding(
+    reps: torch.Tensor, clusters: np.ndarray, groups: np.ndarray | None, path: Path, title: str, seed: int = 0
+) -> None:
     """2-D t-SNE (PCA for fewer than 10 clients) of representations (paper Fig. 3): colour =
     found cluster (``clusters``: numbered as in clusters.csv), marker = true group."""
     plt = _plt()
@@ -76,24 +77,48 @@ def embedding(reps: torch.Tensor, clusters: np.ndarray, groups: np.ndarray | Non
     colour = {k: palette[n % len(palette)] for n, k in enumerate(found)}
     fig, ax = plt.subplots(figsize=(7.4, 5.0))
     markers = "o^sDvP*X<>p"
-    for g in (np.unique(groups) if groups is not None else [None]):
+    for g in np.unique(groups) if groups is not None else [None]:
         sel = np.ones(len(x), bool) if g is None else groups == g
-        ax.scatter(xy[sel, 0], xy[sel, 1], c=[colour[k] for k in clusters[sel]], s=22, alpha=0.85,
-                   edgecolors="k", linewidths=0.3, marker=markers[0 if g is None else int(g) % len(markers)])
+        ax.scatter(
+            xy[sel, 0],
+            xy[sel, 1],
+            c=[colour[k] for k in clusters[sel]],
+            s=22,
+            alpha=0.85,
+            edgecolors="k",
+            linewidths=0.3,
+            marker=markers[0 if g is None else int(g) % len(markers)],
+        )
     ax.set(title=f"{title}\n{how} of client representations", xticks=[], yticks=[])
     shown = found[:20]
     cl = [Line2D([], [], ls="", marker="o", ms=7, mfc=colour[k], mec="k", mew=0.3, label=f"{k}") for k in shown]
     if len(found) > len(shown):
         cl.append(Line2D([], [], ls="", label=f"+{len(found) - len(shown)} more"))
-    first = ax.legend(handles=cl, title="colour: found cluster", loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                      fontsize=7, title_fontsize=8, ncol=1 + len(shown) // 11)
+    first = ax.legend(
+        handles=cl,
+        title="colour: found cluster",
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize=7,
+        title_fontsize=8,
+        ncol=1 + len(shown) // 11,
+    )
     if groups is not None:
         ax.add_artist(first)
         gs = np.unique(groups)
-        mk = [Line2D([], [], ls="", marker=markers[int(g) % len(markers)], ms=7, mfc="none", mec="k", label=f"{g}")
-              for g in gs[:20]]
-        ax.legend(handles=mk, title="marker: true group", loc="lower left", bbox_to_anchor=(1.01, 0.0), fontsize=7,
-                  title_fontsize=8, ncol=1 + len(mk) // 11)
+        mk = [
+            Line2D([], [], ls="", marker=markers[int(g) % len(markers)], ms=7, mfc="none", mec="k", label=f"{g}")
+            for g in gs[:20]
+        ]
+        ax.legend(
+            handles=mk,
+            title="marker: true group",
+            loc="lower left",
+            bbox_to_anchor=(1.01, 0.0),
+            fontsize=7,
+            title_fontsize=8,
+            ncol=1 + len(mk) // 11,
+        )
     fig.tight_layout()
     save_figure(fig, path)
     plt.close(fig)
@@ -119,8 +144,7 @@ def plot_accuracy(rows: list[dict[str, Any]], path: Path, title: str, true_k: in
     mark = "o" if len(ev) <= 30 else None
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.4))
     ax.plot([r["round"] for r in ev], [r["accuracy"] for r in ev], marker=mark, ms=3, label="clients (own model)")
-    ax.plot([r["round"] for r in ev], [r["global_accuracy"] for r in ev], "--", marker=mark, ms=3,
-            label="global model")
+    ax.plot([r["round"] for r in ev], [r["global_accuracy"] for r in ev], "--", marker=mark, ms=3, label="global model")
     ax.set(xlabel="round", ylabel="test accuracy", title=title, ylim=(0, 1))
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     ax.grid(alpha=0.3)
@@ -136,11 +160,13 @@ def plot_accuracy(rows: list[dict[str, Any]], path: Path, title: str, true_k: in
     if any(r.get("ari") is not None for r in rows):
         handles += ax3.plot(rounds, [r["ari"] for r in rows], color="C3", marker=mark, ms=3, label="ARI")
     if any(r.get("coverage") is not None for r in rows):
-        handles += ax3.plot(rounds, [r["coverage"] for r in rows], color="0.5", ls="--", lw=1,
-                            label="share of clients placed")
+        handles += ax3.plot(
+            rounds, [r["coverage"] for r in rows], color="0.5", ls="--", lw=1, label="share of clients placed"
+        )
     ax3.set(ylabel="ARI, share placed", ylim=(-0.05, 1.05))
-    ax2.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=len(handles), frameon=False,
-               fontsize=8)
+    ax2.legend(
+        handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=len(handles), frameon=False, fontsize=8
+    )
     for a in (ax, ax2):
         integer_rounds(a)
     fig.tight_layout()

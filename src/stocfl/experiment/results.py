@@ -13,33 +13,54 @@ from typing import Any
 import numpy as np
 import torch
 
-from stocfl.experiment import metrics, plots
-from stocfl.storage import formats
 from stocfl.algorithms import Algorithm
 from stocfl.algorithms.checks import check_placements
-from stocfl.config import Config
-from stocfl.devices import describe, resolve_device
-from stocfl.data.federation import Federation
 from stocfl.client.tasks import Evaluate, without_dropped
+from stocfl.config import Config
+from stocfl.data.federation import Federation
+from stocfl.devices import describe, resolve_device
+from stocfl.experiment import metrics, plots
+from stocfl.storage import formats
 
 
-def summarize(cfg: Config, fed: Federation, given_federation: bool, algorithm: Algorithm, rows: list[dict[str, Any]],
-              rounds_done: int, engine: str, threads: int, elapsed: float) -> dict[str, Any]:
+def summarize(
+    cfg: Config,
+    fed: Federation,
+    given_federation: bool,
+    algorithm: Algorithm,
+    rows: list[dict[str, Any]],
+    rounds_done: int,
+    engine: str,
+    threads: int,
+    elapsed: float,
+) -> dict[str, Any]:
     """The run's final figures: the last evaluated accuracies, the last clustering scores, and
     the algorithm's own fields."""
     last_eval = next((x for x in reversed(rows) if x.get("accuracy") is not None), {})
     last = rows[-1] if rows else {}
     summary = {
-        "algorithm": cfg.algorithm["name"], "scenario": fed.scenario if given_federation else cfg.scenario.name,
+        "algorithm": cfg.algorithm["name"],
+        "scenario": fed.scenario if given_federation else cfg.scenario.name,
         "dataset": fed.dataset if given_federation else cfg.scenario.dataset,
-        "seed": cfg.run.seed, "n_clients": fed.n_clients, "rounds": cfg.run.rounds,
-        "rounds_done": rounds_done, "engine": engine, "threads": threads,
-        "processor": describe(resolve_device(cfg.run.device)), "torch": torch.__version__,
-        "accuracy": last_eval.get("accuracy"), "global_accuracy": last_eval.get("global_accuracy"),
-        "n_clusters": last.get("n_clusters"), "ari": last.get("ari"), "nmi": last.get("nmi"),
-        "placed": last.get("placed"), "participants": len(fed.participants),
-        "label_cos_within": last.get("label_cos_within"), "label_cos_all": last.get("label_cos_all"),
-        "seconds": round(elapsed, 3), "notes": fed.notes,
+        "seed": cfg.run.seed,
+        "n_clients": fed.n_clients,
+        "rounds": cfg.run.rounds,
+        "rounds_done": rounds_done,
+        "engine": engine,
+        "threads": threads,
+        "processor": describe(resolve_device(cfg.run.device)),
+        "torch": torch.__version__,
+        "accuracy": last_eval.get("accuracy"),
+        "global_accuracy": last_eval.get("global_accuracy"),
+        "n_clusters": last.get("n_clusters"),
+        "ari": last.get("ari"),
+        "nmi": last.get("nmi"),
+        "placed": last.get("placed"),
+        "participants": len(fed.participants),
+        "label_cos_within": last.get("label_cos_within"),
+        "label_cos_all": last.get("label_cos_all"),
+        "seconds": round(elapsed, 3),
+        "notes": fed.notes,
     }
     if last_eval.get("eval_left_out"):  # clients that failed to answer the last evaluation: not in its figures
         summary["eval_left_out"] = last_eval["eval_left_out"]
@@ -72,8 +93,11 @@ def client_spread(last_eval: dict) -> dict[str, float | None]:
     accs = [r.accuracy for r in last_eval.values() if r.n_samples]
     if not accs:
         return {"macro_accuracy": None, "accuracy_p10": None, "worst_client_accuracy": None}
-    return {"macro_accuracy": float(np.mean(accs)), "accuracy_p10": float(np.percentile(accs, 10)),
-            "worst_client_accuracy": float(min(accs))}
+    return {
+        "macro_accuracy": float(np.mean(accs)),
+        "accuracy_p10": float(np.percentile(accs, 10)),
+        "worst_client_accuracy": float(min(accs)),
+    }
 
 
 def models_used(clients: list[int], models: list, algorithm: Algorithm) -> dict[int, str]:
@@ -84,6 +108,7 @@ def models_used(clients: list[int], models: list, algorithm: Algorithm) -> dict[
     labels = algorithm.cluster_labels()
     found = algorithm.cluster_models()
     number = metrics.cluster_numbers(labels, found)
+
     def key(w):  # the same memory: the same model, also where an algorithm hands out views of one tensor
         return w.data_ptr(), w.numel()
 
@@ -101,8 +126,9 @@ def models_used(clients: list[int], models: list, algorithm: Algorithm) -> dict[
     return out
 
 
-def client_rows(labels: np.ndarray, groups: np.ndarray | None, last_eval: dict, last_global: dict,
-                used: dict[int, str]) -> list[dict[str, Any]]:
+def client_rows(
+    labels: np.ndarray, groups: np.ndarray | None, last_eval: dict, last_global: dict, used: dict[int, str]
+) -> list[dict[str, Any]]:
     """clients.csv: per evaluated client its found cluster (numbered as in clusters.csv), the
     model it was evaluated with (:func:`models_used`), true group, test samples, and the
     accuracy of that model and of the global model."""
@@ -110,15 +136,32 @@ def client_rows(labels: np.ndarray, groups: np.ndarray | None, last_eval: dict, 
     rows = []
     for i in sorted(last_eval):
         r, g = last_eval[i], last_global.get(i)
-        rows.append({"client": int(i), "cluster": number.get(int(labels[i]), -1), "model": used.get(i, ""),
-                     "true_group": int(groups[i]) if groups is not None else "", "test_samples": r.n_samples,
-                     "accuracy": r.accuracy, "global_accuracy": g.accuracy if g is not None else ""})
+        rows.append(
+            {
+                "client": int(i),
+                "cluster": number.get(int(labels[i]), -1),
+                "model": used.get(i, ""),
+                "true_group": int(groups[i]) if groups is not None else "",
+                "test_samples": r.n_samples,
+                "accuracy": r.accuracy,
+                "global_accuracy": g.accuracy if g is not None else "",
+            }
+        )
     return rows
 
 
-def write_results(out: Path, summary: dict[str, Any], rows: list[dict[str, Any]], algorithm: Algorithm,
-                  fed: Federation, last_eval: dict, heldout: list[dict[str, Any]], last_global: dict,
-                  used: dict[int, str], seed: int) -> None:
+def write_results(
+    out: Path,
+    summary: dict[str, Any],
+    rows: list[dict[str, Any]],
+    algorithm: Algorithm,
+    fed: Federation,
+    last_eval: dict,
+    heldout: list[dict[str, Any]],
+    last_global: dict,
+    used: dict[int, str],
+    seed: int,
+) -> None:
     """summary.json, clusters.csv, clients.csv, heldout.csv (if any), accuracy.png and the
     algorithm's figures."""
     labels = algorithm.cluster_labels()
@@ -132,8 +175,9 @@ def write_results(out: Path, summary: dict[str, Any], rows: list[dict[str, Any]]
         g = fed.groups[ids] if fed.groups is not None else None
         number = metrics.cluster_numbers(labels)
         plots.similarity_matrix(vectors, g, out / "similarity.png", f"cosine of client representations, {title}")
-        plots.embedding(vectors, np.array([number.get(int(k), -1) for k in labels[ids]]), g, out / "embedding.png",
-                        title, seed)
+        plots.embedding(
+            vectors, np.array([number.get(int(k), -1) for k in labels[ids]]), g, out / "embedding.png", title, seed
+        )
     algorithm.plots(out, fed.groups, title, seed)
     formats.write_json(out / "summary.json", summary)
     plots.plot_accuracy(rows, out / "accuracy.png", f"{summary['algorithm']} on {title}", true_k(fed))
@@ -160,9 +204,15 @@ def placement_rows(placed, results, groups, algorithm: Algorithm) -> list[dict[s
     number = metrics.cluster_numbers(labels, algorithm.cluster_models())
     rows = []
     for p, r in zip(placed, results):
-        row = {"client": p.client, "cluster": number.get(p.cluster, p.cluster), "cosine": p.similarity,
-               "would_open_new": p.opened_new,
-               "accuracy": r.accuracy, "correct": r.correct, "test_samples": r.n_samples}
+        row = {
+            "client": p.client,
+            "cluster": number.get(p.cluster, p.cluster),
+            "cosine": p.similarity,
+            "would_open_new": p.opened_new,
+            "accuracy": r.accuracy,
+            "correct": r.correct,
+            "test_samples": r.n_samples,
+        }
         if groups is not None:
             row["true_group"] = int(groups[p.client])
             row["in_true_group_cluster"] = majority.get(p.cluster) == row["true_group"]
@@ -172,9 +222,12 @@ def placement_rows(placed, results, groups, algorithm: Algorithm) -> list[dict[s
 
 def summarize_placements(rows: list[dict[str, Any]], placement: str, left_out: list[int] = ()) -> dict[str, Any]:
     n = sum(r["test_samples"] for r in rows)
-    out = {"clients": len(rows), "placement": placement,
-           "accuracy": sum(r["correct"] for r in rows) / n if n else None,  # no test sample: no accuracy, not 0
-           "would_open_new": sum(bool(r["would_open_new"]) for r in rows)}
+    out = {
+        "clients": len(rows),
+        "placement": placement,
+        "accuracy": sum(r["correct"] for r in rows) / n if n else None,  # no test sample: no accuracy, not 0
+        "would_open_new": sum(bool(r["would_open_new"]) for r in rows),
+    }
     if left_out:
         out["left_out"] = list(left_out)
     if rows and "in_true_group_cluster" in rows[0]:

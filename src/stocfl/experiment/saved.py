@@ -4,8 +4,9 @@ its models in ways the run itself does not. Nothing here writes into the directo
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -27,8 +28,10 @@ class SavedRun:
 
     def __repr__(self) -> str:
         c = self.config
-        return (f"SavedRun({str(self.path)!r}: {c.algorithm['name']} on {c.scenario.name} ({c.scenario.dataset}), "
-                f"{'finished' if self.finished else 'not finished'})")
+        return (
+            f"SavedRun({str(self.path)!r}: {c.algorithm['name']} on {c.scenario.name} ({c.scenario.dataset}), "
+            f"{'finished' if self.finished else 'not finished'})"
+        )
 
     @property
     def digest(self) -> str:
@@ -40,7 +43,7 @@ class SavedRun:
         """The summary when the run has done every round of its config, else None."""
         return finished_summary(self.path)
 
-    def load(self) -> "LoadedRun":
+    def load(self) -> LoadedRun:
         """The run rebuilt from its config and last checkpoint (its data read again)."""
         return LoadedRun(Experiment.open(self.path, self.data_dir))
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import typing
 from dataclasses import MISSING, fields
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import torch
@@ -39,7 +39,7 @@ def message_types() -> list[str]:
     return sorted(k.message for k in KINDS.values())
 
 
-@lru_cache(maxsize=None)
+@cache
 def _layout(cls: type) -> tuple[tuple[str, str, bool, object], ...]:
     """(name, "tensor" | "int" | "float" | "str" | "bool", optional, default) per field."""
     hints = typing.get_type_hints(cls)
@@ -97,8 +97,11 @@ def _read(cls: type, arrays: ArrayRecord, values: ConfigRecord):
             continue
         v = values[name]
         if kind == "int":
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or (
-                    isinstance(v, float) and not (math.isfinite(v) and v.is_integer())):
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, (int, float))
+                or (isinstance(v, float) and not (math.isfinite(v) and v.is_integer()))
+            ):
                 raise BadReply(f"{name} = {v!r} is not an integer")
             v = int(v)
         elif kind == "float":

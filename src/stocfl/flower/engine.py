@@ -14,17 +14,25 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from stocfl.errors import UserError
-from stocfl.flower.codec import (BadReply, decode_results, decode_tasks, encode_results, encode_tasks, message_type,
-                                 message_types)
 from stocfl.client.tasks import ClientsDropped, Result, Task
+from stocfl.errors import UserError
+from stocfl.flower.codec import (
+    BadReply,
+    decode_results,
+    decode_tasks,
+    encode_results,
+    encode_tasks,
+    message_type,
+    message_types,
+)
 
 NODE_WAIT_SECONDS = 120.0
 POLL_SECONDS = 0.5  # longest pause between pulls (Grid.send_and_receive waits 3 s on a deployment)
@@ -57,8 +65,9 @@ def quiet_known_noise() -> None:
     flwr_log = logging.getLogger("flwr")
     if not any(isinstance(f, KnownNoise) for f in flwr_log.filters):
         flwr_log.addFilter(KnownNoise())
-    warnings.filterwarnings("ignore", message="Tip: In future versions of Ray, Ray will no longer override",
-                            category=FutureWarning)
+    warnings.filterwarnings(
+        "ignore", message="Tip: In future versions of Ray, Ray will no longer override", category=FutureWarning
+    )
 
 
 class FlowerExecutor:
@@ -82,7 +91,7 @@ class FlowerExecutor:
         self.refused: set[tuple[int, int]] = set()  # (node, client) claims refused so far
         self.failed: set[int] = set()  # nodes whose last reply did not come or was an error
 
-    def connect(self, expected: int, wait: float = NODE_WAIT_SECONDS) -> "FlowerExecutor":
+    def connect(self, expected: int, wait: float = NODE_WAIT_SECONDS) -> FlowerExecutor:
         """Wait until ``expected`` clients each have a node that said who it serves."""
         deadline = time.monotonic() + wait
         while True:
@@ -92,8 +101,10 @@ class FlowerExecutor:
             # a node that refused is not asked again: with too few others, waiting cannot help
             if time.monotonic() >= deadline or (self.refusals and len(self.node_of) + len(self.refusals) >= expected):
                 why = "".join(f"; node {n}: {r}" for n, r in list(self.refusals.items())[:1])
-                raise UserError(f"only {len(self.node_of)} of {expected} Flower clients connected within {wait:.0f} s; "
-                                f"start a SuperNode per client with --node-config \"client-id=<i>\"{why}")
+                raise UserError(
+                    f"only {len(self.node_of)} of {expected} Flower clients connected within {wait:.0f} s; "
+                    f'start a SuperNode per client with --node-config "client-id=<i>"{why}'
+                )
             time.sleep(POLL_SECONDS)
 
     def refresh(self, timeout: float | None = None) -> None:
@@ -138,8 +149,11 @@ class FlowerExecutor:
                 clients = [int(c) for c in reply.content["client"]["client_ids"]]
             except (KeyError, TypeError, ValueError) as err:
                 self.refusals[node] = str(err) or type(err).__name__
-                log.warning("Flower node %d did not say which clients it serves (%s); it gets no tasks", node,
-                            self.refusals[node])
+                log.warning(
+                    "Flower node %d did not say which clients it serves (%s); it gets no tasks",
+                    node,
+                    self.refusals[node],
+                )
                 continue
             self.claims[node] = clients
 
@@ -163,15 +177,20 @@ class FlowerExecutor:
 
     def run(self, tasks: list[Task]) -> list[Result]:
         self.refresh()
-        why = {t.client: f"client {t.client}: no Flower node serves it (SuperNode offline?)"
-               for t in tasks if t.client not in self.node_of}
+        why = {
+            t.client: f"client {t.client}: no Flower node serves it (SuperNode offline?)"
+            for t in tasks
+            if t.client not in self.node_of
+        }
         if why:  # send nothing: the round is replayed without them
             raise ClientsDropped(sorted(why), [why[c] for c in sorted(why)])
         groups: dict[tuple[int, type], list[int]] = {}  # one message per node and kind of task
         for k, t in enumerate(tasks):
             groups.setdefault((self.node_of[t.client], type(t)), []).append(k)
-        msgs = [Message(encode_tasks([tasks[k] for k in ks]), dst_node_id=node, message_type=message_type(kind))
-                for (node, kind), ks in groups.items()]
+        msgs = [
+            Message(encode_tasks([tasks[k] for k in ks]), dst_node_id=node, message_type=message_type(kind))
+            for (node, kind), ks in groups.items()
+        ]
         out: list[Result | None] = [None] * len(tasks)
         for (node, _), ks, reply in zip(groups, groups.values(), self.exchange(msgs, self.timeout)):
             clients = sorted({tasks[k].client for k in ks})
@@ -202,7 +221,7 @@ def served_clients(node_config: dict[str, Any], n_clients: int) -> list[int]:
                 lo, _, hi = part.strip().partition("-")
                 out += range(int(lo), int(hi or lo) + 1)
         except ValueError:
-            raise ValueError(f"node config client-ids={spec!r}: expected ids and ranges, e.g. \"0-9,12\"") from None
+            raise ValueError(f'node config client-ids={spec!r}: expected ids and ranges, e.g. "0-9,12"') from None
         if not out or min(out) < 0:
             raise ValueError(f"node config client-ids={spec!r}: expected ids >= 0 and ranges lo-hi with lo <= hi")
         mine = sorted(set(out))
@@ -214,8 +233,10 @@ def served_clients(node_config: dict[str, Any], n_clients: int) -> list[int]:
             raise ValueError(f"node config num-partitions={k}: expected a number of partitions >= 1")
         mine = list(range(int(node_config["partition-id"]), n_clients, k))
     else:
-        raise ValueError('node config names no client: start the SuperNode with --node-config "client-id=<i>" '
-                         'or "client-ids=<i>-<j>"')
+        raise ValueError(
+            'node config names no client: start the SuperNode with --node-config "client-id=<i>" '
+            'or "client-ids=<i>-<j>"'
+        )
     if not mine or min(mine) < 0 or max(mine) >= n_clients:  # a negative id served no client, without a word
         raise ValueError(f"this node would serve clients {mine}, but the federation has clients 0-{n_clients - 1}")
     return mine
@@ -269,8 +290,9 @@ def _timeout(raw_config: dict[str, Any]) -> float | None:
     return float(raw_config.get("run", {}).get("client_timeout", 0.0)) or None
 
 
-def server_app(make_experiment: Callable[[FlowerExecutor], Any], n_nodes: int, result: dict,
-               timeout: float | None = None) -> ServerApp:
+def server_app(
+    make_experiment: Callable[[FlowerExecutor], Any], n_nodes: int, result: dict, timeout: float | None = None
+) -> ServerApp:
     app = ServerApp()
 
     @app.main()
@@ -281,7 +303,7 @@ def server_app(make_experiment: Callable[[FlowerExecutor], Any], n_nodes: int, r
     return app
 
 
-RUN_CONFIG_HINT = "flwr run flower_app <superlink> --run-config 'config=\"/abs/exp.toml\" out=\"/abs/results\"'"
+RUN_CONFIG_HINT = 'flwr run flower_app <superlink> --run-config \'config="/abs/exp.toml" out="/abs/results"\''
 
 
 def run_config_paths(run_config: dict[str, Any]) -> tuple[Path, Path, int]:
@@ -290,17 +312,23 @@ def run_config_paths(run_config: dict[str, Any]) -> tuple[Path, Path, int]:
     config, out = str(run_config.get("config", "")), str(run_config.get("out", ""))
     resuming = bool(out) and Path(out).is_absolute() and (Path(out) / "config.toml").exists()
     if not out or not Path(out).is_absolute():
-        raise UserError(f"run config out={out!r}: expected the absolute path of the results directory: {RUN_CONFIG_HINT}")
+        raise UserError(
+            f"run config out={out!r}: expected the absolute path of the results directory: {RUN_CONFIG_HINT}"
+        )
     if not resuming and (not config or not Path(config).is_absolute() or not Path(config).is_file()):
-        raise UserError(f"run config config={config!r}: expected the absolute path of a stocfl TOML config on "
-                        f"every machine: {RUN_CONFIG_HINT}")
+        raise UserError(
+            f"run config config={config!r}: expected the absolute path of a stocfl TOML config on "
+            f"every machine: {RUN_CONFIG_HINT}"
+        )
     try:
         n = int(run_config.get("n-clients", 0))
     except (TypeError, ValueError):
         n = -1
     if n < 0:
-        raise UserError(f"run config n-clients={run_config.get('n-clients')!r}: expected the number of clients to "
-                        f"wait for (0 = all of the config's scenario)")
+        raise UserError(
+            f"run config n-clients={run_config.get('n-clients')!r}: expected the number of clients to "
+            f"wait for (0 = all of the config's scenario)"
+        )
     return Path(config), Path(out), n
 
 
@@ -313,8 +341,10 @@ def deployed_client_config(context: Context) -> dict[str, Any]:
     try:
         return tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as err:
-        raise UserError(f"run config config={str(path)!r} cannot be read on this SuperNode ({err}); the stocfl "
-                        f"config must be at the same absolute path on every machine") from None
+        raise UserError(
+            f"run config config={str(path)!r} cannot be read on this SuperNode ({err}); the stocfl "
+            f"config must be at the same absolute path on every machine"
+        ) from None
 
 
 def deployed_main(grid: Grid, run_config: dict[str, Any]) -> None:
@@ -330,11 +360,17 @@ def deployed_main(grid: Grid, run_config: dict[str, Any]) -> None:
     cfg = config_mod.validate(read_config(out)) if resuming else config_mod.load(str(config))  # before connecting
     executor = FlowerExecutor(grid, cfg.run.client_timeout or None).connect(n or cfg.scenario.n_clients)
     (Experiment.resume(out, executor=executor) if resuming else Experiment.create(cfg, out, executor)).run(
-        progress=False)
+        progress=False
+    )
 
 
-def simulate(raw_config: dict[str, Any], out: Path, make_experiment: Callable[[FlowerExecutor], Any],
-             n_clients: int, progress: bool = False) -> dict[str, Any]:
+def simulate(
+    raw_config: dict[str, Any],
+    out: Path,
+    make_experiment: Callable[[FlowerExecutor], Any],
+    n_clients: int,
+    progress: bool = False,
+) -> dict[str, Any]:
     """Run an experiment on Flower's simulation engine (Ray): one SuperNode per client, or
     ``run.sim_nodes`` SuperNodes sharing the clients; one CPU per ClientApp actor. FLWR_HOME
     goes inside the run directory, never the user's home."""
@@ -345,10 +381,15 @@ def simulate(raw_config: dict[str, Any], out: Path, make_experiment: Callable[[F
     os.environ.setdefault("FLWR_HOME", str((out / ".flwr").resolve()))
     result: dict[str, Any] = {"progress": progress}
     nodes = min(int(raw_config.get("run", {}).get("sim_nodes", 0)) or n_clients, n_clients)
-    run_simulation(server_app(make_experiment, n_clients, result, _timeout(raw_config)), client_app(raw_config),
-                   num_supernodes=nodes,
-                   backend_config={"client_resources": {"num_cpus": 1}})
+    run_simulation(
+        server_app(make_experiment, n_clients, result, _timeout(raw_config)),
+        client_app(raw_config),
+        num_supernodes=nodes,
+        backend_config={"client_resources": {"num_cpus": 1}},
+    )
     if "summary" not in result:
-        raise UserError(f"the Flower simulation ended without finishing the run; see the log above, resume with "
-                        f"'stocfl resume {out}'")
+        raise UserError(
+            f"the Flower simulation ended without finishing the run; see the log above, resume with "
+            f"'stocfl resume {out}'"
+        )
     return result["summary"]

@@ -1,12 +1,13 @@
 """The Flower codec without Flower's transport: an in-process executor whose task lists and
 replies go through exactly what a Flower message carries.
 
-Each call groups the tasks by node and kind (``nodes`` simulated SuperNodes, node i serving
-clients i, i + nodes, ...; 0: one node per client), as :class:`FlowerExecutor` does, encodes them with :mod:`stocfl.flower.codec`, serialises the records to Flower's
-protobuf bytes and back, runs the decoded tasks on an in-process executor, and sends the
-results back the same way; the server decodes and checks them as :class:`FlowerExecutor` does,
-and a reply that fails the checks drops that message's clients (:class:`ClientsDropped`).
-The common test suite runs every algorithm on it, so a codec defect shows without Ray.
+Each call groups the tasks by node and kind (``nodes`` simulated SuperNodes, node i serving clients
+i, i + nodes, ...; 0: one node per client), as :class:`FlowerExecutor` does, encodes them with
+:mod:`stocfl.flower.codec`, serialises the records to Flower's protobuf bytes and back, runs the
+decoded tasks on an in-process executor, and sends the results back the same way; the server
+decodes and checks them as :class:`FlowerExecutor` does, and a reply that fails the checks drops
+that message's clients (:class:`ClientsDropped`). The common test suite runs every algorithm on it,
+so a codec defect shows without Ray.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from __future__ import annotations
 from flwr.common import serde
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
-from stocfl.flower.codec import BadReply, decode_results, decode_tasks, encode_results, encode_tasks, message_type
 from stocfl.client.tasks import ClientsDropped, Result, Task
+from stocfl.flower.codec import BadReply, decode_results, decode_tasks, encode_results, encode_tasks, message_type
 
 
 def over_the_wire(content):

@@ -49,9 +49,13 @@ def save_rows(path: Path, name: str, rows, n_rows: int, n_cols: int, meta: dict[
     size = n_rows * n_cols * 4
 
     def header(sha: str) -> bytes:
-        head = json.dumps({"__metadata__": {"stocfl": meta_json, "sha256": sha},
-                           name: {"dtype": "F32", "shape": [n_rows, n_cols], "data_offsets": [0, size]}},
-                          separators=(",", ":")).encode()
+        head = json.dumps(
+            {
+                "__metadata__": {"stocfl": meta_json, "sha256": sha},
+                name: {"dtype": "F32", "shape": [n_rows, n_cols], "data_offsets": [0, size]},
+            },
+            separators=(",", ":"),
+        ).encode()
         head += b" " * (-len(head) % 8)
         return struct.pack("<Q", len(head)) + head
 
@@ -105,6 +109,7 @@ def load(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         raise _unreadable(path, err) from None
     stored = header.get("sha256")
     if stored is not None and stored != digest(tensors, meta_json):
-        raise UserError(f"checkpoint {path} is corrupt (its checksum does not match its contents); the run cannot "
-                        f"resume from it")
+        raise UserError(
+            f"checkpoint {path} is corrupt (its checksum does not match its contents); the run cannot resume from it"
+        )
     return tensors, meta

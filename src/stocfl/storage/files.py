@@ -10,8 +10,8 @@ import os
 import struct
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from stocfl.errors import UserError
 
@@ -57,8 +57,12 @@ def save_figure(fig, path: Path, dpi: int = 110, tight: bool = False) -> None:
     """``tight``: the image grows to take in every artist (a legend beside the axes, taller
     than them), where the figure's own size would clip it."""
     buf = io.BytesIO()
-    fig.savefig(buf, dpi=dpi, format=Path(path).suffix.lstrip(".") or "png",
-                **({"bbox_inches": "tight", "pad_inches": 0.1} if tight else {}))
+    fig.savefig(
+        buf,
+        dpi=dpi,
+        format=Path(path).suffix.lstrip(".") or "png",
+        **({"bbox_inches": "tight", "pad_inches": 0.1} if tight else {}),
+    )
     write_atomic(path, buf.getvalue())
 
 
@@ -79,15 +83,19 @@ def exclusive(directory: Path, wait: bool = False, lock: str = LOCK) -> Iterator
         try:
             fd = os.open(directory / lock, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as err:
-            raise UserError(f"{directory}: cannot open {lock} to write there ({err.strerror}); check the directory "
-                            f"and its permissions") from None
+            raise UserError(
+                f"{directory}: cannot open {lock} to write there ({err.strerror}); check the directory "
+                f"and its permissions"
+            ) from None
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise UserError(f"{directory} is in use by another process (pid {holder}); let it finish or stop it, "
-                            f"then continue the run with 'stocfl resume {directory}'") from None
+            raise UserError(
+                f"{directory} is in use by another process (pid {holder}); let it finish or stop it, "
+                f"then continue the run with 'stocfl resume {directory}'"
+            ) from None
         _held[key] = [fd, 0]
     _held[key][1] += 1
     try:

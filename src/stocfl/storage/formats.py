@@ -7,8 +7,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from stocfl.storage.files import write_atomic
 
 

@@ -56,8 +56,11 @@ def decode(tensors: dict[str, torch.Tensor], meta: dict[str, Any], like: Any) ->
 
 
 def _stackable(values: list[Any]) -> bool:
-    return bool(values) and all(isinstance(v, torch.Tensor) for v in values) and all(
-        v.shape == values[0].shape and v.dtype == values[0].dtype for v in values)
+    return (
+        bool(values)
+        and all(isinstance(v, torch.Tensor) for v in values)
+        and all(v.shape == values[0].shape and v.dtype == values[0].dtype for v in values)
+    )
 
 
 def _enc(v: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
@@ -92,8 +95,10 @@ def _enc(v: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
         part, meta = v.state()
         tensors.update({f"{path}/{k}": x for k, x in part.items()})
         return {"$component": path, "meta": meta}
-    raise StateError(f"state field {path}: a {type(v).__name__} cannot be checkpointed; use tensors, numpy arrays, "
-                     f"plain data, lists and dicts of them, or an object with state() and load_state()")
+    raise StateError(
+        f"state field {path}: a {type(v).__name__} cannot be checkpointed; use tensors, numpy arrays, "
+        f"plain data, lists and dicts of them, or an object with state() and load_state()"
+    )
 
 
 def _tensor(tensors: dict[str, torch.Tensor], path: str) -> torch.Tensor:
@@ -122,6 +127,6 @@ def _dec(m: Any, tensors: dict[str, torch.Tensor], current: Any) -> Any:
         if current is None:
             raise StateError(f"state field {m['$component']!r}: a component needs an object to load into")
         prefix = m["$component"] + "/"
-        current.load_state({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}, m["meta"])
+        current.load_state({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}, m["meta"])
         return current
     raise StateError(f"unknown state entry {sorted(m)}")

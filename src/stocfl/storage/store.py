@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stocfl.storage import checkpoint
 from stocfl.errors import UserError
+from stocfl.storage import checkpoint
 
 
 class ClientStore:
@@ -44,8 +44,10 @@ class ClientStore:
             self.existed = self.path.exists()
             size = n_clients * n_params * 4
             if self.existed and self.path.stat().st_size != size:
-                raise UserError(f"{self.path} holds {self.path.stat().st_size} bytes, expected {size} ({n_clients} "
-                                f"clients x {n_params} parameters x 4); the store is damaged, the run cannot resume")
+                raise UserError(
+                    f"{self.path} holds {self.path.stat().st_size} bytes, expected {size} ({n_clients} "
+                    f"clients x {n_params} parameters x 4); the store is damaged, the run cannot resume"
+                )
             self._reserve(size)
             self.rows = np.memmap(self.path, dtype=np.float32, mode="r+", shape=(n_clients, n_params))
 
@@ -71,9 +73,11 @@ class ClientStore:
                     problem = f"{_size(free)} free, {_size(needed)} more needed"
         if not self.existed:
             self.path.unlink(missing_ok=True)
-        raise UserError(f"{self.path}: cannot reserve {_size(size)} for {self.n} clients x {self.p} "
-                        f"parameters x 4 bytes ({problem}); free disk space, give the run a directory on a larger "
-                        f"disk, or run fewer clients or a smaller model")
+        raise UserError(
+            f"{self.path}: cannot reserve {_size(size)} for {self.n} clients x {self.p} "
+            f"parameters x 4 bytes ({problem}); free disk space, give the run a directory on a larger "
+            f"disk, or run fewer clients or a smaller model"
+        )
 
     def __contains__(self, client: int) -> bool:
         return bool(self.has[client])
@@ -83,10 +87,18 @@ class ClientStore:
 
     def write(self, rows: dict[int, torch.Tensor]) -> None:
         ids = sorted(rows)
-        if self.undo_path is not None:  # only rows that held a model need undoing: the others are unset at the checkpoint
+        if (
+            self.undo_path is not None
+        ):  # only rows that held a model need undoing: the others are unset at the checkpoint
             had = [i for i in ids if self.has[i]]
-            checkpoint.save_rows(self.undo_path, "rows", (self.rows[i] for i in had), len(had), self.p,
-                                 {"version": self.version + 1, "ids": had})
+            checkpoint.save_rows(
+                self.undo_path,
+                "rows",
+                (self.rows[i] for i in had),
+                len(had),
+                self.p,
+                {"version": self.version + 1, "ids": had},
+            )
         for i in ids:
             row = rows[i].numpy()
             self.rows[i] = row
@@ -129,13 +141,16 @@ class ClientStore:
 
     def verify(self, ids: list[int]) -> None:
         if self.path is not None and ids and not self.existed:
-            raise UserError(f"{self.path} is missing; the checkpoint has {len(ids)} client models in it, the run "
-                            f"cannot resume")
+            raise UserError(
+                f"{self.path} is missing; the checkpoint has {len(ids)} client models in it, the run cannot resume"
+            )
         for i in ids:
             if _crc(self.rows[i]) != self.crc[i]:
                 where = self.path or "the in-memory store"
-                raise UserError(f"{where}: the model of client {i} does not match the checkpoint (corrupt store); "
-                                f"the run cannot resume")
+                raise UserError(
+                    f"{where}: the model of client {i} does not match the checkpoint (corrupt store); "
+                    f"the run cannot resume"
+                )
 
 
 def _size(n: int) -> str:

@@ -22,11 +22,15 @@ class Scalars:
     def check(out: Path | None) -> None:
         """Refuse, before a run starts, what would stop it writing scalars."""
         if out is None:
-            raise UserError("run.tensorboard = true writes into the results directory; give the run one (--out DIR, "
-                            "or out= in Python) or set run.tensorboard = false")
+            raise UserError(
+                "run.tensorboard = true writes into the results directory; give the run one (--out DIR, "
+                "or out= in Python) or set run.tensorboard = false"
+            )
         if importlib.util.find_spec("tensorboard") is None:
-            raise UserError("run.tensorboard = true needs the tensorboard package: pip install 'stocfl[tensorboard]', "
-                            "or set run.tensorboard = false")
+            raise UserError(
+                "run.tensorboard = true needs the tensorboard package: pip install 'stocfl[tensorboard]', "
+                "or set run.tensorboard = false"
+            )
 
     def __init__(self, out: Path | None, first_round: int):
         self.check(out)

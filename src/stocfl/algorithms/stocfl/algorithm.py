@@ -31,13 +31,13 @@ import numpy as np
 import torch
 from pydantic import ConfigDict, Field, field_validator
 
-from stocfl.bounds import MAX_COUNT, MAX_EPOCHS, MAX_LR, MAX_WEIGHT
+from stocfl.algorithms.aggregation import weighted_mean
 from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks
 from stocfl.algorithms.fedavg import CHAIN
 from stocfl.algorithms.stocfl.clustering import ClusterSet, valid_representation
-from stocfl.client.models import linear_anchor_weights
 from stocfl.algorithms.stocfl.representation import Represent, Represented, count_sketch
-from stocfl.algorithms.aggregation import weighted_mean
+from stocfl.bounds import MAX_COUNT, MAX_EPOCHS, MAX_LR, MAX_WEIGHT
+from stocfl.client.models import linear_anchor_weights
 from stocfl.client.tasks import task_seed
 
 log = logging.getLogger("stocfl")
@@ -48,11 +48,17 @@ AUTO_TAU_MIN = 3  # tau = "auto" waits for this many representations
 
 class StoCFLParams(Params):
     tau: float | Literal["auto"] = Field(
-        0.5, description="merge threshold tau in [-1, 1]: merge while cos > tau; 'auto' = suggested from the first "
-        f"{AUTO_TAU_MIN} or more representations (metrics: tau, tau_auto)"
+        0.5,
+        description="merge threshold tau in [-1, 1]: merge while cos > tau; 'auto' = suggested from the first "
+        f"{AUTO_TAU_MIN} or more representations (metrics: tau, tau_auto)",
     )
-    lam: float = Field(0.05, ge=0, le=MAX_WEIGHT, alias="lambda",
-                       description="lambda: weight of the proximal pull of cluster models toward w")
+    lam: float = Field(
+        0.05,
+        ge=0,
+        le=MAX_WEIGHT,
+        alias="lambda",
+        description="lambda: weight of the proximal pull of cluster models toward w",
+    )
     representation: Literal["gradient", "update"] = Field(
         "update", description="Psi: normalised gradient of the anchor, or anchor minus its locally trained copy"
     )
@@ -60,20 +66,28 @@ class StoCFLParams(Params):
         "linear", description="anchor psi: the initial global model w_0, or a seeded random linear model"
     )
     psi_epochs: int = Field(20, ge=1, le=MAX_EPOCHS, description="E_psi: local epochs of the 'update' representation")
-    psi_batch_size: int = Field(50, ge=0, le=MAX_COUNT, description="batch size of the 'update' representation (0 = full)")
+    psi_batch_size: int = Field(
+        50, ge=0, le=MAX_COUNT, description="batch size of the 'update' representation (0 = full)"
+    )
     psi_lr: float = Field(0.1, gt=0, le=MAX_LR, description="learning rate of the 'update' representation")
-    dim: int = Field(0, ge=0, le=2**24, description="client-side random projection (count sketch) of Psi; 0 = full size")
+    dim: int = Field(
+        0, ge=0, le=2**24, description="client-side random projection (count sketch) of Psi; 0 = full size"
+    )
     weighting: Literal["samples", "uniform"] = Field(
         "samples", description="aggregate theta_k by |D_i| or uniformly (the authors' code)"
     )
     leave_out: float = Field(
-        0.0, ge=0, lt=0.5, description="merge check against crafted Psi: a merge must also hold with this fraction "
-        "of the two clusters' most influential members left out (at least 1); 0 = off. Keeps every client's Psi"
+        0.0,
+        ge=0,
+        lt=0.5,
+        description="merge check against crafted Psi: a merge must also hold with this fraction "
+        "of the two clusters' most influential members left out (at least 1); 0 = off. Keeps every client's Psi",
     )
     chain: bool = Field(False, description=CHAIN)
     keep_representations: bool = Field(
-        True, description=f"keep each client's Psi for plots and the tau helper (full size while N x dim(Psi) <= "
-        f"{KEEP_FULL_NUMBERS}, else sketched to {PLOT_DIM} numbers)"
+        True,
+        description=f"keep each client's Psi for plots and the tau helper (full size while N x dim(Psi) <= "
+        f"{KEEP_FULL_NUMBERS}, else sketched to {PLOT_DIM} numbers)",
     )
 
     model_config = ConfigDict(populate_by_name=True)
@@ -99,12 +113,10 @@ class StoCFL(Algorithm):
         Psi = normalize(psi - psi after E_psi local epochs) (the authors' code) or the
         normalised gradient of psi on D_i (the paper's text).
     anchor : {"init", "linear"}, default "linear"
-        psi = a seeded random linear softmax model (paper Fig. 2), or w_0. The defaults were
-        measured best on MNIST (400 clients x 50 samples, 10% per round, 50 rounds): with
-        update + linear, same-group cosines are 0.52 +- 0.05 against at most 0.27 across groups
-        in rotated, and tau = 0.5 gives ARI 1.00 in pathological, rotated, shifted and hybrid;
-        with the gradient of w_0 (MLP-200) same-group cosines are 0.35 +- 0.11 against up to 0.45,
-        and tau = 0.5 gives ARI 0.74-0.97 (see README).
+        psi = a seeded random linear softmax model (paper Fig. 2), or w_0. The defaults
+        separate the true groups best of the four on MNIST: same-group cosines tight and far
+        above the cross-group ones, so the paper's tau = 0.5 works in every scenario (the
+        figures: docs, measured figures, "StoCFL: choosing the defaults").
     dim : int, default 0
         Count-sketch dimension of Psi computed client-side (0 = full size).
     weighting : {"samples", "uniform"}, default "samples"
@@ -116,9 +128,12 @@ class StoCFL(Algorithm):
     """
 
     name = "stocfl"
-    placement = ("the cosine of the client's Psi to each cluster's: it joins the closest cluster when the cosine "
-                 ">= tau, else it would open a new one; either way it is predicted with the closest cluster's model")
+    placement = (
+        "the cosine of the client's Psi to each cluster's: it joins the closest cluster when the cosine "
+        ">= tau, else it would open a new one; either way it is predicted with the closest cluster's model"
+    )
     Params = StoCFLParams
+    params: StoCFLParams
 
     @dataclass
     class State:
@@ -131,6 +146,8 @@ class StoCFL(Algorithm):
         tau_note: str
         anchor: torch.Tensor  # psi, the model Psi is computed from
 
+    state: State
+
     def __init__(self, params: StoCFLParams, ctx: Context):
         super().__init__(params, ctx)
         if params.anchor == "linear":
@@ -138,35 +155,53 @@ class StoCFL(Algorithm):
         else:
             anchor = ctx.init_weights.clone()
         self.state = self.State(
-            w=ctx.init_weights.clone(), clusters=ClusterSet(ctx.n_clients, keep_vectors=params.leave_out > 0),
-            theta={}, trained={}, reps={}, tau=params.tau if params.tau != "auto" else None,
+            w=ctx.init_weights.clone(),
+            clusters=ClusterSet(ctx.n_clients, keep_vectors=params.leave_out > 0),
+            theta={},
+            trained={},
+            reps={},
+            tau=params.tau if params.tau != "auto" else None,
             tau_note="" if params.tau != "auto" else f"waiting: 0 of {AUTO_TAU_MIN} representations, no merges yet",
-            anchor=anchor)
+            anchor=anchor,
+        )
 
     # ---- clustering ------------------------------------------------------------------------
     def represent_task(self, client: int) -> Represent:
         p = self.params
-        return Represent(client, self.anchor, p.representation, "train" if p.anchor == "init" else "linear",
-                         p.psi_epochs, p.psi_batch_size, p.psi_lr, task_seed(self.ctx.seed, 0, client, 2),
-                         p.dim, self.ctx.seed + 104729)
+        return Represent(
+            client,
+            self.state.anchor,
+            p.representation,
+            "train" if p.anchor == "init" else "linear",
+            p.psi_epochs,
+            p.psi_batch_size,
+            p.psi_lr,
+            task_seed(self.ctx.seed, 0, client, 2),
+            p.dim,
+            self.ctx.seed + 104729,
+        )
 
     def _merge_models(self, keep: int, gone: int) -> None:
-        a, b = self.trained.get(keep, 0.0), self.trained.get(gone, 0.0)
+        a, b = self.state.trained.get(keep, 0.0), self.state.trained.get(gone, 0.0)
         if b > 0:
-            self.theta[keep] = weighted_mean([self.theta[keep], self.theta[gone]], [a, b]) if a > 0 else self.theta[gone]
-            self.trained[keep] = a + b
-        self.theta.pop(gone, None)
-        self.trained.pop(gone, None)
+            self.state.theta[keep] = (
+                weighted_mean([self.state.theta[keep], self.state.theta[gone]], [a, b])
+                if a > 0
+                else self.state.theta[gone]
+            )
+            self.state.trained[keep] = a + b
+        self.state.theta.pop(gone, None)
+        self.state.trained.pop(gone, None)
 
     def model_of(self, cid: int) -> torch.Tensor:
         """theta_k; for an untrained cluster the model of its most similar trained cluster, or w."""
-        if cid in self.theta:
-            return self.theta[cid]
-        trained = [c for c in self.clusters.ids if c in self.theta]
+        if cid in self.state.theta:
+            return self.state.theta[cid]
+        trained = [c for c in self.state.clusters.ids if c in self.state.theta]
         if not trained:
-            return self.w
-        sims = self.clusters.units(trained) @ self.clusters.unit(cid)
-        return self.theta[trained[int(torch.argmax(sims))]]
+            return self.state.w
+        sims = self.state.clusters.units(trained) @ self.state.clusters.unit(cid)
+        return self.state.theta[trained[int(torch.argmax(sims))]]
 
     def cluster_newcomers(self, results: list[Represented], clients: list[int]) -> tuple[list[int], int]:
         """Add valid representations as singletons, then merge; returns (accepted, merges)."""
@@ -174,21 +209,23 @@ class StoCFL(Algorithm):
         for i, r in zip(clients, results):
             if not valid_representation(r.psi):
                 continue  # rejected
-            fresh.append(self.clusters.add(i, r.psi))
+            fresh.append(self.state.clusters.add(i, r.psi))
             accepted.append(i)
             if self.params.keep_representations:
-                self.reps[i] = self._kept(r.psi)
-        if self.tau is None:
+                self.state.reps[i] = self._kept(r.psi)
+        if self.state.tau is None:
             self.decide_tau()
-            if self.tau is None:
+            if self.state.tau is None:
                 return accepted, 0  # no merges until tau is decided: clusters stay singletons
-        return accepted, self.clusters.merge_greedy(fresh, self.tau, self._merge_models, leave_out=self.params.leave_out)
+        return accepted, self.state.clusters.merge_greedy(
+            fresh, self.state.tau, self._merge_models, leave_out=self.params.leave_out
+        )
 
     def _kept(self, psi: torch.Tensor) -> torch.Tensor:
         """Psi as kept for plots and ``tau_suggested``: full size where all N fit, else sketched
         (an estimate: cosines move by about 1/sqrt(PLOT_DIM)). A resumed run keeps its size."""
-        if self.reps:
-            full = next(iter(self.reps.values())).numel() == psi.numel()
+        if self.state.reps:
+            full = next(iter(self.state.reps.values())).numel() == psi.numel()
         else:
             full = self.ctx.n_clients * psi.numel() <= KEEP_FULL_NUMBERS
         return psi if full or psi.numel() <= PLOT_DIM else count_sketch(psi, PLOT_DIM, 1)
@@ -199,61 +236,74 @@ class StoCFL(Algorithm):
         client's Psi and no per-client vector needs keeping."""
         from stocfl.algorithms.stocfl.tau import tau_cuts
 
-        ids = self.clusters.ids
+        ids = self.state.clusters.ids
         if len(ids) >= AUTO_TAU_MIN:
-            best, *others = tau_cuts(torch.stack([self.clusters.sums_[c].double() for c in ids]))
-            self.tau = best.tau
-            self.tau_note = f"suggested from {len(ids)} representations: {best.clusters} clusters (gap {best.gap:.3f})"
+            best, *others = tau_cuts(torch.stack([self.state.clusters.sums_[c].double() for c in ids]))
+            self.state.tau = best.tau
+            self.state.tau_note = (
+                f"suggested from {len(ids)} representations: {best.clusters} clusters (gap {best.gap:.3f})"
+            )
             if others:  # a runner-up nearly as wide is a second reading of the same data
-                self.tau_note += (f"; next widest gap: tau {others[0].tau} for {others[0].clusters} clusters "
-                                  f"(gap {others[0].gap:.3f})")
+                self.state.tau_note += (
+                    f"; next widest gap: tau {others[0].tau} for {others[0].clusters} clusters "
+                    f"(gap {others[0].gap:.3f})"
+                )
         else:
-            self.tau_note = f"waiting: {len(ids)} of {AUTO_TAU_MIN} representations, no merges yet"
+            self.state.tau_note = f"waiting: {len(ids)} of {AUTO_TAU_MIN} representations, no merges yet"
 
     # ---- the round ---------------------------------------------------------------------------
     def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
-        labels = self.clusters.labels_
+        labels = self.state.clusters.labels_
         new = [i for i in sampled if labels[i] < 0]
-        self.clusters.refused = 0
+        self.state.clusters.refused = 0
         accepted, merges = self.cluster_newcomers(run([self.represent_task(i) for i in new]), new) if new else ([], 0)
         rejected = sorted(set(new) - set(accepted))
         members = [i for i in sampled if labels[i] >= 0]  # a client whose Psi was rejected trains w only
         start = {k: self.model_of(k) for k in sorted({int(labels[i]) for i in members})}
-        tasks = [self.local_training(round_, i, start[int(labels[i])], prox_center=self.w, prox_weight=self.params.lam)
-                 for i in members]
+        tasks = [
+            self.local_training(round_, i, start[int(labels[i])], prox_center=self.state.w, prox_weight=self.params.lam)
+            for i in members
+        ]
         if not self.params.chain:
-            tasks += [self.local_training(round_, i, self.w) for i in sampled]
+            tasks += [self.local_training(round_, i, self.state.w) for i in sampled]
         results = run(tasks)
-        thetas, ws = results[: len(members)], results[len(members):]
+        thetas, ws = results[: len(members)], results[len(members) :]
         if self.params.chain:
-            self.w = self.chain(sampled, lambda i, start: self.local_training(round_, i, start), self.w, run)
+            self.state.w = self.chain(
+                sampled, lambda i, start: self.local_training(round_, i, start), self.state.w, run
+            )
         elif ws:
-            self.w = self.aggregate(ws, self.w)
+            self.state.w = self.aggregate(ws, self.state.w)
         for k in start:
             mine = [r for i, r in zip(members, thetas) if labels[i] == k]
             weights = [r.n_samples for r in mine] if self.params.weighting == "samples" else [1.0] * len(mine)
-            self.theta[k] = self.aggregate(mine, start[k], weights)
-            self.trained[k] = self.trained.get(k, 0.0) + float(sum(r.n_samples for r in mine))
-        out = {"objective": self.clusters.objective(), "merges": merges, "new_clients": len(accepted),
-               "rejected_representations": len(rejected), "tau": self.tau}
+            self.state.theta[k] = self.aggregate(mine, start[k], weights)
+            self.state.trained[k] = self.state.trained.get(k, 0.0) + float(sum(r.n_samples for r in mine))
+        out: dict[str, Any] = {
+            "objective": self.state.clusters.objective(),
+            "merges": merges,
+            "new_clients": len(accepted),
+            "rejected_representations": len(rejected),
+            "tau": self.state.tau,
+        }
         if self.params.tau == "auto":
-            out["tau_auto"] = self.tau_note
+            out["tau_auto"] = self.state.tau_note
         if self.params.leave_out > 0:
-            out["merges_refused"] = self.clusters.refused
+            out["merges_refused"] = self.state.clusters.refused
         return out
 
     # ---- what users see ----------------------------------------------------------------------
     def global_model(self) -> torch.Tensor:
-        return self.w
+        return self.state.w
 
     def client_models(self, clients: list[int], run: RunTasks) -> list[torch.Tensor]:
-        labels = self.clusters.labels_
+        labels = self.state.clusters.labels_
         cache: dict[int, torch.Tensor] = {}
         out = []
         for i in clients:
             k = int(labels[i])
             if k < 0:
-                out.append(self.w)  # not sampled yet: no representation, the global model
+                out.append(self.state.w)  # not sampled yet: no representation, the global model
             else:
                 if k not in cache:
                     cache[k] = self.model_of(k)
@@ -261,40 +311,43 @@ class StoCFL(Algorithm):
         return out
 
     def cluster_labels(self) -> np.ndarray:
-        return self.clusters.labels_.copy()
+        return self.state.clusters.labels_.copy()
 
     def cluster_models(self) -> dict[int, torch.Tensor]:
-        return {k: self.model_of(k) for k in self.clusters.ids}
+        return {k: self.model_of(k) for k in self.state.clusters.ids}
 
     def place_new(self, clients: list[int], run: RunTasks) -> list[Placement]:
         """New clients after training (paper 4.4): each sends Psi; with max cosine d >= tau it
         joins the argmax cluster, otherwise it would open a new cluster; either way it is
         predicted with the closest cluster's model. The partition itself is not changed."""
-        tau = self.tau
+        tau = self.state.tau
         if tau is None:
-            log.warning("tau = 'auto' is still undecided (%s): new clients join their closest cluster", self.tau_note)
+            log.warning(
+                "tau = 'auto' is still undecided (%s): new clients join their closest cluster", self.state.tau_note
+            )
             tau = -1.0
         out = []
         for i, r in zip(clients, run([self.represent_task(i) for i in clients])):
             if not valid_representation(r.psi):
-                out.append(Placement(i, -1, None, True, self.w))
+                out.append(Placement(i, -1, None, True, self.state.w))
                 continue
-            k, sim, joins = self.clusters.lookup(r.psi, tau)
-            out.append(Placement(i, k, sim, not joins, self.model_of(k) if k >= 0 else self.w))
+            k, sim, joins = self.state.clusters.lookup(r.psi, tau)
+            out.append(Placement(i, k, sim, not joins, self.model_of(k) if k >= 0 else self.state.w))
         return out
 
     def summary(self, rows):
         out = {k: v for k, v in rows[-1].items() if k in ("objective", "tau")} if rows else {}
-        if len(self.reps) >= 3:
+        if len(self.state.reps) >= 3:
             from stocfl.algorithms.stocfl.tau import suggest_tau
 
             ids, reps = self.representations()
             out["tau_suggested"] = suggest_tau(reps)
-            sent = self.params.dim or self.anchor.numel()
+            sent = self.params.dim or self.state.anchor.numel()
             out["tau_suggested_from"] = f"Psi of {len(ids)} clients" + (
-                "" if reps.shape[1] == sent else f", sketched from {sent} to {reps.shape[1]} numbers (an estimate)")
+                "" if reps.shape[1] == sent else f", sketched from {sent} to {reps.shape[1]} numbers (an estimate)"
+            )
         return out
 
     def representations(self):
-        ids = sorted(self.reps)
-        return (ids, torch.stack([self.reps[i] for i in ids])) if ids else None
+        ids = sorted(self.state.reps)
+        return (ids, torch.stack([self.state.reps[i] for i in ids])) if ids else None

@@ -24,8 +24,8 @@ dirty, so rows are added as needed. A merge needs no pass over the representatio
 cluster's cosine to any cluster j is (|S_a| cos(j, a) + |S_b| cos(j, b)) / |S_a + S_b|, from
 the two rows it replaces (a clean cluster's row is computed once, when it first merges). A
 round costs O((newcomers + clean clusters merged) * K * dim + merges * K), independent of the
-number of clients N. (Measured at N = 800 with the paper's Psi of a 1.6M-parameter model: one
-pass per merge made 282 merges cost 7.1 s.) A call with another tau than the last one treats
+number of clients N (a pass over the representations per merge was what made large rounds
+slow; docs: measured figures). A call with another tau than the last one treats
 every cluster as dirty. ``tests/test_clustering_reference.py`` checks all of this against a
 brute-force recomputation on generated inputs.
 
@@ -40,7 +40,7 @@ changes. The check needs every member's Psi, so the set then keeps one vector pe
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -173,8 +173,14 @@ class ClusterSet:
         na, nb = left[0].norm(), left[1].norm()
         return float(left[0] @ left[1] / (na * nb)) if na > 0 and nb > 0 else -2.0
 
-    def merge_greedy(self, dirty: list[int], tau: float, on_merge: Callable[[int, int], None] | None = None,
-                     heights: list[float] | None = None, leave_out: float = 0.0) -> int:
+    def merge_greedy(
+        self,
+        dirty: list[int],
+        tau: float,
+        on_merge: Callable[[int, int], None] | None = None,
+        heights: list[float] | None = None,
+        leave_out: float = 0.0,
+    ) -> int:
         """Merge the most similar pair while its cosine exceeds ``tau`` (see the module
         docstring for ties and resolution); returns the number of merges.
 
@@ -231,8 +237,14 @@ class ClusterSet:
         if clients:
             dtype = torch.float64 if any(v.dtype == torch.float64 for v in self.vectors_.values()) else torch.float32
             tensors["member_vectors"] = torch.stack([self.vectors_[i].to(dtype) for i in clients])
-        return tensors, {"ids": ids, "counts": [self.counts_[c] for c in ids], "next_id": self.next_id,
-                         "labels": self.labels_.tolist(), "merged_at": self.merged_at, "vector_clients": clients}
+        return tensors, {
+            "ids": ids,
+            "counts": [self.counts_[c] for c in ids],
+            "next_id": self.next_id,
+            "labels": self.labels_.tolist(),
+            "merged_at": self.merged_at,
+            "vector_clients": clients,
+        }
 
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         ids = meta["ids"]
@@ -325,8 +337,11 @@ class _Rows:
         gr = int(self.slot_row[gs]) if self.slot_row[gs] >= 0 else self._add_row(gs)
         n_new = sum_keep.norm()
         # u_j . (S_k + S_g) / |S_k + S_g| from the two rows; a sum of zero has no direction (cosine 0)
-        new = (self.norms[ks] * self.cos[kr] + self.norms[gs] * self.cos[gr]) / n_new if n_new > 0 \
+        new = (
+            (self.norms[ks] * self.cos[kr] + self.norms[gs] * self.cos[gr]) / n_new
+            if n_new > 0
             else torch.zeros_like(self.cos[kr])
+        )
         self.norms[ks] = n_new
         self.dead[gs] = True
         torch.div(sum_keep.double(), n_new, out=self.u[ks]) if n_new > 0 else self.u[ks].zero_()

@@ -17,10 +17,10 @@ from typing import Literal
 
 import torch
 
-from stocfl.errors import UserError
 from stocfl.client.models import FlatModel, linear_model
 from stocfl.client.tasks import BadResult, ClientData, _count, check_vector, register_task
 from stocfl.client.training import local_sgd
+from stocfl.errors import UserError
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,7 +61,7 @@ def linear_softmax_grad(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, n_cla
     """Exact gradient of the mean cross-entropy of a linear softmax model (weight (C, D) then
     bias (C,), flattened) without autograd: dW = (p - Y)^T x / n, db = mean(p - Y)."""
     d = x.shape[1]
-    weight, bias = w[: n_classes * d].view(n_classes, d), w[n_classes * d:]
+    weight, bias = w[: n_classes * d].view(n_classes, d), w[n_classes * d :]
     err = torch.softmax(x @ weight.T + bias, dim=1)
     err[torch.arange(len(y), device=y.device), y] -= 1.0
     err /= len(y)
@@ -77,8 +77,10 @@ def represent(c: ClientData, t: Represent) -> Represented:
     """The reference (and only) implementation: one client's Psi."""
     model = _linear(tuple(c.x.shape[1:]), c.n_classes) if t.anchor_model == "linear" else c.model
     if t.anchor.shape != (model.n_params,):
-        raise UserError(f"represent task for client {t.client}: anchor has shape {tuple(t.anchor.shape)}, "
-                        f"the {t.anchor_model} anchor model has {model.n_params} parameters")
+        raise UserError(
+            f"represent task for client {t.client}: anchor has shape {tuple(t.anchor.shape)}, "
+            f"the {t.anchor_model} anchor model has {model.n_params} parameters"
+        )
     grad = linear_softmax_grad if t.anchor_model == "linear" else None
     if t.kind == "gradient":
         if grad is not None:
