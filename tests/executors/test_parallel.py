@@ -195,3 +195,24 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_run_on_parallel_has_the_numbers_of_sequential_at_one_thread_every_metric_included():
+    """The docs' claim, exactly: with the server on one thread (run.threads = 1) and the tasks in
+    two worker processes, every metric of every round equals the sequential loop's at one thread,
+    StoCFL's objective included (a float sum the server reduces itself)."""
+    from stocfl import config
+    from stocfl.experiment.loop import Experiment
+
+    cfg = config.load("default", ["run.threads=1", "run.engine=sequential", "run.rounds=14"])
+    probe = Experiment(cfg, None)
+    pool = ParallelExecutor(probe.fed, probe.model, workers=2)
+    try:
+        runs = {"sequential": Experiment.create(cfg, None), "parallel": Experiment.create(cfg, None, pool)}
+        rows = {}
+        for name, exp in runs.items():
+            exp.run(progress=False)
+            rows[name] = [{k: v for k, v in r.items() if k != "seconds"} for r in exp.rows]
+    finally:
+        pool.close()
+    assert rows["parallel"] == rows["sequential"] and rows["sequential"][-1]["objective"] > 0

@@ -1117,7 +1117,11 @@ def listing(root: Path = ROOT) -> str:
             f"{name}: {t.title} ({rows} per seed; seeds {_seeds_text(t)}; "
             f"{_recorded(t, table_files(name, root=root)[1])})"
         )
-    return "\n".join(lines) or f"no tables in {root}"
+    if not lines:
+        raise UserError(
+            f"reproduce --list: no tables in {root}; run from a clone's root (its reproductions/) or pass --tables DIR"
+        )
+    return "\n".join(lines)
 
 
 __all__ = ["authors_metric", "listing", "load_table", "reproduce", "tables"]
