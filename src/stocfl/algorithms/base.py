@@ -1,7 +1,7 @@
 """What every algorithm shares: its context, local-training tasks, state for checkpoints.
 
 An algorithm reads like its paper's pseudocode: each round it builds client tasks and hands
-them to ``run`` (an executor), then aggregates the results. It never loops over data,
+them to ``ask`` (whichever engine runs them), then aggregates the results. It never loops over data,
 batches clients or sends messages.
 """
 
@@ -20,11 +20,14 @@ from pydantic import BaseModel, ConfigDict
 from stocfl.algorithms.aggregation import Aggregator
 from stocfl.bounds import MAX_MODEL_BYTES
 from stocfl.client.optim import Optimizer
-from stocfl.client.tasks import Evaluate, Result, Task, Train, Trained, task_seed
+from stocfl.client.tasks import Evaluate, Reply, Task, Train, Trained, task_seed
 from stocfl.errors import UserError
 from stocfl.storage import state as state_mod
 
-RunTasks = Callable[[list[Task]], list[Result]]
+# what an algorithm is handed to ask clients for work: a task list in, one reply a task out (the
+# runner's checked executor; a client that fails drops out of the round)
+AskClients = Callable[[list[Task]], list[Reply]]
+RunTasks = AskClients  # the name before 0.1.0
 
 
 class Params(BaseModel):
@@ -70,19 +73,19 @@ def check_models_fit(count: int, ctx: Context, key: str) -> None:
         )
 
 
-def train_losses(clients: list[int], models: list[torch.Tensor], run: RunTasks) -> np.ndarray:
+def train_losses(clients: list[int], models: list[torch.Tensor], ask: AskClients) -> np.ndarray:
     """The loss of every model on every client's TRAIN data, clients x models. One Evaluate
     task per (client, model)."""
     if not clients:
         return np.zeros((0, len(models)))
-    res = run([Evaluate(i, w, "train") for i in clients for w in models])
+    res = ask([Evaluate(i, w, "train") for i in clients for w in models])
     return np.array([r.loss for r in res]).reshape(len(clients), len(models))
 
 
-def lowest_train_loss(clients: list[int], models: list[torch.Tensor], run: RunTasks) -> list[int]:
+def lowest_train_loss(clients: list[int], models: list[torch.Tensor], ask: AskClients) -> list[int]:
     """For each client, the index of the model with the lowest loss on its TRAIN data (ties:
     the lower index)."""
-    return train_losses(clients, models, run).argmin(axis=1).tolist()
+    return train_losses(clients, models, ask).argmin(axis=1).tolist()
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,11 +101,11 @@ class Placement:
     weights: torch.Tensor
 
 
-def place_by_lowest_loss(clients: list[int], models: dict[int, torch.Tensor], run: RunTasks) -> list[Placement]:
+def place_by_lowest_loss(clients: list[int], models: dict[int, torch.Tensor], ask: AskClients) -> list[Placement]:
     """Each client joins the cluster whose model (``models``: cluster id -> weights) has the
     lowest loss on its train data (ties: the lower cluster id)."""
     ids = sorted(models)
-    best = lowest_train_loss(clients, [models[k] for k in ids], run)
+    best = lowest_train_loss(clients, [models[k] for k in ids], ask)
     return [Placement(i, ids[b], None, False, models[ids[b]]) for i, b in zip(clients, best)]
 
 
@@ -193,7 +196,7 @@ class Algorithm:
         return self.ctx.aggregator([r.weights for r in results], w, start)
 
     def chain(
-        self, clients: list[int], task: Callable[[int, torch.Tensor], Train], start: torch.Tensor, run: RunTasks
+        self, clients: list[int], task: Callable[[int, torch.Tensor], Train], start: torch.Tensor, ask: AskClients
     ) -> torch.Tensor:
         """A model trained in a chain, as the StoCFL authors' code trains its global model: each
         client in turn trains from what the client before it returned (``task(client, start)``),
@@ -201,22 +204,22 @@ class Algorithm:
         sequential pass over its clients' data, so its clients cannot train at once."""
         results, starts = [], []
         for i in clients:
-            (r,) = run([task(i, start)])
+            (r,) = ask([task(i, start)])
             results.append(r)
             starts.append(start)
             start = r.weights
         return self.aggregate(results, starts)
 
-    def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
+    def round(self, round_: int, sampled: list[int], ask: AskClients) -> dict[str, Any]:
         """One communication round with the sampled clients; returns diagnostics to log."""
         raise NotImplementedError
 
     def global_model(self) -> torch.Tensor:
         raise NotImplementedError
 
-    def client_models(self, clients: list[int], run: RunTasks) -> list[torch.Tensor]:
+    def client_models(self, clients: list[int], ask: AskClients) -> list[torch.Tensor]:
         """The model each client would use (the same tensor object for clients that share one);
-        ``run`` is there for algorithms that choose by loss (IFCA)."""
+        ``ask`` is there for algorithms that choose by loss (IFCA)."""
         w = self.global_model()
         return [w] * len(clients)
 
@@ -234,7 +237,7 @@ class Algorithm:
 
     placement = "one global model: a new client uses it (cluster 0)"  # what placing a new client means
 
-    def place_new(self, clients: list[int], run: RunTasks) -> list[Placement]:
+    def place_new(self, clients: list[int], ask: AskClients) -> list[Placement]:
         """Clients that never took part in training: which model each would use.
 
         The default is the global model, cluster 0 (where :meth:`cluster_labels` puts every

@@ -10,7 +10,7 @@ import torch
 from pydantic import Field
 
 from stocfl.algorithms.aggregation import weighted_mean
-from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks, place_by_lowest_loss
+from stocfl.algorithms.base import Algorithm, AskClients, Context, Params, Placement, place_by_lowest_loss
 from stocfl.bounds import MAX_COUNT, MAX_WEIGHT
 
 
@@ -79,10 +79,10 @@ class CFL(Algorithm):
         super().__init__(params, ctx)
         self.state = self.State(np.full(ctx.n_clients, -1, dtype=np.int64), {0: ctx.init_weights.clone()}, 1)
 
-    def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
-        for p in self.place_new([i for i in sampled if self.state.labels[i] < 0], run):
+    def round(self, round_: int, sampled: list[int], ask: AskClients) -> dict[str, Any]:
+        for p in self.place_new([i for i in sampled if self.state.labels[i] < 0], ask):
             self.state.labels[p.client] = p.cluster
-        results = run([self.local_training(round_, i, self.state.models[int(self.state.labels[i])]) for i in sampled])
+        results = ask([self.local_training(round_, i, self.state.models[int(self.state.labels[i])]) for i in sampled])
         norms, splits = [], 0
         for c in sorted(self.state.models):
             idx = [k for k, i in enumerate(sampled) if self.state.labels[i] == c]
@@ -136,8 +136,8 @@ class CFL(Algorithm):
             return self.state.models[min(self.state.models)]
         return weighted_mean([self.state.models[c] for c in self.state.models], [counts[c] for c in self.state.models])
 
-    def client_models(self, clients, run):
-        late = {p.client: p.weights for p in self.place_new([i for i in clients if self.state.labels[i] < 0], run)}
+    def client_models(self, clients, ask):
+        late = {p.client: p.weights for p in self.place_new([i for i in clients if self.state.labels[i] < 0], ask)}
         return [late[i] if i in late else self.state.models[int(self.state.labels[i])] for i in clients]
 
     def cluster_labels(self) -> np.ndarray:
@@ -146,8 +146,8 @@ class CFL(Algorithm):
     def cluster_models(self) -> dict[int, torch.Tensor]:
         return dict(self.state.models)
 
-    def place_new(self, clients, run):
+    def place_new(self, clients, ask):
         if len(self.state.models) == 1:
             (c,) = self.state.models
             return [Placement(i, c, None, False, self.state.models[c]) for i in clients]
-        return place_by_lowest_loss(clients, self.state.models, run)
+        return place_by_lowest_loss(clients, self.state.models, ask)

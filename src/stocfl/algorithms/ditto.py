@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from pydantic import ConfigDict, Field
 
-from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks
+from stocfl.algorithms.base import Algorithm, AskClients, Context, Params
 from stocfl.bounds import MAX_WEIGHT
 from stocfl.storage.store import ClientStore
 
@@ -48,13 +48,13 @@ class Ditto(Algorithm):
             ctx.init_weights.clone(), ClientStore(ctx.n_clients, len(ctx.init_weights), ctx.workdir, "ditto_personal")
         )
 
-    def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
+    def round(self, round_: int, sampled: list[int], ask: AskClients) -> dict[str, Any]:
         tasks = []
         for i in sampled:
             v = self.state.personal.get(i) if i in self.state.personal else self.state.w
             tasks.append(self.local_training(round_, i, self.state.w))
             tasks.append(self.local_training(round_, i, v, prox_center=self.state.w, prox_weight=self.params.lam))
-        results = run(tasks)
+        results = ask(tasks)
         ws, vs = results[0::2], results[1::2]
         self.state.w = self.aggregate(ws, self.state.w)
         self.state.personal.write({i: r.weights for i, r in zip(sampled, vs)})
@@ -63,5 +63,5 @@ class Ditto(Algorithm):
     def global_model(self) -> torch.Tensor:
         return self.state.w
 
-    def client_models(self, clients, run):
+    def client_models(self, clients, ask):
         return [self.state.personal.get(i) if i in self.state.personal else self.state.w for i in clients]

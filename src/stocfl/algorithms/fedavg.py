@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import torch
 from pydantic import Field
 
-from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks
+from stocfl.algorithms.base import Algorithm, AskClients, Context, Params
 
 CHAIN = (
     "train w in a chain, as the StoCFL authors' code does (Table 1): each sampled client, in client order, "
@@ -50,12 +50,12 @@ class FedAvg(Algorithm):
     def local_task(self, round_: int, client: int, start: torch.Tensor):
         return self.local_training(round_, client, start)
 
-    def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
+    def round(self, round_: int, sampled: list[int], ask: AskClients) -> dict[str, Any]:
         if self.params.chain:
-            self.state.w = self.chain(sampled, lambda i, start: self.local_task(round_, i, start), self.state.w, run)
+            self.state.w = self.chain(sampled, lambda i, start: self.local_task(round_, i, start), self.state.w, ask)
         else:
             self.state.w = self.aggregate(
-                run([self.local_task(round_, i, self.state.w) for i in sampled]), self.state.w
+                ask([self.local_task(round_, i, self.state.w) for i in sampled]), self.state.w
             )
         return {}
 

@@ -11,9 +11,9 @@ from pydantic import ConfigDict, Field
 
 from stocfl.algorithms.base import (
     Algorithm,
+    AskClients,
     Context,
     Params,
-    RunTasks,
     check_models_fit,
     lowest_train_loss,
     place_by_lowest_loss,
@@ -85,10 +85,10 @@ class FeSEM(Algorithm):
             np.full(ctx.n_clients, -1, dtype=np.int64),
         )
 
-    def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
+    def round(self, round_: int, sampled: list[int], ask: AskClients) -> dict[str, Any]:
         if self.state.centers is None:
             first = torch.stack(
-                [r.weights for r in run([self.local_training(round_, i, self.ctx.init_weights, 1) for i in sampled])]
+                [r.weights for r in ask([self.local_training(round_, i, self.ctx.init_weights, 1) for i in sampled])]
             )
             self.state.centers = self.kmeans(first)
             assign = self.nearest(first)
@@ -98,10 +98,10 @@ class FeSEM(Algorithm):
             where = dict(
                 zip(known, self.nearest(torch.stack([self.state.local.get(i) for i in known])) if known else [])
             )
-            where.update(zip(unknown, lowest_train_loss(unknown, list(self.state.centers), run)))
+            where.update(zip(unknown, lowest_train_loss(unknown, list(self.state.centers), ask)))
             assign = np.array([where[i] for i in sampled], dtype=np.int64)
         mu = 2 * self.params.lam  # tasks carry (mu/2)||.||^2
-        results = run(
+        results = ask(
             [
                 self.local_training(round_, i, self.state.centers[k], prox_center=self.state.centers[k], prox_weight=mu)
                 for i, k in zip(sampled, assign)
@@ -135,12 +135,12 @@ class FeSEM(Algorithm):
     def global_model(self) -> torch.Tensor:
         return self.ctx.init_weights if self.state.centers is None else self.state.centers.mean(0)
 
-    def client_models(self, clients, run):
+    def client_models(self, clients, ask):
         if self.state.centers is None:
             return [self.ctx.init_weights] * len(clients)
         rows = list(self.state.centers)
         unseen = [i for i in clients if self.state.labels[i] < 0]
-        guess = dict(zip(unseen, lowest_train_loss(unseen, rows, run)))
+        guess = dict(zip(unseen, lowest_train_loss(unseen, rows, ask)))
         return [rows[int(self.state.labels[i])] if self.state.labels[i] >= 0 else rows[guess[i]] for i in clients]
 
     def cluster_labels(self) -> np.ndarray:
@@ -149,7 +149,7 @@ class FeSEM(Algorithm):
     def cluster_models(self) -> dict[int, torch.Tensor]:
         return {} if self.state.centers is None else dict(enumerate(self.state.centers))
 
-    def place_new(self, clients, run):
+    def place_new(self, clients, ask):
         if self.state.centers is None:
-            return super().place_new(clients, run)
-        return place_by_lowest_loss(clients, dict(enumerate(self.state.centers)), run)
+            return super().place_new(clients, ask)
+        return place_by_lowest_loss(clients, dict(enumerate(self.state.centers)), ask)

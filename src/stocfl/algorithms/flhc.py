@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from stocfl.algorithms.base import Algorithm, Context, Params, RunTasks, place_by_lowest_loss
+from stocfl.algorithms.base import Algorithm, AskClients, Context, Params, place_by_lowest_loss
 from stocfl.bounds import MAX_COUNT, MAX_EPOCHS
 from stocfl.client.tasks import Train, task_seed, without_dropped
 
@@ -102,24 +102,24 @@ class FLHC(Algorithm):
         super().__init__(params, ctx)
         self.state = self.State(ctx.init_weights.clone(), np.full(ctx.n_clients, -1, dtype=np.int64), {})
 
-    def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
+    def round(self, round_: int, sampled: list[int], ask: AskClients) -> dict[str, Any]:
         if round_ <= self.params.warmup_rounds:
-            results = run([self.local_training(round_, i, self.state.w) for i in sampled])
+            results = ask([self.local_training(round_, i, self.state.w) for i in sampled])
             self.state.w = self.aggregate(results, self.state.w)
             return {}
         if not self.state.models:
-            return self.cluster(round_, run)
+            return self.cluster(round_, ask)
         late = [i for i in sampled if self.state.labels[i] < 0]
-        for p in self.place_new(late, run):
+        for p in self.place_new(late, ask):
             self.state.labels[p.client] = p.cluster
-        results = run([self.local_training(round_, i, self.state.models[int(self.state.labels[i])]) for i in sampled])
+        results = ask([self.local_training(round_, i, self.state.models[int(self.state.labels[i])]) for i in sampled])
         for c in self.state.models:
             mine = [r for i, r in zip(sampled, results) if self.state.labels[i] == c]
             if mine:
                 self.state.models[c] = self.aggregate(mine, self.state.models[c])
         return {}
 
-    def cluster(self, round_: int, run: RunTasks) -> dict[str, Any]:
+    def cluster(self, round_: int, ask: AskClients) -> dict[str, Any]:
         from sklearn.cluster import AgglomerativeClustering
 
         c, p = self.ctx, self.params
@@ -127,7 +127,7 @@ class FLHC(Algorithm):
         # later, by lowest loss, like new clients
         everyone, results = without_dropped(
             c.training_clients,
-            lambda clients: run(
+            lambda clients: ask(
                 [
                     Train(i, self.state.w, p.cluster_epochs, c.batch_size, c.lr, task_seed(c.seed, round_, i))
                     for i in clients
@@ -174,10 +174,10 @@ class FLHC(Algorithm):
     def global_model(self) -> torch.Tensor:
         return self.state.w
 
-    def client_models(self, clients, run):
+    def client_models(self, clients, ask):
         if not self.state.models:
             return [self.state.w] * len(clients)
-        late = {p.client: p.weights for p in self.place_new([i for i in clients if self.state.labels[i] < 0], run)}
+        late = {p.client: p.weights for p in self.place_new([i for i in clients if self.state.labels[i] < 0], ask)}
         return [late[i] if i in late else self.state.models[int(self.state.labels[i])] for i in clients]
 
     def cluster_labels(self) -> np.ndarray:
@@ -186,7 +186,7 @@ class FLHC(Algorithm):
     def cluster_models(self) -> dict[int, torch.Tensor]:
         return dict(self.state.models)
 
-    def place_new(self, clients, run):
+    def place_new(self, clients, ask):
         if not self.state.models:
-            return super().place_new(clients, run)
-        return place_by_lowest_loss(clients, self.state.models, run)
+            return super().place_new(clients, ask)
+        return place_by_lowest_loss(clients, self.state.models, ask)

@@ -11,9 +11,9 @@ from pydantic import Field
 
 from stocfl.algorithms.base import (
     Algorithm,
+    AskClients,
     Context,
     Params,
-    RunTasks,
     check_models_fit,
     lowest_train_loss,
     place_by_lowest_loss,
@@ -64,16 +64,16 @@ class IFCA(Algorithm):
             np.full(ctx.n_clients, -1, dtype=np.int64),
         )
 
-    def choose(self, clients: list[int], run: RunTasks) -> list[int]:
+    def choose(self, clients: list[int], ask: AskClients) -> list[int]:
         """argmin_m of the train loss of model m on each client (ties: the lower index)."""
-        return lowest_train_loss(clients, self.state.models, run)
+        return lowest_train_loss(clients, self.state.models, ask)
 
-    def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
-        losses = train_losses(sampled, self.state.models, run)
+    def round(self, round_: int, sampled: list[int], ask: AskClients) -> dict[str, Any]:
+        losses = train_losses(sampled, self.state.models, ask)
         chosen = losses.argmin(axis=1).tolist()  # as choose(): the lowest train loss, ties the lower index
         self.state.choice[sampled] = chosen
         starts = [self.state.models[k] for k in chosen]
-        results = run([self.local_training(round_, i, w) for i, w in zip(sampled, starts)])
+        results = ask([self.local_training(round_, i, w) for i, w in zip(sampled, starts)])
         for k in range(len(self.state.models)):
             mine = [r for r, c in zip(results, chosen) if c == k]
             if mine:
@@ -101,8 +101,8 @@ class IFCA(Algorithm):
         # IFCA has no global model; the plain mean of the M models stands in for global_accuracy
         return torch.stack(self.state.models).mean(0)
 
-    def client_models(self, clients, run):
-        return [self.state.models[k] for k in self.choose(clients, run)]
+    def client_models(self, clients, ask):
+        return [self.state.models[k] for k in self.choose(clients, ask)]
 
     def cluster_labels(self) -> np.ndarray:
         return self.state.choice.copy()
@@ -110,5 +110,5 @@ class IFCA(Algorithm):
     def cluster_models(self) -> dict[int, torch.Tensor]:
         return dict(enumerate(self.state.models))
 
-    def place_new(self, clients, run):
-        return place_by_lowest_loss(clients, dict(enumerate(self.state.models)), run)
+    def place_new(self, clients, ask):
+        return place_by_lowest_loss(clients, dict(enumerate(self.state.models)), ask)

@@ -231,13 +231,14 @@ class ClientData:
 
 @dataclass(frozen=True)
 class TaskKind:
-    """A client computation: ``run(client_data, task) -> result`` is its reference; ``check``
+    """A client computation: ``reference(client_data, task) -> result`` is its reference function
+    (what every engine runs, unless it has a faster path); ``check``
     validates a reply (default :func:`check_any`); ``batched(executor, tasks)``, when given, is
     a vectorised version the batched executor uses; ``message`` is its Flower message type."""
 
     task: type
     result: type
-    run: Callable[[ClientData, Any], Any]
+    reference: Callable[[ClientData, Any], Any]
     message: str
     check: Callable[[Any, Any, int, int], Any] | None = None
     batched: Callable[[Any, list], list] | None = None
@@ -250,7 +251,7 @@ BUILTIN_MESSAGES = ("train", "evaluate", "query.represent")  # the tasks of the 
 def register_task(
     task: type,
     result: type,
-    run: Callable[[ClientData, Any], Any],
+    reference: Callable[[ClientData, Any], Any],
     message: str | None = None,
     check: Callable | None = None,
     batched: Callable | None = None,
@@ -259,8 +260,8 @@ def register_task(
     task has a field ``client``. ``message`` defaults to ``query.<task name in lower case>``."""
     if not (isinstance(task, type) and is_dataclass(task) and isinstance(result, type) and is_dataclass(result)):
         raise UserError(f"register_task: task and result must be dataclasses, got {task!r} and {result!r}")
-    if not callable(run):
-        raise UserError(f"register_task({task.__name__}): run must be a function (client_data, task) -> result")
+    if not callable(reference):
+        raise UserError(f"register_task({task.__name__}): reference must be a function (client_data, task) -> result")
     if task in KINDS:
         refuse_builtin("register_task", task.__name__, KINDS[task].message in BUILTIN_MESSAGES)
     names = {f.name for f in fields(task)}
@@ -270,7 +271,7 @@ def register_task(
     taken = [k for k in KINDS.values() if k.message == message and k.task is not task]
     if taken:
         raise UserError(f"register_task: message type {message!r} is taken by {taken[0].task.__name__}")
-    KINDS[task] = TaskKind(task, result, run, message, check, batched)
+    KINDS[task] = TaskKind(task, result, reference, message, check, batched)
     return KINDS[task]
 
 
@@ -339,4 +340,4 @@ register_task(Train, Trained, train_one, "train", check_trained)
 register_task(Evaluate, Evaluated, evaluate_one, "evaluate", check_evaluated)
 
 Task = Any  # an instance of a registered task kind
-Result = Any  # an instance of its result kind
+Reply = Any  # what a client sends back: an instance of its task kind's result type

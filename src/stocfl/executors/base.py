@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 
 from stocfl.client.models import FlatModel
-from stocfl.client.tasks import ClientData, Evaluate, Evaluated, Result, Task, evaluate_pooled, kind_of
+from stocfl.client.tasks import ClientData, Evaluate, Evaluated, Reply, Task, evaluate_pooled, kind_of
 from stocfl.data.federation import Federation
 from stocfl.devices import federation_on, move
 from stocfl.errors import UserError
@@ -40,8 +40,8 @@ class Executor:
         xt, yt = self.data.test_data(i)
         return ClientData(i, x, y, xt, yt, self.model, self.fed.n_classes)
 
-    def run(self, tasks: list[Task]) -> list[Result]:
-        out: list[Result | None] = [None] * len(tasks)
+    def run(self, tasks: list[Task]) -> list[Reply]:
+        out: list[Reply | None] = [None] * len(tasks)
         by_kind: dict[type, list[int]] = defaultdict(list)
         for k, t in enumerate(tasks):
             by_kind[type(t)].append(k)
@@ -62,9 +62,9 @@ class Executor:
                 out[k] = move(r, cpu) if remote else r
         return out
 
-    def run_reference(self, kind: type, tasks: list[Task]) -> list[Result]:
+    def run_reference(self, kind: type, tasks: list[Task]) -> list[Reply]:
         """Tasks of one kind through its registered reference function, client by client."""
-        ref = kind_of(kind).run
+        ref = kind_of(kind).reference
         return [ref(self.client(t.client), t) for t in tasks]
 
     def evaluate(self, tasks: list[Evaluate]) -> list[Evaluated]:

@@ -22,7 +22,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from stocfl.client.tasks import ClientsDropped, Result, Task
+from stocfl.client.tasks import ClientsDropped, Reply, Task
 from stocfl.errors import UserError
 from stocfl.flower.codec import (
     BadReply,
@@ -175,7 +175,7 @@ class FlowerExecutor:
             pause = min(pause * 1.5, POLL_SECONDS)
         return out
 
-    def run(self, tasks: list[Task]) -> list[Result]:
+    def run(self, tasks: list[Task]) -> list[Reply]:
         self.refresh()
         why = {
             t.client: f"client {t.client}: no Flower node serves it (SuperNode offline?)"
@@ -191,7 +191,7 @@ class FlowerExecutor:
             Message(encode_tasks([tasks[k] for k in ks]), dst_node_id=node, message_type=message_type(kind))
             for (node, kind), ks in groups.items()
         ]
-        out: list[Result | None] = [None] * len(tasks)
+        out: list[Reply | None] = [None] * len(tasks)
         for (node, _), ks, reply in zip(groups, groups.values(), self.exchange(msgs, self.timeout)):
             clients = sorted({tasks[k].client for k in ks})
             try:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from flwr.common import serde
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
-from stocfl.client.tasks import ClientsDropped, Result, Task
+from stocfl.client.tasks import ClientsDropped, Reply, Task
 from stocfl.flower.codec import BadReply, decode_results, decode_tasks, encode_results, encode_tasks, message_type
 
 
@@ -32,8 +32,8 @@ class LoopbackExecutor:
         self.fed, self.model = inner.fed, inner.model
         self.messages = 0
 
-    def run(self, tasks: list[Task]) -> list[Result]:
-        out: list[Result | None] = [None] * len(tasks)
+    def run(self, tasks: list[Task]) -> list[Reply]:
+        out: list[Reply | None] = [None] * len(tasks)
         groups: dict[tuple[int, type], list[int]] = {}
         for k, t in enumerate(tasks):
             groups.setdefault((t.client % self.nodes if self.nodes else t.client, type(t)), []).append(k)

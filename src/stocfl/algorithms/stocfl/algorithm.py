@@ -32,7 +32,7 @@ import torch
 from pydantic import ConfigDict, Field, field_validator
 
 from stocfl.algorithms.aggregation import weighted_mean
-from stocfl.algorithms.base import Algorithm, Context, Params, Placement, RunTasks
+from stocfl.algorithms.base import Algorithm, AskClients, Context, Params, Placement
 from stocfl.algorithms.fedavg import CHAIN
 from stocfl.algorithms.stocfl.clustering import ClusterSet, valid_representation
 from stocfl.algorithms.stocfl.representation import Represent, Represented, count_sketch
@@ -252,11 +252,11 @@ class StoCFL(Algorithm):
             self.state.tau_note = f"waiting: {len(ids)} of {AUTO_TAU_MIN} representations, no merges yet"
 
     # ---- the round ---------------------------------------------------------------------------
-    def round(self, round_: int, sampled: list[int], run: RunTasks) -> dict[str, Any]:
+    def round(self, round_: int, sampled: list[int], ask: AskClients) -> dict[str, Any]:
         labels = self.state.clusters.labels_
         new = [i for i in sampled if labels[i] < 0]
         self.state.clusters.refused = 0
-        accepted, merges = self.cluster_newcomers(run([self.represent_task(i) for i in new]), new) if new else ([], 0)
+        accepted, merges = self.cluster_newcomers(ask([self.represent_task(i) for i in new]), new) if new else ([], 0)
         rejected = sorted(set(new) - set(accepted))
         members = [i for i in sampled if labels[i] >= 0]  # a client whose Psi was rejected trains w only
         start = {k: self.model_of(k) for k in sorted({int(labels[i]) for i in members})}
@@ -266,11 +266,11 @@ class StoCFL(Algorithm):
         ]
         if not self.params.chain:
             tasks += [self.local_training(round_, i, self.state.w) for i in sampled]
-        results = run(tasks)
+        results = ask(tasks)
         thetas, ws = results[: len(members)], results[len(members) :]
         if self.params.chain:
             self.state.w = self.chain(
-                sampled, lambda i, start: self.local_training(round_, i, start), self.state.w, run
+                sampled, lambda i, start: self.local_training(round_, i, start), self.state.w, ask
             )
         elif ws:
             self.state.w = self.aggregate(ws, self.state.w)
@@ -296,7 +296,7 @@ class StoCFL(Algorithm):
     def global_model(self) -> torch.Tensor:
         return self.state.w
 
-    def client_models(self, clients: list[int], run: RunTasks) -> list[torch.Tensor]:
+    def client_models(self, clients: list[int], ask: AskClients) -> list[torch.Tensor]:
         labels = self.state.clusters.labels_
         cache: dict[int, torch.Tensor] = {}
         out = []
@@ -316,7 +316,7 @@ class StoCFL(Algorithm):
     def cluster_models(self) -> dict[int, torch.Tensor]:
         return {k: self.model_of(k) for k in self.state.clusters.ids}
 
-    def place_new(self, clients: list[int], run: RunTasks) -> list[Placement]:
+    def place_new(self, clients: list[int], ask: AskClients) -> list[Placement]:
         """New clients after training (paper 4.4): each sends Psi; with max cosine d >= tau it
         joins the argmax cluster, otherwise it would open a new cluster; either way it is
         predicted with the closest cluster's model. The partition itself is not changed."""
@@ -327,7 +327,7 @@ class StoCFL(Algorithm):
             )
             tau = -1.0
         out = []
-        for i, r in zip(clients, run([self.represent_task(i) for i in clients])):
+        for i, r in zip(clients, ask([self.represent_task(i) for i in clients])):
             if not valid_representation(r.psi):
                 out.append(Placement(i, -1, None, True, self.state.w))
                 continue
