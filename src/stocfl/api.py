@@ -258,8 +258,7 @@ def compare(
         compare.png); None = nothing is written.
     """
     from stocfl.errors import first_repeated
-    from stocfl.experiment.compare import markdown, parse_spec, plot, setting, table
-    from stocfl.storage import write_atomic, write_csv
+    from stocfl.experiment.compare import parse_spec, setting, table, write_table
 
     base = as_config(config).to_dict()
     seeds = list(seeds)
@@ -292,16 +291,10 @@ def compare(
             )
             for cfg in cfgs
         ]
-    comparison = Comparison(table({k: [(r.summary, r.metrics) for r in v] for k, v in results.items()})[0], results)
+    rows, curves = table({k: [(r.summary, r.metrics) for r in v] for k, v in results.items()})
     if where is not None:
-        write_csv(where / "compare.csv", comparison.rows)
-        write_atomic(where / "compare.md", markdown(comparison.rows))
-        plot(
-            table({k: [(r.summary, r.metrics) for r in v] for k, v in results.items()})[1],
-            where / "compare.png",
-            setting(next(iter(configs.values()))[0]),
-        )
-    return comparison
+        write_table(where, rows, curves, setting(next(iter(configs.values()))[0]))
+    return Comparison(rows, results)
 
 
 class _threads_kept:

@@ -150,11 +150,16 @@ def compare(
             for label in order
         }
     )
+    write_table(out, rows, curves, setting(checked[0]) if checked else "")
+    return rows
+
+
+def write_table(out: Path, rows: list[dict[str, Any]], curves: dict, title: str) -> None:
+    """A comparison's files: compare.csv, compare.md and compare.png in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     formats.write_csv(out / "compare.csv", rows)
     write_atomic(out / "compare.md", markdown(rows))
-    plot(curves, out / "compare.png", setting(checked[0]) if checked else "")
-    return rows
+    plot(curves, out / "compare.png", title)
 
 
 def table(runs: dict[str, list[tuple[dict[str, Any], list[dict[str, Any]]]]]) -> tuple[list[dict[str, Any]], dict]:
