@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from scipy.cluster.hierarchy import fcluster, linkage
 
-from stocfl import config
 from stocfl.client.tasks import Train, task_seed
+from stocfl.experiment import configure
 from stocfl.experiment.loop import Experiment
 
 SETTINGS = {
@@ -60,7 +60,7 @@ SCIPY_METRIC = {"l1": "cityblock", "l2": "euclidean", "cosine": "cosine"}
 
 
 def updates(overrides: list[str], data_dir: str | None, warmup: int, cluster_epochs: int):
-    cfg = config.load(overrides=[*overrides, "algorithm.name=fedavg", f"run.rounds={warmup}"], data_dir=data_dir)
+    cfg = configure.load(overrides=[*overrides, "algorithm.name=fedavg", f"run.rounds={warmup}"], data_dir=data_dir)
     with tempfile.TemporaryDirectory() as tmp:
         exp = Experiment.create(cfg, Path(tmp) / "warmup")
         exp.run(progress=False)

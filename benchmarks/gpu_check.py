@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 import stocfl  # noqa: E402
-from stocfl import config  # noqa: E402
 from stocfl.devices import describe, resolve_device  # noqa: E402
+from stocfl.experiment import configure  # noqa: E402
 
 
 def one_run(device: str, rounds: int, data_dir: str, out: Path) -> dict:
@@ -36,7 +36,7 @@ def one_run(device: str, rounds: int, data_dir: str, out: Path) -> dict:
         if kept["rounds"] == rounds:
             print(f"{device}: the finished run's outcome from {out / 'check.json'}")
             return kept
-    cfg = config.load(
+    cfg = configure.load(
         str(ROOT / "configs" / "rotated_mnist.toml"),
         [
             "algorithm.name=stocfl",

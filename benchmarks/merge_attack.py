@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stocfl import config
 from stocfl.algorithms.stocfl.algorithm import StoCFL
 from stocfl.algorithms.stocfl.clustering import ClusterSet
 from stocfl.executors import SequentialExecutor, set_threads
+from stocfl.experiment import configure
 from stocfl.experiment.loop import Experiment
 
 LEAVE_OUT = (0.0, 0.05, 0.1, 0.2)
@@ -44,7 +44,7 @@ CLEAN = {"pathological": (400, 50), "rotated": (400, 50), "shifted": (400, 50), 
 
 
 def honest_representations(data_dir: str, seed: int = 0):
-    cfg = config.load(
+    cfg = configure.load(
         overrides=[
             "algorithm.name=stocfl",
             "scenario.dataset=mnist",
@@ -140,7 +140,7 @@ def clean(data_dir: str, done: dict, save, leave_out: float) -> None:
             key = f"clean {scenario} leave_out={lo}"
             if key in done:
                 continue
-            cfg = config.load(
+            cfg = configure.load(
                 overrides=[
                     "algorithm.name=stocfl",
                     "scenario.dataset=mnist",

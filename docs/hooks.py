@@ -12,7 +12,7 @@ def _cell(text: str) -> str:
 
 
 def config_reference() -> str:
-    from stocfl.config import reference
+    from stocfl.experiment.configure import reference
 
     out, section = [], None
     for sec, key, default, meaning in reference():
@@ -25,7 +25,7 @@ def config_reference() -> str:
 
 def algorithm_params(name: str) -> str:
     from stocfl.algorithms import algorithm_class
-    from stocfl.config import _choices, _toml
+    from stocfl.experiment.configure import _choices, _toml
 
     cls = algorithm_class(name)
     rows = ["| key in `[algorithm]` | default | meaning |", "|---|---|---|"]

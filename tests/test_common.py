@@ -13,7 +13,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stocfl import config
 from stocfl.algorithms import ALGORITHMS, Context
 from stocfl.algorithms.aggregation import Aggregator
 from stocfl.client.models import FlatModel, build_module, make_model
@@ -21,7 +20,7 @@ from stocfl.client.tasks import ClientsDropped, Evaluate
 from stocfl.data.datasets import load_dataset
 from stocfl.data.scenarios import build
 from stocfl.executors import BatchedExecutor, ParallelExecutor, SequentialExecutor
-from stocfl.experiment import metrics
+from stocfl.experiment import configure, metrics
 from stocfl.experiment.loop import Experiment
 from stocfl.flower.loopback import LoopbackExecutor
 from stocfl.storage import checkpoint
@@ -214,7 +213,7 @@ RUN_PARAMS = {"flhc": ["algorithm.warmup_rounds=1"], "fesem": ["algorithm.n_cent
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_a_round_in_which_every_sampled_client_fails(tmp_path, name):
-    cfg = config.load(overrides=[*SMALL, f"algorithm.name={name}", *RUN_PARAMS.get(name, [])])
+    cfg = configure.load(overrides=[*SMALL, f"algorithm.name={name}", *RUN_PARAMS.get(name, [])])
     probe = Experiment(cfg, tmp_path / "probe")
     ex = FailAll(probe.fed, probe.model)
     exp = Experiment.create(cfg, tmp_path / name, ex)
@@ -304,7 +303,7 @@ def test_evaluating_changes_no_algorithms_training(name, tmp_path):
     sets = [f"algorithm.{k}={v}" for k, v in PARAMS.get(name, {}).items()]
     states = []
     for every in (1, 4):
-        cfg = config.load(
+        cfg = configure.load(
             overrides=[
                 "scenario.n_clients=16",
                 "scenario.holdout=0.25",

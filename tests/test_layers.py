@@ -15,12 +15,11 @@ ROOT = Path(stocfl.__file__).parent
 # lowest first, by the data flow: a module may import from its own layer and those below. A
 # folder's modules share its layer, but where one is named on its own.
 LAYERS = [
-    {"errors", "bounds", "devices", "storage"},
+    {"errors", "bounds", "devices", "config", "storage"},
     {"data"},
     {"client"},
     {"algorithms"},
     {"executors", "flower.codec", "flower.loopback", "flower.certs"},
-    {"config"},
     {"experiment"},
     {"flower", "flower.engine"},
     {"api", "cli", "__main__", ""},

@@ -23,8 +23,9 @@ from stocfl.data.federation import Federation
 from stocfl.data.scenarios import register_scenario
 from stocfl.errors import UserError
 from stocfl.executors import Engine, register_engine
-from stocfl.experiment.loop import config_digest
+from stocfl.experiment.configure import load as load_config
 from stocfl.experiment.modelfiles import export_models, load_model
+from stocfl.experiment.provenance import config_digest
 from stocfl.experiment.saved import LoadedRun, SavedRun, open_run
 
 __version__ = "0.1.0"
@@ -47,6 +48,7 @@ __all__ = [
     "compare",
     "config_digest",
     "export_models",
+    "load_config",
     "load_model",
     "open_run",
     "register_algorithm",

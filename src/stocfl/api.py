@@ -26,6 +26,7 @@ from stocfl.config import Config
 from stocfl.data.federation import Federation
 from stocfl.errors import UserError
 from stocfl.executors import ENGINES, engine_of
+from stocfl.experiment import configure
 
 
 @dataclass
@@ -112,11 +113,11 @@ class Comparison:
 def as_config(config: Any = None) -> Config:
     """A validated :class:`Config` from a TOML path, a nested dict, a Config or None (defaults)."""
     if config is None or isinstance(config, (str, Path)):
-        return config_mod.load(config)
+        return configure.load(config)
     if isinstance(config, Config):
-        return config
+        return configure.settle(config)
     if isinstance(config, dict):
-        return config_mod.validate(copy.deepcopy(config))
+        return configure.validate(copy.deepcopy(config))
     raise UserError(f"config: expected a TOML path, a dict or a stocfl Config, got {type(config).__name__}")
 
 
@@ -273,7 +274,7 @@ def compare(
     if (k := first_repeated(labels)) is not None:
         raise UserError(f"compare: {algorithms[k]!r} is given twice; give each algorithm once")
     configs = {
-        label: [config_mod.apply({**copy.deepcopy(base), "algorithm": {}}, [*algo, f"run.seed={s}"]) for s in seeds]
+        label: [configure.apply({**copy.deepcopy(base), "algorithm": {}}, [*algo, f"run.seed={s}"]) for s in seeds]
         for label, algo in parsed
     }  # every spec checked before any run
     where = None if out is None else Path(out)

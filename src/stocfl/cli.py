@@ -157,10 +157,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args) -> int:
-    from stocfl import api, config
+    from stocfl import api
+    from stocfl.experiment import configure
 
     engine = [] if args.engine is None else [f"run.engine={'auto' if args.engine == 'local' else args.engine}"]
-    cfg = config.load(args.config, [*args.overrides, *engine], args.data_dir)
+    cfg = configure.load(args.config, [*args.overrides, *engine], args.data_dir)
     out = (
         Path(args.out)
         if args.out
@@ -176,7 +177,8 @@ def _resume(args) -> int:
     from stocfl import api
     from stocfl.executors import engine_of
     from stocfl.experiment.build import read_config
-    from stocfl.experiment.loop import Experiment, finished_summary
+    from stocfl.experiment.loop import Experiment
+    from stocfl.experiment.provenance import finished_summary
 
     out = args.run_dir = Path(args.dir)
     raw = read_config(out, args.data_dir)
@@ -370,7 +372,8 @@ def _dispatch(args) -> int:
     if args.command == "export":
         return _export(args)
     if args.command == "config":
-        from stocfl.config import describe, describe_packaged
+        from stocfl.config import describe_packaged
+        from stocfl.experiment.configure import describe
 
         print(describe_packaged() if args.list else describe())
         return 0

@@ -1,20 +1,26 @@
 """The run configuration: six sections, every key validated, documented and defaulted here.
 
-A config is TOML with the sections ``[run]``, ``[scenario]``, ``[model]``, ``[train]`` and
-``[algorithm]``; command-line overrides use dotted keys (``--set run.rounds=5``). Every error
-becomes one :class:`~stocfl.errors.UserError` line naming the key and what it must be.
+A config is TOML with the sections ``[run]``, ``[scenario]``, ``[model]``, ``[train]``,
+``[aggregation]`` and ``[algorithm]``; command-line overrides use dotted keys (``--set
+run.rounds=5``). Every error becomes one :class:`~stocfl.errors.UserError` line naming the key and
+what it must be.
+
+This module sits at the bottom of the package and knows no registry: names that a registry
+holds (an engine, a scenario, a data set, a model, an algorithm) and the algorithm's own
+parameters are checked where the run is built, by :func:`stocfl.experiment.configure.settle`,
+which validates ``[algorithm]`` once into the algorithm's typed ``Params`` (:attr:`Config.params`).
 """
 
 from __future__ import annotations
 
+import copy
 import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from stocfl.algorithms.aggregation import RULES
 from stocfl.bounds import MAX_COUNT, MAX_EPOCHS, MAX_HIDDEN, MAX_LR, MAX_WEIGHT
 from stocfl.errors import UserError
 
@@ -75,13 +81,6 @@ class RunConfig(Section):
             raise ValueError(f"unknown device {v!r}; choose auto, cpu, cuda, cuda:N or mps")
         return v
 
-    @field_validator("engine")
-    @classmethod
-    def _known_engine(cls, v):
-        from stocfl.executors import ENGINES
-
-        return _choice(v, ENGINES, "engine")
-
 
 class ScenarioConfig(Section):
     name: str = Field("rotated", description="non-IID scenario: one of the built-ins or a registered one")
@@ -102,20 +101,6 @@ class ScenarioConfig(Section):
         0.0, ge=0, lt=1, description="fraction of clients kept out of training and placed as new clients at the end"
     )
 
-    @field_validator("name")
-    @classmethod
-    def _known_scenario(cls, v):
-        from stocfl.data.scenarios import SCENARIOS
-
-        return _choice(v, SCENARIOS, "scenario")
-
-    @field_validator("dataset")
-    @classmethod
-    def _known_dataset(cls, v):
-        from stocfl.data.datasets import DATASETS
-
-        return _choice(v, DATASETS, "data set")
-
     @field_validator("data_dir")
     @classmethod
     def _usable_path(cls, v):
@@ -130,19 +115,6 @@ class ModelConfig(Section):
         description="auto = digits_mlp on digits, mlp on 28x28 data, cifar_cnn on CIFAR-10; or a registered model",
     )
     hidden: int = Field(200, ge=1, le=MAX_HIDDEN, description="hidden width of the mlp (the paper's MNIST model: 2048)")
-
-    @field_validator("name")
-    @classmethod
-    def _known_model(cls, v):
-        from stocfl.client.models import MODELS
-
-        return _choice(v, ("auto", *MODELS), "model")
-
-
-def _choice(value: str, names, what: str) -> str:
-    if value not in names:
-        raise ValueError(f"unknown {what} {value!r}; choose one of {', '.join(names)}")
-    return value
 
 
 class TrainConfig(Section):
@@ -169,6 +141,9 @@ class TrainConfig(Section):
         return v
 
 
+RULES: tuple[str, ...] = ("mean", "clip", "median", "trimmed_mean")  # stocfl.algorithms.aggregation's rules
+
+
 class AggregationConfig(Section):
     rule: Literal[RULES] = Field(
         "mean",
@@ -190,27 +165,37 @@ class Config(Section):
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     aggregation: AggregationConfig = AggregationConfig()
-    algorithm: dict[str, Any] = Field(default_factory=lambda: {"name": "fedavg"})
+    algorithm: dict[str, Any] = Field(default_factory=lambda: {"name": "fedavg"})  # as given: name and parameters
+    _params: Any = PrivateAttr(default=None)  # the algorithm's Params, once settled
+    _settled_for: Any = PrivateAttr(default=None)  # the [algorithm] they were validated from
 
-    def algorithm_params(self) -> BaseModel:
-        """The validated parameters of the chosen algorithm."""
-        from stocfl.algorithms import algorithm_class
+    @property
+    def params(self) -> Any:
+        """The algorithm's validated parameters (its ``Params``), set where the run is built
+        (:func:`stocfl.experiment.configure.settle`); refused once ``[algorithm]`` has changed."""
+        if not self.settled:
+            raise UserError(
+                "config: its [algorithm] is not checked yet (or changed since); pass the config through "
+                "stocfl.experiment.configure.settle (stocfl.as_config does) before using it"
+            )
+        return self._params
 
-        return algorithm_class(self.algorithm["name"]).Params.model_validate(
-            {k: v for k, v in self.algorithm.items() if k != "name"}
-        )
+    @property
+    def settled(self) -> bool:
+        return self._params is not None and self._settled_for == self.algorithm
+
+    def settle_params(self, params: Any) -> None:
+        """Keep ``params``, validated from the current ``[algorithm]`` (by ``settle``)."""
+        self._params, self._settled_for = params, copy.deepcopy(self.algorithm)
 
     def to_dict(self) -> dict[str, Any]:
-        """The resolved config, every default filled in (what a run saves)."""
+        """The resolved config, every default filled in, the algorithm's included (what a run saves)."""
         out = self.model_dump(mode="json")
-        out["algorithm"] = {
-            "name": self.algorithm["name"],
-            **self.algorithm_params().model_dump(mode="json", by_alias=True),
-        }
+        out["algorithm"] = {"name": self.algorithm["name"], **self.params.model_dump(mode="json", by_alias=True)}
         return out
 
 
-def _one_line(err: ValidationError, prefix: tuple = ()) -> str:
+def one_line(err: ValidationError, prefix: tuple = ()) -> str:
     e = err.errors()[0]
     loc = prefix + tuple(str(p) for p in e["loc"])
     if len(e["loc"]) > 1 and re.fullmatch(
@@ -281,28 +266,18 @@ def _allowed_keys(section: tuple) -> list[str]:
 
 
 def validate(raw: dict[str, Any]) -> Config:
-    """Validate a raw nested dict into a :class:`Config` (one-line UserError on failure)."""
+    """Validate a raw nested dict into a :class:`Config` (one-line UserError on failure): every
+    section's keys; of ``[algorithm]`` only that its name is a string (its parameters are the
+    algorithm's, checked by :func:`stocfl.experiment.configure.settle`)."""
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as err:
-        raise UserError(_one_line(err)) from None
-    from stocfl.algorithms import ALGORITHMS
-
+        raise UserError(one_line(err)) from None
     algo = dict(cfg.algorithm)
     name = algo.get("name", "fedavg")
-    if not isinstance(name, str) or name not in ALGORITHMS:
-        raise UserError(f"config: algorithm.name: unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
+    if not isinstance(name, str):
+        raise UserError(f"config: algorithm.name: expected a string, the name of an algorithm (got {name!r})")
     cfg.algorithm = {"name": name, **{k: v for k, v in algo.items() if k != "name"}}
-    try:
-        cfg.algorithm_params()
-    except ValidationError as err:
-        e = err.errors()[0]
-        if e["type"] == "extra_forbidden":
-            allowed = ", ".join(["name", *(f.alias or k for k, f in ALGORITHMS[name].Params.model_fields.items())])
-            raise UserError(
-                f"config: unknown key 'algorithm.{e['loc'][0]}' for {name}; allowed keys: {allowed}"
-            ) from None
-        raise UserError(_one_line(err, ("algorithm",))) from None
     return cfg
 
 
@@ -389,55 +364,3 @@ def apply(raw: dict[str, Any], overrides: list[str] = (), data_dir: str | None =
     if data_dir is not None:
         raw.setdefault("scenario", {})["data_dir"] = str(data_dir)
     return validate(raw)
-
-
-def _choices(f) -> str:
-    """The values a Literal field takes, as ' (one of: a, b)'; '' for other fields."""
-    from typing import get_args, get_origin
-
-    ann = f.annotation
-    args = get_args(ann) if get_origin(ann) is Literal else ()  # a float or 'auto' says so in its text
-    return f" (one of: {', '.join(map(str, args))})" if args else ""
-
-
-def _toml(value) -> str:
-    """A default as it is written in a TOML config (true, "auto", 0.01)."""
-    import json
-
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return json.dumps(value) if isinstance(value, str) else repr(value)
-
-
-def reference() -> list[tuple[str, str, str, str]]:
-    """Every key as (section, key, default as TOML, meaning): the configuration reference that
-    ``stocfl config`` prints and the docs render."""
-    from stocfl.algorithms import ALGORITHMS
-    from stocfl.data.scenarios import SCENARIOS
-
-    entries: list[tuple[str, str, str, str]] = []
-    for section, field in Config.model_fields.items():
-        if section == "algorithm":
-            continue
-        for key, f in field.annotation.model_fields.items():
-            extra = f"; now: {', '.join(SCENARIOS)}" if (section, key) == ("scenario", "name") else _choices(f)
-            entries.append((section, key, _toml(f.default), f"{f.description}{extra}"))
-    entries.append(("algorithm", "name", '"fedavg"', f"one of: {', '.join(ALGORITHMS)}"))
-    for name, cls in ALGORITHMS.items():
-        for key, f in cls.Params.model_fields.items():
-            entries.append(("algorithm", f.alias or key, _toml(f.default), f"({name}) {f.description}{_choices(f)}"))
-    return entries
-
-
-def describe() -> str:
-    """Every key with its default and meaning, in aligned columns (``stocfl config``)."""
-    entries = reference()
-    kw = max(len(e[1]) for e in entries)
-    vw = max(len(e[2]) for e in entries)
-    lines, section = [], None
-    for sec, key, default, meaning in entries:
-        if sec != section:
-            lines.append(f"[{sec}]")
-            section = sec
-        lines.append(f"  {key:<{kw}} = {default:<{vw}}  # {meaning}")
-    return "\n".join(lines)

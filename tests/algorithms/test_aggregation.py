@@ -10,11 +10,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stocfl import config
 from stocfl.algorithms import aggregation
 from stocfl.algorithms.aggregation import Aggregator
 from stocfl.client.tasks import Trained
 from stocfl.errors import UserError
+from stocfl.experiment import configure
 from stocfl.experiment.loop import Experiment
 from tests.experiment.test_hostile import Client
 
@@ -72,7 +72,7 @@ def test_clip_with_one_start_per_vector_is_the_mean_of_clipped_moves():
 
 
 def _run(tmp_path, name, rule, craft, algorithm="fedavg"):
-    cfg = config.load(
+    cfg = configure.load(
         overrides=[
             "scenario.name=iid",
             "scenario.n_clients=10",
@@ -115,4 +115,4 @@ def test_robust_rules_hold_where_the_mean_is_taken_over(tmp_path, algorithm, rul
 )
 def test_bad_aggregation_keys_are_named(bad, key):
     with pytest.raises(UserError, match=key):
-        config.load(overrides=[bad])
+        configure.load(overrides=[bad])

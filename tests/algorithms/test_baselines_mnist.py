@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from stocfl import config
+from stocfl.experiment import configure
 from stocfl.experiment.loop import Experiment
 from tests.helpers import REPO
 
@@ -14,7 +14,7 @@ MNIST = ["scenario.dataset=mnist", "model.name=mlp", "train.epochs=1", "train.ba
 
 
 def _load(data_dir, extra):
-    return config.load(overrides=MNIST + extra, data_dir=str(data_dir))
+    return configure.load(overrides=MNIST + extra, data_dir=str(data_dir))
 
 
 def test_cfl_splits_shifted_mnist_into_the_four_groups(tmp_path, data_dir):
@@ -99,7 +99,7 @@ def test_fesem_accuracy_rises_with_rounds_on_dirichlet_mnist_at_ten_percent(tmp_
     round 1, 85.3% after round 10 (the former order, centres from stale models: 54.2%)."""
 
     path = REPO / "configs" / "dirichlet_mnist.toml"
-    cfg = config.load(path, ["algorithm.name=fesem", "run.rounds=10", "run.eval_every=1"], str(data_dir))
+    cfg = configure.load(path, ["algorithm.name=fesem", "run.rounds=10", "run.eval_every=1"], str(data_dir))
     s = Experiment.create(cfg, tmp_path / "fesem").run(progress=False)
     acc = [
         r["accuracy"]

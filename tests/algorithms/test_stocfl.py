@@ -291,10 +291,10 @@ def test_linear_anchor_fast_path_equals_autograd(kind):
     "scenario, per_client", [("rotated", 30), ("shifted", 30), ("hybrid", 30), ("pathological", 20)]
 )
 def test_groups_found_on_digits_with_defaults(tmp_path, scenario, per_client):
-    from stocfl import config
+    from stocfl.experiment import configure
     from stocfl.experiment.loop import Experiment
 
-    cfg = config.load(
+    cfg = configure.load(
         REPO / "configs" / "default.toml",
         [f"scenario.name={scenario}", f"scenario.samples_per_client={per_client}", "run.eval_every=50"],
     )

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from stocfl import config
 from stocfl.cli import main
+from stocfl.experiment import configure
 from stocfl.experiment.loop import Experiment
 
 SIZES = {"pathological": (400, 50), "rotated": (400, 50), "shifted": (400, 50), "hybrid": (80, 40)}
@@ -13,7 +13,7 @@ SIZES = {"pathological": (400, 50), "rotated": (400, 50), "shifted": (400, 50), 
 
 def _stocfl(tmp_path, data_dir, scenario, extra=()):
     n, d = SIZES[scenario]
-    cfg = config.load(
+    cfg = configure.load(
         overrides=[
             "algorithm.name=stocfl",
             "scenario.dataset=mnist",

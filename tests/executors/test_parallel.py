@@ -16,13 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from stocfl import config
 from stocfl.client.models import FlatModel, make_model
 from stocfl.client.tasks import KINDS, Train, register_task
 from stocfl.data.datasets import load_dataset
 from stocfl.data.scenarios import build
 from stocfl.errors import UserError
 from stocfl.executors import ParallelExecutor, SequentialExecutor, make_executor
+from stocfl.experiment import configure
 
 FED = build("rotated", load_dataset("digits"), 12, 20, seed=0)
 MODEL, W0 = make_model("auto", FED.input_shape, 10, 0, seed=0)
@@ -142,7 +142,7 @@ def test_bad_arguments_are_one_line():
 def test_auto_runs_whole_clients_side_by_side_when_it_has_threads_for_them():
     module = nn.Sequential(nn.Flatten(), nn.Linear(64, 8192), nn.ReLU(), nn.Linear(8192, 10))
     model = FlatModel(module)  # compute-bound per step: sequential work, not batched; momentum: not low-rank
-    cfg = config.validate({"train": {"batch_size": 20, "momentum": 0.9}, "run": {"device": "cpu"}})
+    cfg = configure.validate({"train": {"batch_size": 20, "momentum": 0.9}, "run": {"device": "cpu"}})
     torch.set_num_threads(2)
     assert make_executor("auto", FED, model, cfg).name == "parallel"
     torch.set_num_threads(1)
@@ -201,10 +201,10 @@ def test_a_run_on_parallel_has_the_numbers_of_sequential_at_one_thread_every_met
     """The docs' claim, exactly: with the server on one thread (run.threads = 1) and the tasks in
     two worker processes, every metric of every round equals the sequential loop's at one thread,
     StoCFL's objective included (a float sum the server reduces itself)."""
-    from stocfl import config
+    from stocfl.experiment import configure
     from stocfl.experiment.loop import Experiment
 
-    cfg = config.load("default", ["run.threads=1", "run.engine=sequential", "run.rounds=14"])
+    cfg = configure.load("default", ["run.threads=1", "run.engine=sequential", "run.rounds=14"])
     probe = Experiment(cfg, None)
     pool = ParallelExecutor(probe.fed, probe.model, workers=2)
     try:

@@ -83,7 +83,7 @@ def test_a_custom_federation_run_on_disk_resumes_from_python_only(tmp_path, caps
 
 
 def test_a_python_run_resumes_only_on_the_same_federation_and_model(tmp_path):
-    from stocfl import config
+    from stocfl.experiment import configure
     from stocfl.experiment.loop import Experiment
 
     train, test, groups = rotated_clients()
@@ -95,7 +95,7 @@ def test_a_python_run_resumes_only_on_the_same_federation_and_model(tmp_path):
     cfg = {"algorithm": {"name": "stocfl"}, "run": {"rounds": 4, "sample_rate": 0.5}}
     whole = stocfl.run(cfg, federation=stocfl.Federation.from_arrays(train, test, groups), model=module(0))
     Experiment.create(
-        config.validate(cfg),
+        configure.validate(cfg),
         tmp_path / "r",
         federation=stocfl.Federation.from_arrays(train, test, groups),
         module=module(0),
@@ -283,13 +283,13 @@ def test_a_users_loss_trains_and_evaluates_on_both_executors(tmp_path, capsys):
 
 def test_a_run_resumes_only_on_the_data_it_started_on(tmp_path):
     # a data directory holding another copy of the data set continued the run on it, without a word
-    from stocfl import config
+    from stocfl.experiment import configure
     from stocfl.experiment.loop import Experiment
 
     digits = load_dataset("digits")
     copy = {"x_train": digits.x_train.clone()}
     stocfl.register_dataset("my_copy", lambda data_dir: (copy["x_train"], digits.y_train, digits.x_test, digits.y_test))
-    cfg = config.validate({"scenario": {"dataset": "my_copy"}, "run": {"rounds": 3}})
+    cfg = configure.validate({"scenario": {"dataset": "my_copy"}, "run": {"rounds": 3}})
     Experiment.create(cfg, tmp_path / "r").run(progress=False, stop_after=1)
     copy["x_train"] = digits.x_train.flip(-1)  # another copy: the images mirrored
     with pytest.raises(stocfl.UserError, match="differ from the data the run started on; point --data-dir"):

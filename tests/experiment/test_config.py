@@ -7,14 +7,15 @@ import pytest
 from stocfl import config
 from stocfl.cli import main
 from stocfl.errors import UserError
+from stocfl.experiment import configure
 
 
 def test_defaults_validate_and_resolve():
-    cfg = config.load()
+    cfg = configure.load()
     d = cfg.to_dict()
     assert set(d) == {"run", "scenario", "model", "train", "aggregation", "algorithm"}
     assert d["algorithm"] == {"name": "fedavg", "chain": False}
-    assert config.load(overrides=["algorithm.name=fedprox"]).to_dict()["algorithm"] == {
+    assert configure.load(overrides=["algorithm.name=fedprox"]).to_dict()["algorithm"] == {
         "name": "fedprox",
         "chain": False,
         "mu": 0.01,
@@ -25,12 +26,12 @@ def test_an_algorithm_parameter_set_before_the_name_is_kept_and_the_files_are_dr
     f = tmp_path / "c.toml"
     f.write_text('[algorithm]\nname = "ifca"\nn_models = 4\n')
     for order in (["algorithm.tau=-0.9", "algorithm.name=stocfl"], ["algorithm.name=stocfl", "algorithm.tau=-0.9"]):
-        algo = config.load(f, order).to_dict()["algorithm"]
+        algo = configure.load(f, order).to_dict()["algorithm"]
         assert algo["name"] == "stocfl" and algo["tau"] == -0.9 and "n_models" not in algo
 
 
 def test_overrides_are_typed():
-    cfg = config.load(overrides=["run.rounds=5", "train.lr=0.5", "scenario.name=shifted"])
+    cfg = configure.load(overrides=["run.rounds=5", "train.lr=0.5", "scenario.name=shifted"])
     assert (cfg.run.rounds, cfg.train.lr, cfg.scenario.name) == (5, 0.5, "shifted")
 
 
@@ -53,7 +54,7 @@ def test_overrides_are_typed():
 )
 def test_bad_config_is_one_line_naming_the_key(overrides, expected):
     with pytest.raises(UserError) as err:
-        config.load(overrides=overrides)
+        configure.load(overrides=overrides)
     msg = str(err.value)
     assert expected in msg and "\n" not in msg
 
@@ -62,15 +63,15 @@ def test_toml_file_errors(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[run]\nrounds = \n")
     with pytest.raises(UserError, match="not valid TOML"):
-        config.load(bad)
+        configure.load(bad)
     with pytest.raises(UserError, match="not found"):
-        config.load(tmp_path / "missing.toml")
+        configure.load(tmp_path / "missing.toml")
     (tmp_path / "dir.toml").mkdir()
     with pytest.raises(UserError, match="dir.toml is a directory"):
-        config.load(tmp_path / "dir.toml")
+        configure.load(tmp_path / "dir.toml")
     bom = tmp_path / "bom.toml"  # as some Windows editors save it
     bom.write_bytes(b"\xef\xbb\xbf[run]\nrounds = 7\n")
-    assert config.load(bom).run.rounds == 7
+    assert configure.load(bom).run.rounds == 7
 
 
 def test_cli_bad_input_exits_2_with_one_line(tmp_path, capsys):
@@ -171,7 +172,7 @@ def test_a_model_that_does_not_fit_the_data_is_one_line():
 )
 def test_config_errors_speak_one_house_style(bad, says):
     with pytest.raises(UserError) as err:
-        config.load(None, [bad])
+        configure.load(None, [bad])
     text = str(err.value)
     assert text == f"config: {says}", text
     assert "Input should" not in text and "Value error" not in text
@@ -195,3 +196,29 @@ def test_stocfl_config_aligns_its_columns_and_lists_the_choices(capsys):
         and "one of: init, linear" in text
         and "label_swap, permuted_labels, hybrid" in text
     )
+
+
+def test_the_schema_knows_no_registry_and_settle_checks_names_and_params_once():
+    from stocfl import config as schema
+
+    raw = schema.validate({"algorithm": {"name": "stocfl", "tau": 0.5}, "run": {"engine": "no-such-engine"}})
+    assert not raw.settled  # the schema alone: sections checked, names and parameters not
+    with pytest.raises(UserError, match=r"^config: .*not checked yet"):
+        raw.to_dict()
+    with pytest.raises(UserError, match=r"^config: run.engine: unknown engine 'no-such-engine'; choose one of"):
+        configure.settle(raw)
+    for bad, says in (
+        ({"scenario": {"name": "nope"}}, r"^config: scenario.name: unknown scenario 'nope'"),
+        ({"scenario": {"dataset": "nope"}}, r"^config: scenario.dataset: unknown data set 'nope'"),
+        ({"model": {"name": "nope"}}, r"^config: model.name: unknown model 'nope'"),
+        ({"algorithm": {"name": "nope"}}, r"^config: algorithm.name: unknown algorithm 'nope'"),
+        ({"algorithm": {"name": "ifca", "tau": 1}}, r"^config: unknown key 'algorithm.tau' for ifca; allowed keys"),
+    ):
+        with pytest.raises(UserError, match=says):
+            configure.validate(bad)
+    cfg = configure.validate({"algorithm": {"name": "stocfl", "tau": 0.5}})
+    assert cfg.params.tau == 0.5 and cfg.to_dict()["algorithm"]["tau"] == 0.5
+    cfg.algorithm["tau"] = 0.25  # changed after settling: never a digest of the old parameters
+    with pytest.raises(UserError, match="changed since"):
+        cfg.to_dict()
+    assert configure.settle(cfg).params.tau == 0.25

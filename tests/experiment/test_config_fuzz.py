@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from stocfl import config
 from stocfl.algorithms import ALGORITHMS
 from stocfl.errors import UserError
+from stocfl.experiment import configure
 from stocfl.experiment.loop import Experiment
 
 CASE_SECONDS = 20
@@ -75,7 +76,7 @@ def test_a_fuzzed_config_runs_or_is_refused_in_one_line_naming_its_key(tmp_path_
     old = signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(CASE_SECONDS)
     try:
-        cfg = config.validate(raw)
+        cfg = configure.validate(raw)
         exp = Experiment.create(cfg, out)
         exp.run(progress=False, stop_after=1)
     except UserError as err:

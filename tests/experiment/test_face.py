@@ -15,6 +15,7 @@ import stocfl
 from stocfl import config
 from stocfl.cli import main
 from stocfl.errors import UserError
+from stocfl.experiment import configure
 from tests.experiment.test_api import rotated_clients
 
 FAST = {"run": {"rounds": 3, "sample_rate": 0.5}, "train": {"epochs": 1}}
@@ -31,7 +32,9 @@ def test_packaged_configs_run_by_name_and_list_themselves(capsys, tmp_path, monk
     assert {"default", "rotated_mnist_4800x50", "rotated_cifar10", "femnist_writers"} <= set(names)
     for name, path in names.items():  # every packaged config is valid and loads by name as by path
         assert (
-            config.load(name).to_dict() == config.load(path).to_dict() == config.load(f"configs/{name}.toml").to_dict()
+            configure.load(name).to_dict()
+            == configure.load(path).to_dict()
+            == configure.load(f"configs/{name}.toml").to_dict()
         )
     assert main(["config", "--list"]) == 0
     listed = capsys.readouterr().out.splitlines()
@@ -43,8 +46,8 @@ def test_packaged_configs_run_by_name_and_list_themselves(capsys, tmp_path, monk
 def test_run_without_a_config_is_the_packaged_default(tmp_path):
     out = tmp_path / "r"
     assert main(["run", "--quiet", "--out", str(out), "--set", "run.rounds=2"]) == 0
-    resolved = config.load(out / "config.toml")
-    assert resolved.to_dict() == config.load("default", ["run.rounds=2"]).to_dict()
+    resolved = configure.load(out / "config.toml")
+    assert resolved.to_dict() == configure.load("default", ["run.rounds=2"]).to_dict()
     assert resolved.algorithm["name"] == "stocfl"
 
 
@@ -109,7 +112,7 @@ def test_a_saved_run_opens_with_its_digest_and_whether_it_finished(tmp_path):
     out = tmp_path / "r"
     stocfl.run_into(out, {**FAST, "scenario": {"n_clients": 8}}, progress=False)
     saved = stocfl.open_run(out)
-    assert saved.digest == stocfl.config_digest(config.load(out / "config.toml"))
+    assert saved.digest == stocfl.config_digest(configure.load(out / "config.toml"))
     assert saved.finished == json.loads((out / "summary.json").read_text())
     loaded = saved.load()
     w = loaded.global_model()
@@ -152,7 +155,7 @@ def test_engine_choices_come_from_the_registry(tmp_path):
     try:
         out = tmp_path / "e"
         assert main(["run", "--quiet", "--out", str(out), "--engine", "face-test-engine", "--set", "run.rounds=1"]) == 0
-        assert config.load(out / "config.toml").run.engine == "face-test-engine"
+        assert configure.load(out / "config.toml").run.engine == "face-test-engine"
     finally:
         from stocfl.executors import ENGINES
 

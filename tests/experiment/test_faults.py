@@ -7,10 +7,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stocfl import config
 from stocfl.algorithms import ALGORITHMS
 from stocfl.client.tasks import ClientsDropped
 from stocfl.executors import SequentialExecutor
+from stocfl.experiment import configure
 from stocfl.experiment.loop import Experiment
 
 
@@ -34,7 +34,7 @@ PARAMS = {"flhc": ["algorithm.warmup_rounds=1"], "fesem": ["algorithm.n_centers=
 
 
 def _experiment(tmp_path, name, fail):
-    cfg = config.load(overrides=[*SMALL, f"algorithm.name={name}", *PARAMS.get(name, [])])
+    cfg = configure.load(overrides=[*SMALL, f"algorithm.name={name}", *PARAMS.get(name, [])])
     probe = Experiment(cfg, tmp_path / "probe")  # the federation and model the run will use
     return Experiment.create(cfg, tmp_path / name, FailingExecutor(probe.fed, probe.model, fail))
 
@@ -51,7 +51,7 @@ def test_every_algorithm_completes_rounds_without_the_failing_client(tmp_path, n
 
 
 def test_a_dropped_round_equals_the_round_without_that_client(tmp_path):
-    cfg = config.load(overrides=[*SMALL, "algorithm.name=fedavg"])
+    cfg = configure.load(overrides=[*SMALL, "algorithm.name=fedavg"])
     probe = Experiment(cfg, tmp_path / "probe")
     sampled = probe.sample()  # round 1 of every run with this config samples these clients
     victim = sampled[0]

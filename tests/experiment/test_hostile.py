@@ -10,10 +10,10 @@ import json
 import pytest
 import torch
 
-from stocfl import config
 from stocfl.algorithms.stocfl.representation import Represented
 from stocfl.client.tasks import ClientsDropped, Evaluated, Trained
 from stocfl.executors import SequentialExecutor
+from stocfl.experiment import configure
 from stocfl.experiment.loop import Experiment
 from stocfl.flower.loopback import LoopbackExecutor
 
@@ -59,7 +59,7 @@ CASES = {
 
 
 def _run(tmp_path, name, algorithm, kind, craft):
-    cfg = config.load(overrides=[*SMALL, f"algorithm.name={algorithm}"])
+    cfg = configure.load(overrides=[*SMALL, f"algorithm.name={algorithm}"])
     probe = Experiment(cfg, tmp_path / "probe")
     ex = LoopbackExecutor(Client(probe.fed, probe.model, kind, craft))
     summary = Experiment.create(cfg, tmp_path / name, ex).run(progress=False)

@@ -8,15 +8,15 @@ import pytest
 import torch
 
 import stocfl
-from stocfl import config
 from stocfl.cli import main
+from stocfl.experiment import configure
 from stocfl.experiment.loop import Experiment
 
 
 @pytest.mark.parametrize("algorithm", ["stocfl", "fedavg", "ifca", "fesem"])
 def test_exported_models_give_each_client_the_accuracy_of_its_run(tmp_path, algorithm, capsys):
     out = tmp_path / "r"
-    cfg = config.load(
+    cfg = configure.load(
         overrides=[f"algorithm.name={algorithm}", "scenario.n_clients=12", "run.rounds=2", "run.sample_rate=0.5"]
     )
     Experiment.create(cfg, out).run(progress=False)
@@ -45,7 +45,7 @@ def test_exported_models_give_each_client_the_accuracy_of_its_run(tmp_path, algo
 
 def test_ifca_models_that_no_client_chose_are_exported_after_the_found_ones(tmp_path):
     out = tmp_path / "r"
-    cfg = config.load(
+    cfg = configure.load(
         overrides=[
             "algorithm.name=ifca",
             "algorithm.n_models=6",
@@ -68,7 +68,7 @@ def test_bad_export_requests_are_refused_in_one_line(tmp_path, capsys):
     with pytest.raises(stocfl.UserError, match="holds no exported models"):
         stocfl.load_model(tmp_path)
     out = tmp_path / "r"
-    Experiment.create(config.load(overrides=["scenario.n_clients=6", "run.rounds=1"]), out).run(progress=False)
+    Experiment.create(configure.load(overrides=["scenario.n_clients=6", "run.rounds=1"]), out).run(progress=False)
     stocfl.export_models(out)
     with pytest.raises(stocfl.UserError, match="cluster 3 is not among the exported models"):
         stocfl.load_model(out, cluster=3)
@@ -85,10 +85,12 @@ def test_an_export_into_the_directory_of_an_earlier_one_removes_its_files_that_i
     models = tmp_path / "models"
     ifca, fedavg = tmp_path / "ifca", tmp_path / "fedavg"
     Experiment.create(
-        config.load(overrides=["algorithm.name=ifca", "algorithm.n_models=3", "scenario.n_clients=6", "run.rounds=1"]),
+        configure.load(
+            overrides=["algorithm.name=ifca", "algorithm.n_models=3", "scenario.n_clients=6", "run.rounds=1"]
+        ),
         ifca,
     ).run(progress=False)
-    Experiment.create(config.load(overrides=["scenario.n_clients=6", "run.rounds=1"]), fedavg).run(progress=False)
+    Experiment.create(configure.load(overrides=["scenario.n_clients=6", "run.rounds=1"]), fedavg).run(progress=False)
     stocfl.export_models(ifca, models)
     (models / "notes.txt").write_text("the user's")
     assert (models / "cluster_2.safetensors").is_file()

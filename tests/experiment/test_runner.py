@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from stocfl import config
 from stocfl.cli import main
 from stocfl.errors import UserError
+from stocfl.experiment import configure
 from stocfl.experiment.build import build_federation
 from stocfl.experiment.loop import Experiment
 from stocfl.storage import formats
@@ -66,9 +66,11 @@ def test_run_writes_results(tmp_path, capsys):
     assert {"round", "accuracy", "global_accuracy", "n_clusters", "ari", "nmi", "label_cos_within"} <= set(rows[-1])
     assert 0 < rows[-1]["label_cos_all"] <= 1 and rows[-1]["label_cos_all"] == summary["label_cos_all"]
     assert (out / "accuracy.png").stat().st_size > 1000 and (out / "checkpoint.safetensors").exists()
-    resolved = config.load(out / "config.toml")
+    resolved = configure.load(out / "config.toml")
     # no config: the packaged default (StoCFL on rotated digits), every default filled in
-    assert resolved.run.rounds == 6 and resolved.to_dict()["algorithm"] == config.load("default").to_dict()["algorithm"]
+    assert (
+        resolved.run.rounds == 6 and resolved.to_dict()["algorithm"] == configure.load("default").to_dict()["algorithm"]
+    )
     assert resolved.algorithm["name"] == "stocfl" and resolved.scenario.dataset == "digits"
     assert main(["run", "--quiet", "--out", str(out)]) == 2  # never overwrite a run
 
@@ -76,11 +78,11 @@ def test_run_writes_results(tmp_path, capsys):
 def test_same_seed_same_numbers(tmp_path):
     outs = []
     for k in range(2):
-        cfg = config.load(overrides=SMALL + ["algorithm.name=fedprox"])
+        cfg = configure.load(overrides=SMALL + ["algorithm.name=fedprox"])
         Experiment.create(cfg, tmp_path / str(k)).run(progress=False)
         outs.append(tmp_path / str(k))
     assert _metrics(outs[0]) == _metrics(outs[1])
-    other = config.load(overrides=SMALL + ["algorithm.name=fedprox", "run.seed=1"])
+    other = configure.load(overrides=SMALL + ["algorithm.name=fedprox", "run.seed=1"])
     Experiment.create(other, tmp_path / "s1").run(progress=False)
     assert _metrics(outs[0]) != _metrics(tmp_path / "s1")
 
@@ -147,7 +149,7 @@ def test_away_from_a_terminal_a_run_logs_one_line_per_round(tmp_path):
 def test_placing_new_clients_on_a_run_without_clusters_says_what_it_means(tmp_path):
     from stocfl.experiment.newclients import place_clients
 
-    cfg = config.load(overrides=["scenario.n_clients=12", "scenario.holdout=0.25", "run.rounds=2"])
+    cfg = configure.load(overrides=["scenario.n_clients=12", "scenario.holdout=0.25", "run.rounds=2"])
     Experiment.create(cfg, tmp_path / "r").run(progress=False)
     rows, summary = place_clients(tmp_path / "r")
     assert len(rows) >= 3 and all(r["cluster"] == 0 and r["cosine"] is None and not r["would_open_new"] for r in rows)
@@ -158,7 +160,7 @@ def test_placing_counts_each_held_out_client_once_and_only_those(tmp_path):
     # a client given twice counted twice in the accuracy; a client the run trained on was placed as new
     from stocfl.experiment.newclients import place_clients
 
-    cfg = config.load(overrides=["scenario.n_clients=8", "scenario.holdout=0.5", "run.rounds=1"])
+    cfg = configure.load(overrides=["scenario.n_clients=8", "scenario.holdout=0.5", "run.rounds=1"])
     Experiment.create(cfg, tmp_path / "r").run(progress=False)
     rows, _ = place_clients(tmp_path / "r")
     held = [r["client"] for r in rows]
@@ -186,13 +188,13 @@ def test_a_holdout_that_rounds_to_no_client_is_refused_not_ignored():
         match=r"scenario.holdout = 0.25 holds out no client \(it rounds to 0 of each "
         r"group's 2 clients\)",
     ):
-        build_federation(config.load(overrides=["scenario.n_clients=8", "scenario.holdout=0.25"]))
+        build_federation(configure.load(overrides=["scenario.n_clients=8", "scenario.holdout=0.25"]))
 
 
 def test_clients_csv_holds_each_clients_accuracy_and_the_summary_its_spread(tmp_path):
     import csv
 
-    cfg = config.load(
+    cfg = configure.load(
         overrides=["algorithm.name=stocfl", "scenario.n_clients=12", "run.rounds=3", "run.sample_rate=0.5"]
     )
     summary = Experiment.create(cfg, tmp_path / "r").run(progress=False)
@@ -234,7 +236,7 @@ def test_ctrl_c_names_the_directory_to_resume(tmp_path):
 def test_clusters_are_numbered_0_to_k_minus_1_alike_in_every_file(tmp_path):
     import csv
 
-    cfg = config.load(
+    cfg = configure.load(
         overrides=[
             "algorithm.name=stocfl",
             "scenario.n_clients=16",
@@ -263,7 +265,7 @@ def test_tensorboard_scalars_match_the_metrics_once_per_round_after_a_resume(tmp
     from torch.utils.tensorboard import SummaryWriter
 
     out = tmp_path / "r"
-    cfg = config.load(overrides=[*SMALL, "run.rounds=4", "run.tensorboard=true", "algorithm.name=stocfl"])
+    cfg = configure.load(overrides=[*SMALL, "run.rounds=4", "run.tensorboard=true", "algorithm.name=stocfl"])
     Experiment.create(cfg, out).run(progress=False, stop_after=2)
     stray = SummaryWriter(
         str(out / "tensorboard")
@@ -283,7 +285,7 @@ def test_tensorboard_without_a_results_directory_is_refused_in_one_line():
     from stocfl.errors import UserError
 
     with pytest.raises(UserError, match="run.tensorboard = true writes into the results directory"):
-        Experiment.create(config.load(overrides=["run.tensorboard=true"]), None)
+        Experiment.create(configure.load(overrides=["run.tensorboard=true"]), None)
 
 
 @pytest.mark.parametrize(
@@ -300,9 +302,9 @@ def test_a_config_key_added_later_leaves_an_older_runs_digest_as_it_was(base, ke
     since must not change an older run's digest while it is at its default."""
     import hashlib
 
-    from stocfl.experiment.loop import config_digest
+    from stocfl.experiment.provenance import config_digest
 
-    cfg = config.load(overrides=base)
+    cfg = configure.load(overrides=base)
     d = cfg.to_dict()
     d["scenario"].pop("data_dir")
     d["run"].pop("tensorboard")  # every added key at its default, as a run written before them
@@ -310,7 +312,7 @@ def test_a_config_key_added_later_leaves_an_older_runs_digest_as_it_was(base, ke
     d["algorithm"].pop("cluster_warmup", None)
     d["algorithm"].pop("chain", None)
     assert config_digest(cfg) == hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
-    assert config_digest(config.load(overrides=[*base, f"{key}={other}"])) != config_digest(cfg)
+    assert config_digest(configure.load(overrides=[*base, f"{key}={other}"])) != config_digest(cfg)
 
 
 @pytest.mark.parametrize("algorithm", ["ditto", "stocfl", "ifca"])
@@ -322,10 +324,10 @@ def test_evaluation_in_parts_gives_the_numbers_of_one_part(tmp_path, monkeypatch
     from stocfl_lab.reproduce import authors_metric
 
     cfg = [*SMALL, f"algorithm.name={algorithm}"]
-    whole = Experiment.create(config.load(None, cfg), tmp_path / "whole")
+    whole = Experiment.create(configure.load(None, cfg), tmp_path / "whole")
     whole.run(progress=False)
     monkeypatch.setattr(runner, "EVAL_MODEL_BYTES", 3 * 4 * len(whole.algorithm.ctx.init_weights))
-    parts = Experiment.create(config.load(None, cfg), tmp_path / "parts")
+    parts = Experiment.create(configure.load(None, cfg), tmp_path / "parts")
     parts.run(progress=False)
     assert _metrics(tmp_path / "parts") == _metrics(tmp_path / "whole")
     for name in ("clients.csv", "clusters.csv"):

@@ -168,7 +168,7 @@ def test_deployed_server_body_resumes_a_stopped_run_over_flower(tmp_path, monkey
     from flwr.serverapp import ServerApp
     from flwr.simulation import run_simulation
 
-    from stocfl import config
+    from stocfl.experiment import configure
     from stocfl.experiment.loop import Experiment
     from stocfl.flower.engine import client_app, deployed_main
 
@@ -179,8 +179,8 @@ def test_deployed_server_body_resumes_a_stopped_run_over_flower(tmp_path, monkey
         'n_clients = 8\nsamples_per_client = 30\n\n[algorithm]\nname = "stocfl"\n'
     )
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
-    Experiment.create(config.load(str(exp)), whole).run(progress=False)
-    assert Experiment.create(config.load(str(exp)), stopped).run(progress=False, stop_after=2) is None
+    Experiment.create(configure.load(str(exp)), whole).run(progress=False)
+    assert Experiment.create(configure.load(str(exp)), stopped).run(progress=False, stop_after=2) is None
 
     server = ServerApp()
 

@@ -7,9 +7,10 @@ import pytest
 
 pytest.importorskip("flwr", reason="Flower is part of the test extra: pip install -e '.[test]'")
 
-from stocfl import config  # noqa: E402
+
 from stocfl.client.tasks import ClientsDropped  # noqa: E402
 from stocfl.executors import SequentialExecutor  # noqa: E402
+from stocfl.experiment import configure  # noqa: E402
 from stocfl.experiment.loop import Experiment  # noqa: E402
 from stocfl.flower.certs import make_certificates  # noqa: E402
 from tests.flower.flower_deployment import ROOT, Deployment, rows, wait_for  # noqa: E402
@@ -76,7 +77,7 @@ def test_stocfl_over_tls_with_a_supernode_killed_and_restarted(tmp_path):
     assert d.all_stopped(), "every process started by the test must be gone"
     assert not list(ROOT.glob(":flwr*")), "the SuperLink's state must not land in the project"
     # the same config in-process, client 3 failing in round 2: the same numbers
-    cfg = config.load(str(exp))
+    cfg = configure.load(str(exp))
     probe = Experiment(cfg, None)
     ex = DropWhileFailing(probe.fed, probe.model)
     local_run = Experiment.create(cfg, tmp_path / "local", ex)

@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from stocfl import config
 from stocfl.cli import main
 from stocfl.devices import describe
 from stocfl.errors import UserError
-from stocfl.experiment import LoadedRun
+from stocfl.experiment import LoadedRun, configure
 from stocfl.experiment.compare import run_or_reuse
 from stocfl.experiment.loop import Experiment
 from stocfl_lab.cli import main as lab_main
@@ -66,13 +65,13 @@ def _rows(d: Path) -> list[dict]:
 
 
 def test_a_run_of_another_config_is_refused_the_same_reused_and_a_longer_one_extended(tmp_path):
-    cfg = config.load(None, BASE)
+    cfg = configure.load(None, BASE)
     first = run_or_reuse(cfg, tmp_path / "r", None, False)
-    again = run_or_reuse(config.load(None, BASE), tmp_path / "r", None, False)
+    again = run_or_reuse(configure.load(None, BASE), tmp_path / "r", None, False)
     assert again == first
     with pytest.raises(UserError, match=r"holds a run of another config \(train.lr: 0.1 there, 0.2 asked\)"):
-        run_or_reuse(config.load(None, [*BASE, "train.lr=0.2"]), tmp_path / "r", None, False)
-    longer = config.load(None, [*BASE, "run.rounds=4"])
+        run_or_reuse(configure.load(None, [*BASE, "train.lr=0.2"]), tmp_path / "r", None, False)
+    longer = configure.load(None, [*BASE, "run.rounds=4"])
     assert run_or_reuse(longer, tmp_path / "r", None, False)["rounds_done"] == 4
     Experiment.create(longer, tmp_path / "whole").run(progress=False)
     assert _rows(tmp_path / "r") == _rows(tmp_path / "whole")
@@ -275,7 +274,7 @@ def test_a_stopped_runs_progress_is_recorded_and_outlives_its_run_directory(tmp_
 
     whole = reproduce("tiny", root=tiny_root(tmp_path / "a"), progress=False, log=lambda m: None)
     root = tiny_root(tmp_path / "b")
-    cfg = config.load(
+    cfg = configure.load(
         root.parent / "configs" / "tiny.toml",
         [*load_table("tiny", root).rows[1].overrides, "run.seed=0", "run.rounds=1"],
     )
@@ -323,7 +322,7 @@ def test_a_stopped_runs_progress_is_recorded_and_outlives_its_run_directory(tmp_
 def test_recorded_progress_of_another_config_is_not_shown(tmp_path):
     root = tiny_root(tmp_path)
     run_dir = root / "runs" / "tiny" / "fedavg-seed0"
-    cfg = config.load(
+    cfg = configure.load(
         root.parent / "configs" / "tiny.toml", [*load_table("tiny", root).rows[0].overrides, "run.seed=0"]
     )
     Experiment.create(cfg, run_dir).run(progress=False, stop_after=1)
@@ -359,7 +358,7 @@ def test_a_stopped_reproduction_resumes_to_the_numbers_of_one_in_one_go(tmp_path
     whole = reproduce("tiny", root=tiny_root(tmp_path / "a"), progress=False, log=lambda m: None)
     root = tiny_root(tmp_path / "b")
     table = load_table("tiny", root)
-    cfg = config.load(table.config, [*table.rows[1].overrides, "run.seed=0"])
+    cfg = configure.load(table.config, [*table.rows[1].overrides, "run.seed=0"])
     Experiment.create(cfg, root / "runs" / "tiny" / "stocfl-seed0").run(progress=False, stop_after=1)  # a kill
     report = reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)
     assert report["rows"][0]["status"] == "not run"
@@ -396,7 +395,7 @@ def test_rows_runs_the_rows_named_and_the_table_keeps_the_others_finished_runs(t
 def test_the_authors_metric_of_one_global_model_is_its_pooled_accuracy(tmp_path):
     # every client uses the global model and holds as many test samples as any other: the mean
     # over clients of its group's pooled accuracy is the accuracy pooled over all clients
-    exp = Experiment.create(config.load(None, [*BASE, "scenario.test_per_client=5"]), tmp_path / "r")
+    exp = Experiment.create(configure.load(None, [*BASE, "scenario.test_per_client=5"]), tmp_path / "r")
     summary = exp.run(progress=False)
     assert authors_metric(LoadedRun(exp)) == pytest.approx(summary["global_accuracy"], abs=1e-12)
     assert authors_metric(LoadedRun(exp), "pooled") == pytest.approx(summary["global_accuracy"], abs=1e-12)
@@ -405,7 +404,9 @@ def test_the_authors_metric_of_one_global_model_is_its_pooled_accuracy(tmp_path)
 def test_the_pooled_authors_metric_is_the_mean_over_cluster_models_of_each_on_all_test_data(tmp_path):
     import torch
 
-    exp = Experiment.create(config.load(None, [*BASE, "algorithm.name=ifca", "algorithm.n_models=3"]), tmp_path / "r")
+    exp = Experiment.create(
+        configure.load(None, [*BASE, "algorithm.name=ifca", "algorithm.n_models=3"]), tmp_path / "r"
+    )
     exp.run(progress=False)
     parts = [exp.fed.test_data(i) for i in range(exp.fed.n_clients)]
     x, y = torch.cat([a for a, _ in parts]), torch.cat([b for _, b in parts])
@@ -702,7 +703,7 @@ def test_every_committed_table_loads_and_its_rows_are_valid_configs(name):
     assert table.rows and table.config.exists()
     for row in table.rows:
         for extra in ([], list(table.quick)):
-            cfg = config.load(table.config, [*row.overrides, *extra])
+            cfg = configure.load(table.config, [*row.overrides, *extra])
             assert cfg.run.rounds >= 1
             assert row.at_round is None or row.at_round <= cfg.run.rounds, (row.name, extra)
 
@@ -740,7 +741,7 @@ def test_every_papers_number_a_committed_table_prints_is_in_the_papers_text(name
 def test_every_run_a_committed_table_records_still_has_its_rows_digest(name):
     # a new config key that enters the digest at its default would make a fresh clone run every
     # recorded row again (runner.ADDED_KEYS keeps a key at its default out of the digest)
-    from stocfl.experiment.loop import config_digest
+    from stocfl.experiment.provenance import config_digest
     from stocfl_lab.reproduce import table_files
 
     table = load_table(name)
@@ -751,7 +752,7 @@ def test_every_run_a_committed_table_records_still_has_its_rows_digest(name):
     for row in table.rows:
         entry = entries.get(row.name, {})
         for rec in [*entry.get("runs", []), *entry.get("other_runs", [])]:
-            cfg = config.load(table.config, [*row.overrides, f"run.seed={rec['seed']}"])
+            cfg = configure.load(table.config, [*row.overrides, f"run.seed={rec['seed']}"])
             assert rec["digest"] == config_digest(cfg), (row.name, rec["seed"])
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from stocfl import config
+from stocfl.experiment import configure
 from stocfl.experiment.loop import Experiment
 
 pytestmark = pytest.mark.slow  # reproductions on real MNIST (make test-slow)
@@ -21,7 +21,7 @@ COMMON = [
 
 
 def _fedavg(tmp_path, data_dir, scenario):
-    cfg = config.load(overrides=COMMON + [f"scenario.name={scenario}"], data_dir=str(data_dir))
+    cfg = configure.load(overrides=COMMON + [f"scenario.name={scenario}"], data_dir=str(data_dir))
     return Experiment.create(cfg, tmp_path / scenario).run(progress=False)
 
 

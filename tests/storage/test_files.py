@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from stocfl import config
 from stocfl.cli import main
 from stocfl.errors import UserError
+from stocfl.experiment import configure
 from stocfl.experiment.loop import Experiment
 from stocfl.storage import files
 
@@ -45,7 +45,7 @@ def stopped_run(algorithm: str, factory):
     """(the pristine run stopped after round 3 of 5, the results of the uninterrupted run)."""
     if algorithm not in _runs:
         root = factory.mktemp(algorithm)
-        cfg = lambda: config.load(overrides=[*SMALL, f"algorithm.name={algorithm}"])  # noqa: E731
+        cfg = lambda: configure.load(overrides=[*SMALL, f"algorithm.name={algorithm}"])  # noqa: E731
         Experiment.create(cfg(), root / "ref").run(progress=False)
         assert Experiment.create(cfg(), root / "stopped").run(progress=False, stop_after=3) is None
         _runs[algorithm] = (root / "stopped", _results(root / "ref"))

@@ -34,7 +34,6 @@ import numpy as np
 import torch
 
 import stocfl
-from stocfl import config
 from stocfl.client import Train, build_module, make_model, task_seed
 from stocfl.data import build, resolve_data_dir
 from stocfl.devices import federation_on, resolve_device
@@ -110,7 +109,7 @@ def run_case(
     for engine, ex in engines.items():
         ex.run(tasks[: min(4, len(tasks))])  # warm-up (vmap tracing, allocator)
         seconds[engine] = _time(lambda: ex.run(tasks), reps, device)  # noqa: B023 - called before ex changes
-    cfg = config.validate(
+    cfg = stocfl.as_config(
         {"train": {"epochs": epochs, "batch_size": batch_size, "lr": lr}, "run": {"device": str(device)}}
     )
     auto = make_executor("auto", fed, flat, cfg).name
@@ -167,7 +166,7 @@ def flower_overhead(rounds: int = 5) -> dict:
     out: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, extra in cases.items():
-            cfg = config.load(None, [*sets, *extra])
+            cfg = stocfl.load_config(None, [*sets, *extra])
             run_dir = Path(tmp) / name
             t = time.perf_counter()
             stocfl.run_into(run_dir, cfg)

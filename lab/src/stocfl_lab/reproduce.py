@@ -807,7 +807,9 @@ def reproduce(
 
     def config_of(row: Row, s: int) -> config.Config:
         if (row.name, s) not in configs:
-            configs[(row.name, s)] = config.load(table.config, [*row.overrides, f"run.seed={s}", *extra], data_dir)
+            configs[(row.name, s)] = stocfl.load_config(
+                table.config, [*row.overrides, f"run.seed={s}", *extra], data_dir
+            )
         return configs[(row.name, s)]
 
     for row in table.rows:  # every config asked is checked before the first long run

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 import torch
 
+from stocfl.config import RULES
+
 Rule = Literal["mean", "clip", "median", "trimmed_mean"]
-RULES: tuple[str, ...] = ("mean", "clip", "median", "trimmed_mean")
+assert RULES == get_args(Rule)  # the config's names for them
 
 
 def weighted_mean(vectors: list[torch.Tensor], weights) -> torch.Tensor:

@@ -2,10 +2,12 @@
 metrics and plots, new clients, model files, comparisons."""
 
 from stocfl.experiment.compare import run_or_reuse
-from stocfl.experiment.loop import config_digest, finished_summary
+from stocfl.experiment.configure import load as load_config
+from stocfl.experiment.configure import settle
 from stocfl.experiment.metrics import cluster_numbers, clustering_scores
 from stocfl.experiment.modelfiles import export_models, load_model
 from stocfl.experiment.plots import integer_rounds
+from stocfl.experiment.provenance import config_digest, finished_summary
 from stocfl.experiment.saved import LoadedRun, SavedRun, open_run
 
 __all__ = [
@@ -16,8 +18,10 @@ __all__ = [
     "config_digest",
     "export_models",
     "finished_summary",
+    "load_config",
     "load_model",
     "integer_rounds",
     "open_run",
     "run_or_reuse",
+    "settle",
 ]

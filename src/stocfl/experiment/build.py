@@ -1,18 +1,19 @@
-"""Build what a run needs, once: its federation, its model, the algorithm's context and the
-checked task runner. Shared by the runner, the Flower ClientApp, new-client placement
-(``stocfl assign``) and the tests."""
+"""Build what a run needs, once: its federation, its model, its executor and the checked task
+runner, the algorithm with its context (:func:`build_run`). Its parts are shared by the round
+loop, the Flower ClientApp, new-client placement (``stocfl assign``) and the tests."""
 
 from __future__ import annotations
 
 import copy
 import math
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from stocfl.algorithms import Context
+from stocfl.algorithms import Algorithm, Context, algorithm_class
 from stocfl.algorithms.aggregation import Aggregator
 from stocfl.client.models import FlatModel, build_module, make_model
 from stocfl.client.optim import Optimizer
@@ -22,6 +23,10 @@ from stocfl.data.datasets import resolve_data_dir
 from stocfl.data.federation import Federation
 from stocfl.data.scenarios import build
 from stocfl.errors import UserError
+from stocfl.executors import make_executor, set_threads
+from stocfl.executors.localbn import LocalBatchNorm
+from stocfl.experiment import configure
+from stocfl.storage.tensorboard import Scalars
 
 
 def build_federation(cfg: Config) -> Federation:
@@ -181,3 +186,57 @@ def build_context(
         aggregator=Aggregator(**cfg.aggregation.model_dump()),
         optimizer=Optimizer(t.optimizer, t.lr, t.momentum, t.weight_decay, *t.betas),
     )
+
+
+@dataclass
+class Built:
+    """What a run is made of, built from its config (and what was given in Python)."""
+
+    fed: Federation
+    label_dists: Any  # every client's label distribution (the label-cosine scores of unlabelled groups)
+    model: FlatModel
+    module: Any  # the nn.Module whose weights are w_0
+    executor: Any
+    engine: str  # the engine that runs the client tasks (auto: the one it chose)
+    run_tasks: Any  # the checked task runner the algorithm asks its clients through
+    local: LocalBatchNorm | None  # the clients' own BatchNorm entries (train.local_bn)
+    algorithm: Algorithm
+    threads: int  # the torch threads in use
+
+
+def build_run(
+    cfg: Config,
+    out: Path | None,
+    executor: Any = None,
+    federation: Federation | None = None,
+    module: Any = None,
+    loss: Any = None,
+) -> Built:
+    """Everything a run needs: ``executor`` given (Flower's) or an in-process one for
+    ``run.engine``; ``federation``, ``module`` and ``loss`` given in Python or None (from the
+    config). Names and parameters are checked before any data is read."""
+    configure.settle(cfg)
+    if cfg.run.tensorboard:
+        Scalars.check(out)
+    threads = set_threads(cfg.run.threads)
+    fed = federation if federation is not None else build_federation(cfg)
+    label_dists = fed.label_distributions()
+    model, w0, module = build_model(cfg, fed, module, loss)
+    engine = cfg.run.engine  # given an executor (Flower's): the engine it serves
+    if executor is None:
+        executor = make_executor(cfg.run.engine, fed, model, cfg)
+        engine = executor.name  # auto: the one it chose
+    run_tasks = checked(executor.run, fed)
+    local = None
+    if cfg.train.local_bn:
+        entries = model.batchnorm_entries()
+        if not len(entries):
+            raise UserError(
+                "config: train.local_bn = true keeps BatchNorm layers per client, but the model has "
+                "none; set it false or use a model with BatchNorm"
+            )
+        local = LocalBatchNorm(entries, fed.n_clients, out)
+        run_tasks = local.wrap(run_tasks)
+    ctx = build_context(cfg, fed, model, w0, module, out)
+    algorithm = algorithm_class(cfg.algorithm["name"])(cfg.params, ctx)
+    return Built(fed, label_dists, model, module, executor, engine, run_tasks, local, algorithm, threads)

@@ -16,9 +16,10 @@ import numpy as np
 
 from stocfl import config
 from stocfl.errors import UserError, first_repeated
-from stocfl.experiment import plots
+from stocfl.experiment import configure, plots
 from stocfl.experiment.build import read_config
-from stocfl.experiment.loop import Experiment, config_digest, finished_summary
+from stocfl.experiment.loop import Experiment
+from stocfl.experiment.provenance import config_digest, finished_summary
 from stocfl.storage import formats
 from stocfl.storage.files import save_figure, write_atomic
 
@@ -45,7 +46,7 @@ def run_or_reuse(
     stopped, started when ``out`` holds no run. A run of another resolved config there is
     refused: its numbers are not the ones asked for."""
     if (out / "config.toml").exists():
-        held = config.validate(read_config(out, data_dir))
+        held = configure.validate(read_config(out, data_dir))
         if config_digest(held, core=True) != config_digest(cfg, core=True):
             changed = _differences(held.to_dict(), cfg.to_dict())
             raise UserError(
@@ -74,7 +75,7 @@ def check_directory(out: Path, asked: dict[str, config.Config], seeds: list[int]
         if not m or not (d / "config.toml").exists() or (m.group(1) in asked and int(m.group(2)) in seeds):
             continue
         label = m.group(1)
-        held = _setting(config.validate(read_config(d, data_dir)).to_dict(), label in asked)
+        held = _setting(configure.validate(read_config(d, data_dir)).to_dict(), label in asked)
         want = _setting((asked.get(label) or first).to_dict(), label in asked)
         if held != want:
             raise UserError(
@@ -134,11 +135,11 @@ def compare(
     labels = [label for label, _ in parsed]
     if (k := first_repeated(labels)) is not None:
         raise UserError(f"--algo {specs[k]!r} is given twice (one row, {labels[k]}); give each algorithm once")
-    checked = [config.load(cfg_path, [*overrides, *algo], data_dir) for _, algo in parsed]  # before any long run
+    checked = [configure.load(cfg_path, [*overrides, *algo], data_dir) for _, algo in parsed]  # before any long run
     check_directory(out, dict(zip(labels, checked)), seeds, data_dir)
     for label, algo in parsed:
         for seed in seeds:
-            cfg = config.load(cfg_path, [*overrides, *algo, f"run.seed={seed}"], data_dir)
+            cfg = configure.load(cfg_path, [*overrides, *algo, f"run.seed={seed}"], data_dir)
             run_or_reuse(cfg, out / f"{label}-seed{seed}", data_dir, progress, label)
     found = finished_runs(out)  # the table lists every finished run here, of this call or an earlier one
     order = [label for label, _ in parsed] + [label for label in found if label not in dict(parsed)]

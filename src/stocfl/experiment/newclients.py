@@ -19,6 +19,7 @@ from stocfl.client.tasks import Evaluate
 from stocfl.data.federation import Federation
 from stocfl.errors import UserError, first_repeated
 from stocfl.executors import make_executor
+from stocfl.experiment import configure
 from stocfl.experiment.build import build_federation, checked, read_config
 from stocfl.experiment.loop import Experiment
 from stocfl.experiment.results import placement_rows, summarize_placements
@@ -46,7 +47,7 @@ def place_clients(
         for item in overrides:
             parts, value = config_mod.parse_override(item)
             raw.setdefault(parts[0], {})[parts[-1]] = value
-        fed = build_federation(config_mod.validate(raw))
+        fed = build_federation(configure.validate(raw))
         if _same_train_data(fed, exp.fed):
             raise UserError(
                 f"--set {' '.join(overrides)} builds the run's own clients (the same train data), which it "

@@ -10,12 +10,13 @@ from typing import Any
 
 import torch
 
-from stocfl import config as config_mod
 from stocfl.client.tasks import evaluate_pooled
 from stocfl.config import Config
 from stocfl.data.federation import Federation
+from stocfl.experiment import configure
 from stocfl.experiment.build import read_config
-from stocfl.experiment.loop import Experiment, client_models_in_parts, config_digest, finished_summary
+from stocfl.experiment.loop import Experiment, client_models_in_parts
+from stocfl.experiment.provenance import config_digest, finished_summary
 
 
 class SavedRun:
@@ -24,7 +25,7 @@ class SavedRun:
 
     def __init__(self, path: str | Path, data_dir: str | None = None):
         self.path, self.data_dir = Path(path), data_dir
-        self.config: Config = config_mod.validate(read_config(self.path, data_dir))
+        self.config: Config = configure.validate(read_config(self.path, data_dir))
 
     def __repr__(self) -> str:
         c = self.config

@@ -252,12 +252,12 @@ def client_app(raw_config: dict[str, Any] | Callable[[Context], dict[str, Any]])
     def local(context: Context):
         if "executor" not in state:
             quiet_known_noise()
-            from stocfl import config as config_mod
             from stocfl.executors import SequentialExecutor, set_threads
+            from stocfl.experiment import configure
             from stocfl.experiment.build import build_federation, build_model
 
             set_threads(1)  # one CPU per client actor
-            cfg = config_mod.validate(raw_config(context) if callable(raw_config) else raw_config)
+            cfg = configure.validate(raw_config(context) if callable(raw_config) else raw_config)
             fed = build_federation(cfg)
             model, _, _ = build_model(cfg, fed)
             state["executor"] = SequentialExecutor(fed, model)
@@ -351,13 +351,13 @@ def deployed_main(grid: Grid, run_config: dict[str, Any]) -> None:
     """The ServerApp body of a deployment: ``run_config`` carries the stocfl config file,
     the results directory and the number of clients to wait for (0: every client of the
     scenario). An existing results directory is resumed."""
-    from stocfl import config as config_mod
+    from stocfl.experiment import configure
     from stocfl.experiment.build import read_config
     from stocfl.experiment.loop import Experiment
 
     config, out, n = run_config_paths(run_config)
     resuming = (out / "config.toml").exists()
-    cfg = config_mod.validate(read_config(out)) if resuming else config_mod.load(str(config))  # before connecting
+    cfg = configure.validate(read_config(out)) if resuming else configure.load(str(config))  # before connecting
     executor = FlowerExecutor(grid, cfg.run.client_timeout or None).connect(n or cfg.scenario.n_clients)
     (Experiment.resume(out, executor=executor) if resuming else Experiment.create(cfg, out, executor)).run(
         progress=False
