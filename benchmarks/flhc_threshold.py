@@ -22,7 +22,6 @@ import numpy as np
 import torch
 from scipy.cluster.hierarchy import fcluster, linkage
 
-from stocfl.client.tasks import Train, task_seed
 from stocfl.experiment import configure
 from stocfl.experiment.loop import Experiment
 
@@ -65,11 +64,9 @@ def updates(overrides: list[str], data_dir: str | None, warmup: int, cluster_epo
         exp = Experiment.create(cfg, Path(tmp) / "warmup")
         exp.run(progress=False)
         w = exp.algorithm.global_model()
-        c = exp.algorithm.ctx
-        clients = c.training_clients
-        res = exp.executor.run(
-            [Train(i, w, cluster_epochs, c.batch_size, c.lr, task_seed(c.seed, warmup + 1, i)) for i in clients]
-        )
+        clients = exp.algorithm.ctx.training_clients
+        step = warmup + 1  # FL+HC's clustering step, as flhc.FLHC.cluster asks it
+        res = exp.executor.run([exp.algorithm.local_training(step, i, w, epochs=cluster_epochs) for i in clients])
     return torch.stack([r.weights - w for r in res]).double().numpy(), exp.fed.groups[clients], int(w.numel())
 
 

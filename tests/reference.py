@@ -21,8 +21,8 @@ def torch_optimizer(opt: Optimizer, params):
 def plain_training(module: nn.Module, task, x, y) -> torch.Tensor:
     """``task`` (a Train) run on (x, y) the way a tutorial writes it; the final flat weights."""
     torch.nn.utils.vector_to_parameters(task.weights.clone(), module.parameters())
-    opt = torch_optimizer(task.opt, module.parameters())
-    for epoch in batch_plan(len(y), task.epochs, task.batch_size, task.seed):
+    opt = torch_optimizer(task.local.optimizer, module.parameters())
+    for epoch in batch_plan(len(y), task.local.epochs, task.local.batch_size, task.seed):
         for idx in epoch or [torch.arange(len(y))]:
             opt.zero_grad()
             loss = nn.functional.cross_entropy(module(x[idx]), y[idx])

@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 from stocfl.algorithms import ALGORITHMS, Context
 from stocfl.algorithms.aggregation import Aggregator
 from stocfl.client.models import FlatModel, build_module, make_model
-from stocfl.client.tasks import ClientsDropped, Evaluate
+from stocfl.client.optim import Optimizer
+from stocfl.client.tasks import ClientsDropped, Evaluate, Train
+from stocfl.client.training import LocalTraining
 from stocfl.data.datasets import load_dataset
 from stocfl.data.scenarios import build
 from stocfl.executors import BatchedExecutor, ParallelExecutor, SequentialExecutor
@@ -40,13 +42,13 @@ PARAMS = {
 SAMPLES = [PARTICIPANTS[0:6], PARTICIPANTS[3:9], PARTICIPANTS[6:12]]
 
 
-def context(fed=FED, w0=W0, sample_size=6, workdir=None, aggregator=Aggregator()) -> Context:
+def context(
+    fed=FED, w0=W0, sample_size=6, workdir=None, aggregator=Aggregator(), local=LocalTraining.sgd(1, 10, 0.1)
+) -> Context:
     return Context(
         fed.n_clients,
         w0,
-        epochs=1,
-        batch_size=10,
-        lr=0.1,
+        local=local,
         seed=0,
         input_shape=fed.input_shape,
         n_classes=fed.n_classes,
@@ -171,6 +173,42 @@ def test_every_algorithm_combines_by_the_runs_rule(name, rule):
     assert any(not torch.equal(t, ref_tensors[k]) for k, t in tensors.items()), f"{name} ignores aggregation.rule"
     again = play(make(name, aggregator=Aggregator(rule, trim=0.34)), EXECUTORS["loopback"]())
     assert_same_state(alg, again)
+
+
+class Asked:
+    """Wraps an executor; keeps every task it is asked to run."""
+
+    def __init__(self, inner):
+        self.inner, self.fed, self.model = inner, inner.fed, inner.model
+        self.tasks: list = []
+
+    def run(self, tasks):
+        self.tasks += tasks
+        return self.inner.run(tasks)
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_every_training_task_carries_the_runs_optimizer(name):
+    """A non-default [train] (momentum, weight decay, its own lr and batch size) reaches every
+    Train task every algorithm asks for, through the Flower codec: only the epoch count of a
+    step whose paper sets its own (FL+HC's clustering step) differs."""
+    local = LocalTraining(2, 7, Optimizer("sgd", 0.05, momentum=0.9, weight_decay=1e-3))
+    cls = ALGORITHMS[name]
+    alg = cls(cls.Params(**PARAMS.get(name, {})), context(local=local))
+    asked = Asked(EXECUTORS["loopback"]())
+    play(alg, asked)
+    trains = [t for t in asked.tasks if isinstance(t, Train)]
+    assert trains, f"{name} asked for no training"
+    own = alg.params.cluster_epochs if name == "flhc" else None
+    for t in trains:
+        assert t.local.optimizer == local.optimizer and t.local.batch_size == local.batch_size, (name, t.local)
+        assert t.local.epochs in {local.epochs, own}, (name, t.local)
+    if name == "flhc":
+        assert any(t.local.epochs == own for t in trains), "FL+HC's clustering step ran"
+    plain = cls(cls.Params(**PARAMS.get(name, {})), context(local=LocalTraining.sgd(2, 7, 0.05)))
+    play(plain, SequentialExecutor(FED, MODEL))
+    ta, tb = alg.encode_state()[0], plain.encode_state()[0]
+    assert any(not torch.equal(v, tb[k]) for k, v in ta.items()), f"{name}: the optimizer changed nothing"
 
 
 SINGLE = {"fesem": {"n_centers": 1}, "flhc": {"warmup_rounds": 1}, "ifca": {"n_models": 2}}

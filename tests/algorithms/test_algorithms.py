@@ -7,6 +7,7 @@ from stocfl.algorithms import ALGORITHMS, Context
 from stocfl.algorithms.fedavg import FedAvg
 from stocfl.algorithms.fedprox import FedProx
 from stocfl.client.models import make_model
+from stocfl.client.training import LocalTraining
 from stocfl.data.datasets import load_dataset
 from stocfl.data.scenarios import build
 from stocfl.executors import BatchedExecutor, SequentialExecutor
@@ -16,9 +17,7 @@ MODEL, W0 = make_model("auto", FED.input_shape, 10, 0, seed=0)
 CTX = Context(
     FED.n_clients,
     W0,
-    epochs=2,
-    batch_size=10,
-    lr=0.1,
+    local=LocalTraining.sgd(2, 10, 0.1),
     seed=0,
     input_shape=FED.input_shape,
     n_classes=10,

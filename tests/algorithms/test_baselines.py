@@ -12,6 +12,7 @@ from stocfl.algorithms.ditto import Ditto, DittoParams
 from stocfl.algorithms.flhc import DEFAULT_THRESHOLD, FLHC, FLHCParams
 from stocfl.algorithms.ifca import IFCA, IFCAParams
 from stocfl.client.tasks import Evaluate, Evaluated, Train, Trained
+from stocfl.client.training import LocalTraining
 from stocfl.storage.store import ClientStore
 
 P = 6
@@ -23,9 +24,7 @@ def ctx(n, w0=None):
     return Context(
         n,
         torch.zeros(P) if w0 is None else w0,
-        epochs=1,
-        batch_size=0,
-        lr=0.1,
+        local=LocalTraining.sgd(1, 0, 0.1),
         seed=0,
         init_model=lambda s: torch.full((P,), float(s)),
         last_layer=2,
@@ -255,7 +254,7 @@ def test_fesem_assigns_trains_then_updates_centres_from_fresh_models():
                 out.append(Trained(t.weights + step[g], 10))
         return out
 
-    c = Context(8, torch.zeros(P), epochs=1, batch_size=0, lr=0.1, seed=0, sample_size=4)
+    c = Context(8, torch.zeros(P), local=LocalTraining.sgd(1, 0, 0.1), seed=0, sample_size=4)
     alg = FeSEM(FeSEMParams(n_centers=2), c)
     alg.round(1, [0, 1, 2, 3], run)
     k = {g: int(alg.labels[g]) for g in (0, 1)}

@@ -10,6 +10,7 @@ from stocfl.algorithms.stocfl.clustering import ClusterSet
 from stocfl.algorithms.stocfl.representation import Represent, Represented, count_sketch
 from stocfl.algorithms.stocfl.tau import suggest_tau
 from stocfl.client.models import make_model
+from stocfl.client.training import LocalTraining
 from stocfl.data.datasets import load_dataset
 from stocfl.data.scenarios import build
 from stocfl.executors import BatchedExecutor, SequentialExecutor
@@ -17,7 +18,7 @@ from tests.helpers import REPO
 
 FED = build("rotated", load_dataset("digits"), 24, 30, seed=0)
 MODEL, W0 = make_model("auto", FED.input_shape, 10, 0, seed=0)
-CTX = Context(FED.n_clients, W0, epochs=2, batch_size=10, lr=0.1, seed=0, input_shape=FED.input_shape, n_classes=10)
+CTX = Context(FED.n_clients, W0, local=LocalTraining.sgd(2, 10, 0.1), seed=0, input_shape=FED.input_shape, n_classes=10)
 SAMPLES = [[0, 5, 9, 13, 20], [1, 5, 7, 14, 22], [2, 3, 9, 17, 23]]
 
 
@@ -271,19 +272,21 @@ def test_new_clients_join_their_group():
 @pytest.mark.parametrize("kind", ["gradient", "update"])
 def test_linear_anchor_fast_path_equals_autograd(kind):
     from stocfl.client.models import linear_anchor_weights, linear_model
-    from stocfl.client.training import local_sgd
+    from stocfl.client.training import LocalTraining, local_sgd
 
     lin = linear_model(FED.input_shape, 10)
     w = linear_anchor_weights(FED.input_shape, 10, 3)
     ex = SequentialExecutor(FED, MODEL)
-    fast = ex.run([Represent(4, w, kind=kind, anchor_model="linear", epochs=3, batch_size=7, seed=11)])[0].psi
+    fast = ex.run([Represent(4, w, kind=kind, anchor_model="linear", local=LocalTraining.sgd(3, 7, 0.1), seed=11)])[
+        0
+    ].psi
     x, y = FED.train_data(4)
     if kind == "gradient":
         wl = w.clone().requires_grad_(True)
         torch.nn.functional.cross_entropy(lin.forward(wl, x), y).backward()
         g = wl.grad
     else:
-        g = w - local_sgd(lin, x, y, w, 3, 7, 0.1, 11)
+        g = w - local_sgd(lin, x, y, w, LocalTraining.sgd(3, 7, 0.1), 11)
     assert torch.allclose(fast, g / g.norm(), atol=1e-5)
 
 

@@ -102,7 +102,7 @@ RGB, RGB_W = make_model("cifar_cnn", (3, 32, 32), 10, 200, 0)
 @settings(max_examples=6, deadline=None)
 @given(n=st.integers(1, 24), batch=st.integers(0, 8), seed=st.integers(0, 2**16), gray=st.booleans())
 def test_a_conv_model_trains_and_evaluates_on_channels_last_images_to_the_numbers_of_plain_ones(n, batch, seed, gray):
-    from stocfl.client.training import local_sgd
+    from stocfl.client.training import LocalTraining, local_sgd
 
     model, w0, shape = (CNN, CNN_W, (1, 28, 28)) if gray else (RGB, RGB_W, (3, 32, 32))
     g = torch.Generator().manual_seed(seed)
@@ -113,7 +113,7 @@ def test_a_conv_model_trains_and_evaluates_on_channels_last_images_to_the_number
     plain = FlatModel(model.module)
     plain._has_conv2d = False  # the obviously correct version: the caller's layout throughout
     assert plain.layout(x) is x
-    fast, ref = (local_sgd(m, x, y, w0, 2, batch, 0.05, seed) for m in (model, plain))
+    fast, ref = (local_sgd(m, x, y, w0, LocalTraining.sgd(2, batch, 0.05), seed) for m in (model, plain))
     # float rounding of the update: 1e-7 of it after one step; a second step can amplify that where a
     # rounding moves a ReLU or max-pool input across its kink (n=18, full batch, seed 1: 3.2e-4)
     assert float((fast - ref).norm()) <= 1e-3 * float((ref - w0).norm())

@@ -16,6 +16,7 @@ import stocfl
 from stocfl.client.models import build_module, make_model
 from stocfl.client.optim import Optimizer
 from stocfl.client.tasks import Train, task_seed
+from stocfl.client.training import LocalTraining
 from stocfl.data.datasets import load_dataset
 from stocfl.data.scenarios import build
 from stocfl.executors import BatchedExecutor, SequentialExecutor
@@ -80,8 +81,8 @@ def test_a_stack_of_clients_steps_like_each_alone_and_inactive_rows_stay(opt, c,
 FED = build("dirichlet", load_dataset("digits"), 12, 30, alpha=0.5, seed=0)  # unequal client sizes
 MODEL, W0 = make_model("auto", FED.input_shape, 10, 0, seed=0)
 SETTINGS = {
-    "momentum": dict(optimizer="sgd", momentum=0.9, weight_decay=1e-3),
-    "adam": dict(optimizer="adam", beta1=0.8, beta2=0.99, weight_decay=1e-3),
+    "momentum": dict(name="sgd", momentum=0.9, weight_decay=1e-3),
+    "adam": dict(name="adam", beta1=0.8, beta2=0.99, weight_decay=1e-3),
 }
 
 
@@ -89,7 +90,12 @@ def _tasks(kind, batch_size, lr):
     center = W0 + 0.05 * torch.randn(W0.shape, generator=torch.Generator().manual_seed(1))
     return [
         Train(
-            i, W0 + 0.001 * i, 3, batch_size, lr, task_seed(0, 1, i), center if i % 2 else None, 0.5, **SETTINGS[kind]
+            i,
+            W0 + 0.001 * i,
+            LocalTraining(3, batch_size, Optimizer(lr=lr, **SETTINGS[kind])),
+            task_seed(0, 1, i),
+            center if i % 2 else None,
+            0.5,
         )
         for i in range(FED.n_clients)
     ]
@@ -111,7 +117,7 @@ def test_batched_equals_sequential_with_every_optimizer(kind, lr, batch_size):
     a = SequentialExecutor(FED, MODEL).run(tasks)
     b = BatchedExecutor(FED, MODEL, chunk_size=5).run(tasks)
     plain = SequentialExecutor(FED, MODEL).run(
-        [dataclasses.replace(t, optimizer="sgd", momentum=0.0, weight_decay=0.0) for t in tasks]
+        [dataclasses.replace(t, local=LocalTraining.sgd(3, batch_size, lr)) for t in tasks]
     )
     for x, y, z in zip(a, b, plain):
         assert torch.allclose(x.weights, y.weights, atol=1e-5, rtol=0)

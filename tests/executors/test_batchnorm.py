@@ -15,12 +15,15 @@ from torch import nn
 
 import stocfl
 from stocfl.client.models import FlatModel
+from stocfl.client.optim import Optimizer
 from stocfl.client.tasks import Evaluate, Train, task_seed
-from stocfl.client.training import batch_plan
+from stocfl.client.training import LocalTraining, batch_plan
 from stocfl.data.datasets import load_dataset
 from stocfl.data.scenarios import build
 from stocfl.executors import BatchedExecutor, SequentialExecutor
 from tests.experiment.test_api import rotated_clients
+
+ONE_EPOCH = LocalTraining.sgd(1, 0, 0.1)  # one full-batch epoch of plain SGD
 
 
 def bn_mlp(in_features=64, hidden=32, n_classes=10):
@@ -68,7 +71,7 @@ def test_local_training_equals_a_plain_loop_in_train_mode(optimizer):
     flat = FlatModel(module)
     w0 = FlatModel.flatten(module)
     assert flat.has_buffers and flat.n_params > flat.n_trainable
-    t = Train(2, w0, 2, 7, 0.05, task_seed(0, 1, 2), optimizer=optimizer)
+    t = Train(2, w0, LocalTraining(2, 7, Optimizer(optimizer, 0.05)), task_seed(0, 1, 2))
     ref = bn_mlp()
     ref.load_state_dict(flat.state_dict(w0))
     opt = (
@@ -78,7 +81,7 @@ def test_local_training_equals_a_plain_loop_in_train_mode(optimizer):
     )
     ref.train()
     x, y = FED.train_data(2)
-    for epoch in batch_plan(len(y), t.epochs, t.batch_size, t.seed):
+    for epoch in batch_plan(len(y), t.local.epochs, t.local.batch_size, t.seed):
         for idx in epoch:
             opt.zero_grad()
             nn.functional.cross_entropy(ref(x[idx]), y[idx]).backward()
@@ -286,10 +289,15 @@ def test_local_bn_keeps_the_entries_of_the_clients_own_model():
 
     w, c = torch.zeros(4), torch.full((4,), 2.0)
     wrapped = local.wrap(run)
-    wrapped([Train(0, w, 1, 0, 0.1, 0), Train(0, w, 1, 0, 0.1, 0, prox_center=c, prox_weight=1.0)])
+    wrapped(
+        [
+            Train(0, w, ONE_EPOCH, 0),
+            Train(0, w, ONE_EPOCH, 0, prox_center=c, prox_weight=1.0),
+        ]
+    )
     assert torch.equal(local.store.get(0), torch.tensor([20.0, 20.0])) and 1 not in local.store
     seen.clear()
-    wrapped([Train(0, w, 1, 0, 0.1, 0, prox_center=c, prox_weight=1.0), Evaluate(0, w), Evaluate(1, w)])
+    wrapped([Train(0, w, ONE_EPOCH, 0, prox_center=c, prox_weight=1.0), Evaluate(0, w), Evaluate(1, w)])
     assert torch.equal(seen[0].weights, torch.tensor([0.0, 20.0, 0.0, 20.0]))
     assert torch.equal(seen[0].prox_center, torch.tensor([2.0, 20.0, 2.0, 20.0]))  # no pull on its own entries
     assert torch.equal(seen[1].weights, seen[0].weights) and seen[2].weights is w  # never trained: as sent

@@ -9,7 +9,9 @@ import torch
 import stocfl
 from stocfl.cli import main
 from stocfl.client.models import make_model
+from stocfl.client.optim import Optimizer
 from stocfl.client.tasks import Evaluate, Train, Trained
+from stocfl.client.training import LocalTraining
 from stocfl.data.scenarios import build
 from stocfl.devices import federation_on, move, resolve_device
 from stocfl.executors import BatchedExecutor, SequentialExecutor
@@ -33,13 +35,13 @@ def test_a_bad_device_is_one_line_and_exit_2(capsys):
 
 def test_tasks_move_field_by_field_and_shared_tensors_once():
     w, v = torch.zeros(3), torch.ones(3)
-    tasks = [Evaluate(0, w), Evaluate(1, w), Train(2, v, 1, 0, 0.1, 0, prox_center=w)]
+    tasks = [Evaluate(0, w), Evaluate(1, w), Train(2, v, LocalTraining.sgd(1, 0, 0.1), 0, prox_center=w)]
     memo: dict[int, torch.Tensor] = {}
     meta = torch.device("meta")  # a device without storage: the moves are visible, nothing is computed
     moved = [move(t, meta, memo) for t in tasks]
     assert all(m.weights.device == meta for m in moved) and moved[2].prox_center.device == meta
     assert moved[0].weights is moved[1].weights is moved[2].prox_center  # shared before, shared after
-    assert moved[0].client == 0 and moved[2].epochs == 1
+    assert moved[0].client == 0 and moved[2].local.epochs == 1
     result = move(Trained(torch.zeros(2), 5), meta)  # results move the same way (back to the cpu)
     assert result.weights.device == meta and result.n_samples == 5
     assert move(tasks[0], torch.device("cpu")) is tasks[0]  # already there: the same object
@@ -48,7 +50,7 @@ def test_tasks_move_field_by_field_and_shared_tensors_once():
 def test_executors_on_an_explicit_cpu_device_give_the_default_numbers():
     fed = build("rotated", "digits", 6, 20, seed=0)
     flat, w0 = make_model("auto", fed.input_shape, fed.n_classes, 0, seed=0)
-    tasks = [Train(i, w0, 2, 5, 0.1, i) for i in range(6)] + [Evaluate(i, w0) for i in range(6)]
+    tasks = [Train(i, w0, LocalTraining.sgd(2, 5, 0.1), i) for i in range(6)] + [Evaluate(i, w0) for i in range(6)]
     assert federation_on(fed, torch.device("cpu")) is fed
     for kind in (SequentialExecutor, BatchedExecutor):
         a, b = kind(fed, flat).run(tasks), kind(fed, flat, device="cpu").run(tasks)
@@ -70,10 +72,10 @@ def test_every_executor_on_cuda_gives_the_cpu_numbers(dataset, model, request):
     flat, w0 = make_model(model, fed.input_shape, fed.n_classes, 0, seed=0)
     center = w0 + 0.01
     tasks = (
-        [Train(i, w0, 2, 0, 0.1, i) for i in range(3)]
-        + [Train(3, w0, 2, 5, 0.1, 3)]
-        + [Train(i, w0, 2, 5, 0.1, i, prox_center=center, prox_weight=0.5) for i in range(4, 6)]
-        + [Train(6, w0, 1, 5, 0.01, 6, optimizer="adam")]
+        [Train(i, w0, LocalTraining.sgd(2, 0, 0.1), i) for i in range(3)]
+        + [Train(3, w0, LocalTraining.sgd(2, 5, 0.1), 3)]
+        + [Train(i, w0, LocalTraining.sgd(2, 5, 0.1), i, prox_center=center, prox_weight=0.5) for i in range(4, 6)]
+        + [Train(6, w0, LocalTraining(1, 5, Optimizer("adam", 0.01)), 6)]
         + [Evaluate(i, w0) for i in range(8)]
         + [Represent(i, w0, epochs=2) for i in range(8)]
     )

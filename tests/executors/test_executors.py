@@ -7,7 +7,7 @@ import torch
 from stocfl.algorithms.stocfl.representation import Represent
 from stocfl.client.models import build_module, linear_anchor_weights, make_model
 from stocfl.client.tasks import Evaluate, Train, task_seed
-from stocfl.client.training import batch_plan
+from stocfl.client.training import LocalTraining, batch_plan
 from stocfl.data.datasets import load_dataset
 from stocfl.data.scenarios import build
 from stocfl.errors import UserError
@@ -24,9 +24,7 @@ def _tasks(batch_size, prox=True):
         Train(
             i,
             W0 + 0.001 * i,
-            epochs=3,
-            batch_size=batch_size,
-            lr=0.1,
+            local=LocalTraining.sgd(3, batch_size, 0.1),
             seed=task_seed(0, 1, i),
             prox_center=center if prox and i % 2 else None,
             prox_weight=0.5,
@@ -88,7 +86,7 @@ def test_mixed_task_list_keeps_order():
 
 def test_wrong_weight_shape_is_refused():
     with pytest.raises(UserError, match="parameters"):
-        SequentialExecutor(FED, MODEL).run([Train(0, torch.zeros(3), 1, 0, 0.1, 0)])
+        SequentialExecutor(FED, MODEL).run([Train(0, torch.zeros(3), LocalTraining.sgd(1, 0, 0.1), 0)])
 
 
 def test_auto_engine_rule():

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from stocfl.client.models import FlatModel
-from stocfl.client.training import local_sgd
+from stocfl.client.training import LocalTraining, local_sgd
 from stocfl.executors.lowrank import LowRankTrainer, flops, structure
 
 
@@ -49,9 +49,7 @@ def reference_and_lowrank(dtype, d, h, k, sizes, epochs, batch, lr, mu, prox, bi
                 x[i, :n],
                 y[i, :n],
                 w[i],
-                epochs,
-                batch,
-                lr,
+                LocalTraining.sgd(epochs, batch, lr),
                 seeds[i],
                 None if centers is None else centers[i],
                 float(mus[i]),

@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 from torch import nn
 
 from stocfl.client.models import FlatModel, make_model
+from stocfl.client.optim import Optimizer
 from stocfl.client.tasks import KINDS, Train, register_task
+from stocfl.client.training import LocalTraining
 from stocfl.data.datasets import load_dataset
 from stocfl.data.scenarios import build
 from stocfl.errors import UserError
@@ -63,14 +65,10 @@ def test_the_parallel_executor_equals_the_sequential_loop(specs):
         Train(
             c,
             W0 if k == 0 else rows[k - 1],
-            e,
-            b,
-            lr,
+            LocalTraining(e, b, Optimizer(opt, lr, momentum=0.5 if opt == "sgd" else 0.0)),
             seed,
             prox_center=rows[(k + 1) % 3] if mu else None,
             prox_weight=mu,
-            optimizer=opt,
-            momentum=0.5 if opt == "sgd" else 0.0,
         )
         for c, k, e, b, lr, seed, mu, opt in specs
     ]
@@ -103,7 +101,7 @@ def _where(data, task):
 
 def test_tasks_run_in_worker_processes_on_one_thread_each_and_a_kind_registered_later_reaches_them():
     ex = ParallelExecutor(FED, MODEL, workers=2)
-    ex.run([Train(c, W0, 1, 0, 0.1, c) for c in range(4)])  # forks the workers
+    ex.run([Train(c, W0, LocalTraining.sgd(1, 0, 0.1), c) for c in range(4)])  # forks the workers
     KINDS.pop(WhereAmI, None)
     register_task(WhereAmI, Here, _where, message="test.whereami")
     try:

@@ -8,12 +8,16 @@ import torch
 
 from stocfl.algorithms.stocfl.representation import Represent, Represented
 from stocfl.cli import main
+from stocfl.client.optim import Optimizer
 from stocfl.client.tasks import BadResult, Evaluate, Evaluated, Train, Trained, check_result
+from stocfl.client.training import LocalTraining
 
 flwr = pytest.importorskip("flwr", reason="Flower is part of the test extra: pip install -e '.[test]'")
 from flwr.app import ConfigRecord, RecordDict  # noqa: E402
 
 from stocfl.flower.codec import BadReply, decode_results, decode_tasks, encode_results, encode_tasks, message_type  # noqa: E402
+
+ONE_EPOCH = LocalTraining.sgd(1, 0, 0.1)  # one full-batch epoch of plain SGD
 
 W = torch.arange(6, dtype=torch.float32)
 
@@ -21,10 +25,12 @@ W = torch.arange(6, dtype=torch.float32)
 @pytest.mark.parametrize(
     "task",
     [
-        Train(3, W, 2, 10, 0.1, 77, W + 1, 0.05),
-        Train(3, W, 1, 0, 0.5, 5),
+        Train(3, W, LocalTraining.sgd(2, 10, 0.1), 77, W + 1, 0.05),
+        Train(3, W, LocalTraining.sgd(1, 0, 0.5), 5),
+        Train(3, W, LocalTraining(3, 7, Optimizer("adam", 0.01, 0.0, 1e-4, 0.8, 0.99, 1e-7)), 5),
+        Train(3, W, LocalTraining(1, 5, Optimizer("sgd", 0.05, momentum=0.9, weight_decay=1e-3)), 6, W, 0.5),
         Evaluate(3, W, "train"),
-        Represent(3, W, "update", "linear", 20, 50, 0.1, 9, 1024, 11),
+        Represent(3, W, "update", "linear", LocalTraining.sgd(20, 50, 0.1), 9, 1024, 11),
     ],
 )
 def test_tasks_survive_the_message_codec(task):
@@ -38,11 +44,32 @@ def test_tasks_survive_the_message_codec(task):
             assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, field
 
 
+@pytest.mark.parametrize(
+    "key, value, says",
+    [
+        ("local.optimizer.name", "rmsprop", "is not one of 'sgd', 'adam'"),
+        ("local.optimizer.lr", "fast", "is not a number"),
+        ("local.epochs", 1.5, "is not an integer"),
+        ("local.optimizer.momentum", float("nan"), "is not finite"),
+        ("split", "validation", "is not one of 'train', 'test'"),
+    ],
+)
+def test_a_nested_or_literal_value_of_the_wrong_kind_is_refused_by_name(key, value, says):
+    task = Evaluate(3, W) if key == "split" else Train(3, W, ONE_EPOCH, 1)
+    content = encode_tasks([task])
+    content["0.task"][key] = value
+    with pytest.raises(BadReply, match=f"{key} = .*{says}"):
+        decode_tasks(message_type(type(task)), content)
+
+
 def test_a_message_carries_one_kind_of_task_for_any_clients_of_a_node():
-    two = decode_tasks("train", encode_tasks([Train(3, W, 1, 0, 0.1, 1), Train(4, W, 1, 0, 0.1, 1)]))
+    two = decode_tasks(
+        "train",
+        encode_tasks([Train(3, W, ONE_EPOCH, 1), Train(4, W, ONE_EPOCH, 1)]),
+    )
     assert [t.client for t in two] == [3, 4]
     with pytest.raises(ValueError):
-        encode_tasks([Train(3, W, 1, 0, 0.1, 1), Evaluate(3, W)])
+        encode_tasks([Train(3, W, ONE_EPOCH, 1), Evaluate(3, W)])
 
 
 def test_node_config_names_the_clients_a_node_serves():
@@ -70,7 +97,7 @@ def decode_result(task, result, client):
 
 
 def test_replies_are_checked_before_aggregation():
-    t = Train(3, W, 1, 0, 0.1, 1)
+    t = Train(3, W, ONE_EPOCH, 1)
     assert torch.equal(decode_result(t, Trained(W + 1, 10), 3).weights, W + 1)
     with pytest.raises(BadResult, match="shape"):  # the length is checked against the task, for every engine
         check_result(t, decode_result(t, Trained(torch.zeros(5), 10), 3), 10, 10)
@@ -84,7 +111,7 @@ def test_replies_are_checked_before_aggregation():
         decode_results([t], encode_results([Trained(W, 10), Trained(W, 10)], [3, 3]))
     with pytest.raises(BadReply, match="expected records"):
         decode_results([t], RecordDict({"clients": ConfigRecord({"ids": [3]})}))
-    u = Train(4, W, 1, 0, 0.1, 2)
+    u = Train(4, W, ONE_EPOCH, 2)
     two = decode_results([t, u], encode_results([Trained(W, 10), Trained(W + 1, 10)], [3, 4]))
     assert [torch.equal(r.weights, w) for r, w in zip(two, (W, W + 1))] == [True, True]
     with pytest.raises(BadReply, match="from client 3 to a task for client 4"):  # results swapped

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 import stocfl
-from stocfl.client import Train, build_module, make_model, task_seed
+from stocfl.client import LocalTraining, Train, build_module, make_model, task_seed
 from stocfl.data import build, resolve_data_dir
 from stocfl.devices import federation_on, resolve_device
 from stocfl.errors import UserError
@@ -92,7 +92,7 @@ def run_case(
     flat, w0 = make_model(model_name, fed.input_shape, fed.n_classes, hidden, seed=0)
     module = build_module(model_name, fed.input_shape, fed.n_classes, hidden).to(device)
     clients = list(range(n_clients))
-    tasks = [Train(i, w0, epochs, batch_size, lr, task_seed(0, 1, i)) for i in clients]
+    tasks = [Train(i, w0, LocalTraining.sgd(epochs, batch_size, lr), task_seed(0, 1, i)) for i in clients]
     flops = 6.0 * flat.n_params * epochs * float(sum(fed.train_sizes[i] for i in clients))
     on_device = federation_on(fed, device)
     seconds = {

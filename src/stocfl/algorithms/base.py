@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict
 
 from stocfl.algorithms.aggregation import Aggregator
 from stocfl.bounds import MAX_MODEL_BYTES
-from stocfl.client.optim import Optimizer
 from stocfl.client.tasks import Evaluate, Reply, Task, Train, Trained, task_seed
+from stocfl.client.training import LocalTraining
 from stocfl.errors import UserError
 from stocfl.storage import state as state_mod
 
@@ -38,13 +38,12 @@ class Params(BaseModel):
 
 @dataclass(frozen=True)
 class Context:
-    """What the server knows when it starts: N, w_0, the local-training settings, the seed."""
+    """What the server knows when it starts: N, w_0, how clients train (``local``: E, B and the
+    optimizer with eta, the config's ``[train]``), the seed."""
 
     n_clients: int
     init_weights: torch.Tensor
-    epochs: int
-    batch_size: int
-    lr: float
+    local: LocalTraining
     seed: int
     input_shape: tuple[int, ...] = ()
     n_classes: int = 0
@@ -55,7 +54,6 @@ class Context:
     participants: tuple[int, ...] | None = None  # clients that may train (None: all); the rest are held out
     sample_size: int = 0  # clients sampled per round, m (0: not known)
     aggregator: Aggregator = Aggregator()  # how trained models are combined ([aggregation])
-    optimizer: Optimizer = Optimizer()  # the local optimizer ([train]; its lr is ``lr``)
 
     @property
     def training_clients(self) -> list[int]:
@@ -169,23 +167,14 @@ class Algorithm:
         purpose: int = 0,
         prox_center: torch.Tensor | None = None,
         prox_weight: float = 0.0,
+        epochs: int | None = None,
     ) -> Train:
-        """A Train task with the run's E, B, eta and a seed unique to (round, client, purpose)."""
-        c, o = self.ctx, self.ctx.optimizer
+        """A Train task as the run's ``[train]`` says (``ctx.local``: E, B, the optimizer with
+        eta; ``epochs``, where a method's paper sets its own count, in place of E) with a seed
+        unique to (round, client, purpose)."""
+        local = self.ctx.local if epochs is None else dataclasses.replace(self.ctx.local, epochs=epochs)
         return Train(
-            client,
-            weights,
-            c.epochs,
-            c.batch_size,
-            c.lr,
-            task_seed(c.seed, round_, client, purpose),
-            prox_center,
-            prox_weight,
-            o.name,
-            o.momentum,
-            o.weight_decay,
-            o.beta1,
-            o.beta2,
+            client, weights, local, task_seed(self.ctx.seed, round_, client, purpose), prox_center, prox_weight
         )
 
     def aggregate(self, results: list[Trained], start: torch.Tensor | list[torch.Tensor], weights=None) -> torch.Tensor:

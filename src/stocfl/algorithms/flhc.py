@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 
 from stocfl.algorithms.base import Algorithm, AskClients, Context, Params, place_by_lowest_loss
 from stocfl.bounds import MAX_COUNT, MAX_EPOCHS
-from stocfl.client.tasks import Train, task_seed, without_dropped
+from stocfl.client.tasks import without_dropped
 
 # The distance threshold that cuts the tree when none is given, per metric. l2: the paper's 3.0
 # (Briggs et al., section III-A: Ward linkage, Euclidean distance, their MNIST CNN). l1 and cosine:
@@ -62,7 +62,8 @@ class FLHCParams(Params):
 
 class FLHC(Algorithm):
     """FedAvg for n = ``warmup_rounds`` rounds. In round n + 1, the clustering step: EVERY
-    client trains the global model w for ``cluster_epochs`` epochs; agglomerative clustering of
+    client trains the global model w for ``cluster_epochs`` epochs (the paper's own count; the
+    batch size and optimizer are ``[train]``'s, as in every other round); agglomerative clustering of
     the flattened UPDATES dW_i = w_i - w (``metric``, ``linkage``, cut by ``distance_threshold``
     or ``n_clusters``); every cluster's model starts from w (or, with ``cluster_start =
     "updates"``, from the mean of its members' clustering-step models). Afterwards each
@@ -128,10 +129,7 @@ class FLHC(Algorithm):
         everyone, results = without_dropped(
             c.training_clients,
             lambda clients: ask(
-                [
-                    Train(i, self.state.w, p.cluster_epochs, c.batch_size, c.lr, task_seed(c.seed, round_, i))
-                    for i in clients
-                ]
+                [self.local_training(round_, i, self.state.w, epochs=p.cluster_epochs) for i in clients]
             ),
             f"round {round_}: FL+HC's clustering",
         )

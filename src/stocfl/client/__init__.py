@@ -13,13 +13,14 @@ from stocfl.client.tasks import (
     register_task,
     task_seed,
 )
-from stocfl.client.training import local_sgd
+from stocfl.client.training import LocalTraining, local_sgd
 
 __all__ = [
     "ClientData",
     "Evaluate",
     "Evaluated",
     "FlatModel",
+    "LocalTraining",
     "Optimizer",
     "Train",
     "Trained",

@@ -1,7 +1,8 @@
 """Client tasks: what an algorithm asks of a client, and what the client answers.
 
 A task kind is a dataclass (its fields are its message: flat float32 tensors, the client id,
-plain numbers and strings), its result dataclass, and one reference function that runs it on
+plain numbers and strings, and frozen dataclasses of these such as the local-training
+settings), its result dataclass, and one reference function that runs it on
 one client's data (:func:`register_task`). Every executor dispatches through the registry: an
 executor may have a faster path for a kind (the batched executor's training, the shared
 evaluation of clients on one model), otherwise the reference runs; the Flower codec derives
@@ -21,8 +22,7 @@ import numpy as np
 import torch
 
 from stocfl.client.models import FlatModel
-from stocfl.client.optim import Optimizer
-from stocfl.client.training import local_sgd
+from stocfl.client.training import LocalTraining, local_sgd
 from stocfl.errors import UserError, refuse_builtin
 
 log = logging.getLogger("stocfl")
@@ -30,30 +30,17 @@ log = logging.getLogger("stocfl")
 
 @dataclass(frozen=True, eq=False)
 class Train:
-    """Local SGD from ``weights``: ``epochs`` passes over the client's train set in shuffled
-    mini-batches of ``batch_size`` (0 = full batch) with learning rate ``lr``, minimising
+    """Local training from ``weights`` as ``local`` says (E epochs of shuffled mini-batches of B
+    with its optimizer, :class:`~stocfl.client.training.LocalTraining`), minimising
     f_i(w) + (prox_weight / 2) * ||w - prox_center||^2 (the proximal term is off when
-    ``prox_center`` is None). ``seed`` fixes the mini-batch order. ``optimizer`` ("sgd" or "adam")
-    with ``momentum``, ``weight_decay``, ``beta1``, ``beta2`` (``stocfl.client.optim``), from a fresh
-    state."""
+    ``prox_center`` is None). ``seed`` fixes the mini-batch order."""
 
     client: int
     weights: torch.Tensor
-    epochs: int
-    batch_size: int
-    lr: float
+    local: LocalTraining
     seed: int
     prox_center: torch.Tensor | None = None
     prox_weight: float = 0.0
-    optimizer: Literal["sgd", "adam"] = "sgd"
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.999
-
-    @property
-    def opt(self) -> Optimizer:
-        return Optimizer(self.optimizer, self.lr, self.momentum, self.weight_decay, self.beta1, self.beta2)
 
 
 @dataclass(frozen=True, eq=False)
@@ -302,9 +289,7 @@ def check_train_task(t: Train, n_params: int) -> None:
 def train_one(c: ClientData, t: Train) -> Trained:
     """The reference: local SGD on the client's train set (``stocfl.client.training.local_sgd``)."""
     check_train_task(t, c.model.n_params)
-    w = local_sgd(
-        c.model, c.x, c.y, t.weights, t.epochs, t.batch_size, t.lr, t.seed, t.prox_center, t.prox_weight, opt=t.opt
-    )
+    w = local_sgd(c.model, c.x, c.y, t.weights, t.local, t.seed, t.prox_center, t.prox_weight)
     return Trained(w, len(c.y))
 
 

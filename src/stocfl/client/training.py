@@ -1,15 +1,51 @@
-"""Local training: the mini-batch order every executor follows, and plain SGD on one client
-(the reference that the batched executor is checked against)."""
+"""Local training: its settings as one value (:class:`LocalTraining`), the mini-batch order
+every executor follows, and SGD on one client (the reference that the batched executor is
+checked against)."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from stocfl.client.models import FlatModel
 from stocfl.client.optim import Optimizer
+from stocfl.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class LocalTraining:
+    """How a client trains: E passes (``epochs``) over its train set in shuffled mini-batches of
+    B samples (``batch_size``; 0 = the full batch), every step taken by ``optimizer`` (the
+    learning rate eta and, where set, momentum, weight decay or Adam's betas; a fresh state in
+    every local training). The config's ``[train]`` as one value: the algorithm's
+    :class:`~stocfl.algorithms.Context` holds it and every training task carries it."""
+
+    epochs: int = 1
+    batch_size: int = 0
+    optimizer: Optimizer = Optimizer()
+
+    @classmethod
+    def from_config(cls, train: TrainConfig) -> LocalTraining:
+        """The config's ``[train]`` section as a value."""
+        beta1, beta2 = train.betas
+        return cls(
+            train.epochs,
+            train.batch_size,
+            Optimizer(train.optimizer, train.lr, train.momentum, train.weight_decay, beta1, beta2),
+        )
+
+    @classmethod
+    def sgd(cls, epochs: int, batch_size: int, lr: float) -> LocalTraining:
+        """Plain SGD (no momentum, no weight decay) at learning rate ``lr``."""
+        return cls(epochs, batch_size, Optimizer("sgd", lr))
+
+    @property
+    def lr(self) -> float:
+        """The learning rate eta (the optimizer's)."""
+        return self.optimizer.lr
 
 
 def batch_plan(n: int, epochs: int, batch_size: int, seed: int) -> list[list[torch.Tensor] | None]:
@@ -48,25 +84,25 @@ def local_sgd(
     x,
     y,
     w,
-    epochs,
-    batch_size,
-    lr,
+    local: LocalTraining,
     seed,
     center=None,
     mu: float = 0.0,
     grad: Callable | None = None,
-    opt: Optimizer | None = None,
 ):
-    """E epochs of mini-batch SGD on f(w) + (mu/2)||w - center||^2, in the order of batch_plan.
+    """``local.epochs`` epochs of mini-batch steps of ``local.optimizer`` on
+    f(w) + (mu/2)||w - center||^2, in the order of batch_plan; plain SGD steps each parameter
+    in place, another optimizer (momentum, weight decay, Adam; ``stocfl.client.optim``) starts
+    from a fresh state.
 
     ``grad(w, x_flat, y, n_classes)``, when given, is an exact closed-form gradient used
-    instead of autograd (the linear anchor's fast path). ``opt``: another optimizer than plain
-    SGD (momentum, weight decay, Adam; ``stocfl.client.optim``), from a fresh state."""
+    instead of autograd (the linear anchor's fast path)."""
+    opt, lr = local.optimizer, local.optimizer.lr
     w = w.detach().clone()
     x = model.layout(x)  # once per client: the mini-batches gathered from it keep its layout
     p = model.n_trainable  # the step acts on the parameters; buffers take BatchNorm's running statistics
     params = w[:p]  # a view: steps write into w
-    state = opt.init(params) if opt is not None and not opt.plain else None
+    state = None if opt.plain else opt.init(params)
     if grad is not None:
         x = x.flatten(1)
         n_classes = len(w) // (x.shape[1] + 1)
@@ -75,7 +111,7 @@ def local_sgd(
     views = model.param_views(params)
     centers = model.param_views(center) if center is not None and mu else None
     with _seeded(seed, x.device) if model.random else contextlib.nullcontext():
-        for epoch in batch_plan(len(y), epochs, batch_size, seed):
+        for epoch in batch_plan(len(y), local.epochs, local.batch_size, seed):
             batches: list[torch.Tensor | None] = list(epoch) if epoch else [None]  # None: the whole set
             for idx in batches:
                 xb, yb = (x, y) if idx is None else (x[idx], y[idx])
@@ -98,7 +134,6 @@ def local_sgd(
                     for v, g in zip(views, gs):
                         v.add_(g, alpha=-lr)
                 else:
-                    assert opt is not None  # a state is made only for an optimizer
                     opt.step(params, flat if flat is not None else torch.cat([g.reshape(-1) for g in gs]), state)
     return w
 

@@ -14,9 +14,8 @@ from collections import defaultdict
 import torch
 from torch.func import grad, vmap
 
-from stocfl.client.optim import Optimizer
 from stocfl.client.tasks import KINDS, Train, Trained, check_train_task
-from stocfl.client.training import batch_plan, stacked_batch
+from stocfl.client.training import LocalTraining, batch_plan, stacked_batch
 from stocfl.devices import free_bytes
 from stocfl.errors import UserError
 from stocfl.executors.base import Executor
@@ -69,23 +68,24 @@ class BatchedExecutor(Executor):
 
     def train(self, tasks: list[Train]) -> list[Trained]:
         out: list[Trained | None] = [None] * len(tasks)
-        kinds: dict[tuple, list[int]] = defaultdict(list)
+        kinds: dict[LocalTraining, list[int]] = defaultdict(list)
         for k, t in enumerate(tasks):
             check_train_task(t, self.model.n_params)
-            kinds[(t.epochs, t.batch_size, t.opt)].append(k)
+            kinds[t.local].append(k)
         sizes = self.fed.train_sizes
-        for (epochs, batch_size, opt), idx in kinds.items():
+        for local, idx in kinds.items():
             idx.sort(key=lambda k: sizes[tasks[k].client])  # similar sizes share a chunk: less padding
             max_batch = int(max(sizes[tasks[k].client] for k in idx))
-            max_batch = max_batch if batch_size == 0 else min(batch_size, max_batch)
+            max_batch = max_batch if local.batch_size == 0 else min(local.batch_size, max_batch)
             step = self._chunk_len(max_batch)
             for a in range(0, len(idx), step):
                 chunk = idx[a : a + step]
-                for k, r in zip(chunk, self._train_chunk([tasks[k] for k in chunk], epochs, batch_size, opt)):
+                for k, r in zip(chunk, self._train_chunk([tasks[k] for k in chunk], local)):
                     out[k] = r
         return out  # type: ignore[return-value]
 
-    def _train_chunk(self, tasks: list[Train], epochs: int, batch_size: int, opt: Optimizer) -> list[Trained]:
+    def _train_chunk(self, tasks: list[Train], local: LocalTraining) -> list[Trained]:
+        epochs, batch_size, opt = local.epochs, local.batch_size, local.optimizer
         c = len(tasks)
         dev = self.device
         data = [self.data.train_data(t.client) for t in tasks]

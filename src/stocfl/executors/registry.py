@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from stocfl.client.training import LocalTraining
 from stocfl.devices import resolve_device
 from stocfl.errors import UserError, refuse_builtin
 from stocfl.executors.base import Executor
@@ -110,10 +111,10 @@ def _auto(federation, model, cfg) -> Executor:
     it has less. On an accelerator, clients are always batched (low-rank when it has less).
     A model with dropout always runs client by client: the sequential loop, in parallel's
     workers where torch has more than one thread."""
-    t, n = cfg.train, float(federation.train_sizes.mean())
+    t, n = LocalTraining.from_config(cfg.train), float(federation.train_sizes.mean())
     on_cpu = resolve_device(cfg.run.device).type == "cpu"
     chosen = choose_engine("auto", model.n_params, t.batch_size, n) if on_cpu else "batched"
-    plain_sgd = t.optimizer == "sgd" and t.momentum == 0 and t.weight_decay == 0
+    plain_sgd = t.optimizer.plain
     if (chosen == "sequential" or not on_cpu) and choose_lowrank(model, t.epochs, t.batch_size, n, plain_sgd):
         chosen = "lowrank"
     if model.random:  # dropout: each client's draws as it trains alone, only the sequential loop has them

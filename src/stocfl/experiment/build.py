@@ -16,8 +16,8 @@ import torch
 from stocfl.algorithms import Algorithm, Context, algorithm_class
 from stocfl.algorithms.aggregation import Aggregator
 from stocfl.client.models import FlatModel, build_module, make_model
-from stocfl.client.optim import Optimizer
 from stocfl.client.tasks import BadResult, ClientsDropped, check_result
+from stocfl.client.training import LocalTraining
 from stocfl.config import Config
 from stocfl.data.datasets import resolve_data_dir
 from stocfl.data.federation import Federation
@@ -167,13 +167,10 @@ def build_context(
     cfg: Config, fed: Federation, model: FlatModel, w0: torch.Tensor, module: Any, workdir: Path | None = None
 ) -> Context:
     """What the algorithm's server knows when it starts (:class:`~stocfl.algorithms.Context`)."""
-    t = cfg.train
     return Context(
         fed.n_clients,
         w0,
-        t.epochs,
-        t.batch_size,
-        t.lr,
+        LocalTraining.from_config(cfg.train),
         cfg.run.seed,
         fed.input_shape,
         fed.n_classes,
@@ -184,7 +181,6 @@ def build_context(
         participants=tuple(fed.participants),
         sample_size=sample_size(cfg, fed),
         aggregator=Aggregator(**cfg.aggregation.model_dump()),
-        optimizer=Optimizer(t.optimizer, t.lr, t.momentum, t.weight_decay, *t.betas),
     )
 
 

@@ -88,6 +88,7 @@ class Experiment:
         self.metrics_chain: str | None = metrics_chain([])
         self.rows: list[dict[str, Any]] = []  # metrics rows of the rounds done
         self.saved: dict[str, tuple[dict[str, torch.Tensor], dict[str, Any]]] = {}  # state after the last round
+        self._digested: tuple[Config, dict[str, str]] | None = None
 
     # a results directory made or reopened (stocfl.experiment.start)
     @classmethod
@@ -130,7 +131,7 @@ class Experiment:
                 "elapsed": self.elapsed,
                 "sampler": self.sampler.bit_generator.state,
                 **{p: m for p, (_, m) in parts.items()},
-                **provenance.stamp(self.cfg, self.metrics_chain, self.digests, self.given),
+                **provenance.stamp(self.config_digests, self.metrics_chain, self.digests, self.given),
             },
         )
 
@@ -142,6 +143,13 @@ class Experiment:
             "model": self.module is not None,
             "loss": self.loss is not None,
         }
+
+    @property
+    def config_digests(self) -> dict[str, str]:
+        """The config's digests, computed once per config (a resume may extend it)."""
+        if self._digested is None or self._digested[0] is not self.cfg:
+            self._digested = (self.cfg, provenance.config_digests(self.cfg))
+        return self._digested[1]
 
     @functools.cached_property
     def digests(self) -> dict[str, Any]:

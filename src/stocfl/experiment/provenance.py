@@ -80,13 +80,18 @@ def digests(fed, model, w0: torch.Tensor, module: Any = None, loss: Any = None) 
     return {"data_sha256": fed.digest(), "model_sha256": digest, "loss_probe": probe}
 
 
-def stamp(cfg: Config, chain: str | None, mine: dict[str, Any], given: dict[str, bool]) -> dict[str, Any]:
-    """The provenance a checkpoint stores: the config's digests, the metrics chain, the data's
-    digest and, for what was given in Python (``given``: federation, model, loss), a flag and
-    its digest."""
+def config_digests(cfg: Config) -> dict[str, str]:
+    """The config's two digests a checkpoint stores: of all of it, and of its core (what
+    changes the numbers)."""
+    return {"config_sha256": config_digest(cfg), "config_core_sha256": config_digest(cfg, core=True)}
+
+
+def stamp(configs: dict[str, str], chain: str | None, mine: dict[str, Any], given: dict[str, bool]) -> dict[str, Any]:
+    """The provenance a checkpoint stores: the config's digests (``configs``, from
+    :func:`config_digests`), the metrics chain, the data's digest and, for what was given in
+    Python (``given``: federation, model, loss), a flag and its digest."""
     return {
-        "config_sha256": config_digest(cfg),
-        "config_core_sha256": config_digest(cfg, core=True),
+        **configs,
         "metrics_sha256": chain,
         "data_sha256": mine["data_sha256"],
         **({"custom_data": True} if given["federation"] else {}),

@@ -4,20 +4,21 @@ registered task kind (``stocfl.client.tasks.register_task``): no per-kind code h
 One message carries the tasks of one kind for the clients of one node in a call of the
 executor (e.g. StoCFL's train of w and of theta_k). Task k travels as an ArrayRecord "k.arrays"
 (its tensor fields; a field that is None is left out) and a ConfigRecord "k.task" (its other
-fields: numbers and strings), with a ConfigRecord "batch" holding the count; the message type
-is the kind's. Result k comes back as "k.arrays" and a ConfigRecord "k.values" the same way,
-with a ConfigRecord "clients" whose "ids" name the client of each result. Every value is read
-back by its field's type: a number where an integer belongs, NaN or inf in a tensor, a tensor
-of the wrong shape class, a missing field or another client's id is a :class:`BadReply`.
-Replies are then checked against the task (``stocfl.client.tasks.check_result``) before any
-algorithm sees them.
+fields: numbers and strings; a field that is a dataclass, such as the local-training settings,
+by its fields under dotted names, "local.optimizer.lr"), with a ConfigRecord "batch" holding
+the count; the message type is the kind's. Result k comes back as "k.arrays" and a
+ConfigRecord "k.values" the same way, with a ConfigRecord "clients" whose "ids" name the client
+of each result. Every value is read back by its field's type: a number where an integer
+belongs, a string outside a Literal's values, NaN or inf in a tensor, a tensor of the wrong
+shape class, a missing field or another client's id is a :class:`BadReply`. Replies are then
+checked against the task (``stocfl.client.tasks.check_result``) before any algorithm sees them.
 """
 
 from __future__ import annotations
 
 import math
 import typing
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, dataclass, fields, is_dataclass
 from functools import cache
 
 import numpy as np
@@ -39,84 +40,123 @@ def message_types() -> list[str]:
     return sorted(k.message for k in KINDS.values())
 
 
+@dataclass(frozen=True)
+class _Field:
+    name: str  # dotted for a field of a nested dataclass: "local.optimizer.lr"
+    kind: str  # "tensor" | "int" | "float" | "str" | "bool"
+    optional: bool
+    default: object
+    choices: tuple = ()  # a Literal's values
+
+
 @cache
-def _layout(cls: type) -> tuple[tuple[str, str, bool, object], ...]:
-    """(name, "tensor" | "int" | "float" | "str" | "bool", optional, default) per field."""
+def _layout(cls: type) -> tuple[tuple[str, _Field | tuple], ...]:
+    """Per field of ``cls``: (name, its _Field) or, for a field that is itself a dataclass
+    (the local-training settings), (name, (its class, its layout, its default))."""
     hints = typing.get_type_hints(cls)
-    out = []
+    out: list[tuple[str, _Field | tuple]] = []
     for f in fields(cls):
         base = hints[f.name]
         optional = type(None) in typing.get_args(base)
         if optional:  # X | None
             base = next(a for a in typing.get_args(base) if a is not type(None))
+        choices: tuple = ()
+        if is_dataclass(base) and not optional:
+            out.append((f.name, (base, _layout(base), f.default)))
+            continue
         if base is torch.Tensor:
             kind = "tensor"
         elif typing.get_origin(base) is typing.Literal:
-            kind = "str"
+            kind, choices = "str", typing.get_args(base)
         elif base in (bool, int, float, str):
             kind = base.__name__
         else:
-            raise TypeError(f"{cls.__name__}.{f.name}: a message field must be a tensor, int, float, str or bool")
-        out.append((f.name, kind, optional, f.default))
+            raise TypeError(
+                f"{cls.__name__}.{f.name}: a message field must be a tensor, int, float, str, bool "
+                f"or a dataclass of these"
+            )
+        out.append((f.name, _Field(f.name, kind, optional, f.default, choices)))
     return tuple(out)
 
 
-def _encode(obj) -> tuple[ArrayRecord, ConfigRecord]:
-    arrays, values = {}, {}
-    for name, kind, _, _ in _layout(type(obj)):
+def _encode(obj, arrays: dict | None = None, values: dict | None = None, prefix: str = ""):
+    top = arrays is None
+    arrays, values = ({}, {}) if top else (arrays, values)
+    for name, spec in _layout(type(obj)):
         v = getattr(obj, name)
-        if kind == "tensor":
+        if isinstance(spec, tuple):  # a nested dataclass: its fields under "name."
+            _encode(v, arrays, values, f"{prefix}{name}.")
+        elif spec.kind == "tensor":
             if v is not None:
-                arrays[name] = Array(v.detach().numpy())
+                arrays[prefix + name] = Array(v.detach().numpy())
         elif v is not None:
-            values[name] = v.item() if isinstance(v, np.generic) else v
-    return ArrayRecord(array_dict=arrays), ConfigRecord(values)
+            values[prefix + name] = v.item() if isinstance(v, np.generic) else v
+    if top:
+        return ArrayRecord(array_dict=arrays), ConfigRecord(values)
+    return None
 
 
-def _read(cls: type, arrays: ArrayRecord, values: ConfigRecord):
+def _value(spec: _Field, key: str, v):
+    """``v`` read as ``spec`` says, or a BadReply naming ``key``."""
+    if spec.kind == "int":
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, (int, float))
+            or (isinstance(v, float) and not (math.isfinite(v) and v.is_integer()))
+        ):
+            raise BadReply(f"{key} = {v!r} is not an integer")
+        return int(v)
+    if spec.kind == "float":
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise BadReply(f"{key} = {v!r} is not a number")
+        if not math.isfinite(v):
+            raise BadReply(f"{key} = {v!r} is not finite")
+        return float(v)
+    if spec.kind == "bool":
+        if not isinstance(v, bool):
+            raise BadReply(f"{key} = {v!r} is not true or false")
+        return v
+    if not isinstance(v, str):
+        raise BadReply(f"{key} = {v!r} is not a string")
+    if spec.choices and v not in spec.choices:
+        raise BadReply(f"{key} = {v!r} is not one of {', '.join(map(repr, spec.choices))}")
+    return v
+
+
+def _read(cls: type, arrays: ArrayRecord, values: ConfigRecord, prefix: str = ""):
     """An instance of ``cls`` from its records, each value checked against its field's type."""
     kw = {}
-    for name, kind, optional, default in _layout(cls):
-        if kind == "tensor":
-            if name in arrays:
+    for name, spec in _layout(cls):
+        key = prefix + name
+        if isinstance(spec, tuple):
+            sub, _, default = spec
+            present = any(k.startswith(key + ".") for k in (*arrays.keys(), *values.keys()))
+            if present or default is MISSING:
+                kw[name] = _read(sub, arrays, values, key + ".")
+            continue
+        if spec.kind == "tensor":
+            if key in arrays:
                 try:
-                    t = torch.from_numpy(np.array(arrays[name].numpy(), dtype=np.float32))
+                    t = torch.from_numpy(np.array(arrays[key].numpy(), dtype=np.float32))
                 except (TypeError, ValueError) as err:
-                    raise BadReply(f"{name}: not an array of numbers ({err})") from None
+                    raise BadReply(f"{key}: not an array of numbers ({err})") from None
                 if t.numel() and not bool(torch.isfinite(t).all()):
-                    raise BadReply(f"{name} holds NaN or inf")
+                    raise BadReply(f"{key} holds NaN or inf")
                 kw[name] = t
-            elif optional or default is not MISSING:
-                kw[name] = None if optional else default
+            elif spec.optional or spec.default is not MISSING:
+                kw[name] = None if spec.optional else spec.default
             else:
-                raise BadReply(f"{name} is missing")
+                raise BadReply(f"{key} is missing")
             continue
-        if name not in values:
-            if default is MISSING:
-                raise BadReply(f"{name} is missing")
+        if key not in values:
+            if spec.default is MISSING:
+                raise BadReply(f"{key} is missing")
             continue
-        v = values[name]
-        if kind == "int":
-            if (
-                isinstance(v, bool)
-                or not isinstance(v, (int, float))
-                or (isinstance(v, float) and not (math.isfinite(v) and v.is_integer()))
-            ):
-                raise BadReply(f"{name} = {v!r} is not an integer")
-            v = int(v)
-        elif kind == "float":
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise BadReply(f"{name} = {v!r} is not a number")
-            if not math.isfinite(v):
-                raise BadReply(f"{name} = {v!r} is not finite")
-            v = float(v)
-        elif kind == "bool":
-            if not isinstance(v, bool):
-                raise BadReply(f"{name} = {v!r} is not true or false")
-        elif not isinstance(v, str):
-            raise BadReply(f"{name} = {v!r} is not a string")
-        kw[name] = v
-    return cls(**kw)
+        kw[name] = _value(spec, key, values[key])
+    try:
+        return cls(**kw)
+    except (TypeError, ValueError) as err:  # a dataclass that checks its values refuses them
+        raise BadReply(f"{prefix or cls.__name__}: {err}") from None
 
 
 def encode_tasks(tasks: list[Task]) -> RecordDict:

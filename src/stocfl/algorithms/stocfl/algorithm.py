@@ -39,6 +39,7 @@ from stocfl.algorithms.stocfl.representation import Represent, Represented, coun
 from stocfl.bounds import MAX_COUNT, MAX_EPOCHS, MAX_LR, MAX_WEIGHT
 from stocfl.client.models import linear_anchor_weights
 from stocfl.client.tasks import task_seed
+from stocfl.client.training import LocalTraining
 
 log = logging.getLogger("stocfl")
 PLOT_DIM = 1024  # per-client vectors too many to keep at full size are sketched to this many numbers
@@ -173,9 +174,7 @@ class StoCFL(Algorithm):
             self.state.anchor,
             p.representation,
             "train" if p.anchor == "init" else "linear",
-            p.psi_epochs,
-            p.psi_batch_size,
-            p.psi_lr,
+            LocalTraining.sgd(p.psi_epochs, p.psi_batch_size, p.psi_lr),
             task_seed(self.ctx.seed, 0, client, 2),
             p.dim,
             self.ctx.seed + 104729,

@@ -3,10 +3,12 @@ al., 2023, section 3.2), a registered task kind (``query.represent``).
 
 ``gradient``: g = the gradient of the anchor's mean loss on the whole train set (the paper's
 text); ``update``: g = anchor minus the anchor after E_psi epochs of local SGD (the authors'
-code). The anchor is the run's model at w_0 (``train``) or a linear softmax model on the raw
-inputs (``linear``, paper Fig. 2, with an exact closed-form gradient). With ``dim`` > 0 the
-client sends a seeded count-sketch projection of g. The result is g / ||g||; the server
-re-normalises it again (a client's norm is never trusted).
+code: plain SGD with its own E_psi, B_psi, eta_psi, not the run's ``[train]``; the task carries
+them as a :class:`~stocfl.client.training.LocalTraining`). The anchor is the run's model at
+w_0 (``train``) or a linear softmax model on the raw inputs (``linear``, paper Fig. 2, with an
+exact closed-form gradient). With ``dim`` > 0 the client sends a seeded count-sketch
+projection of g. The result is g / ||g||; the server re-normalises it again (a client's norm
+is never trusted).
 """
 
 from __future__ import annotations
@@ -19,23 +21,22 @@ import torch
 
 from stocfl.client.models import FlatModel, linear_model
 from stocfl.client.tasks import BadResult, ClientData, _count, check_vector, register_task
-from stocfl.client.training import local_sgd
+from stocfl.client.training import LocalTraining, local_sgd
 from stocfl.errors import UserError
 
 
 @dataclass(frozen=True, eq=False)
 class Represent:
     """The client's data representation Psi(D) from the fixed ``anchor`` (see the module
-    docstring); ``seed`` fixes the ``update`` kind's mini-batch order, ``projection_seed`` the
-    count sketch (the same for every client)."""
+    docstring); ``local`` is how the ``update`` kind trains (E_psi, B_psi, eta_psi), ``seed``
+    fixes its mini-batch order, ``projection_seed`` the count sketch (the same for every
+    client)."""
 
     client: int
     anchor: torch.Tensor
     kind: Literal["gradient", "update"] = "gradient"
     anchor_model: Literal["train", "linear"] = "train"
-    epochs: int = 20
-    batch_size: int = 50
-    lr: float = 0.1
+    local: LocalTraining = LocalTraining.sgd(20, 50, 0.1)
     seed: int = 0
     dim: int = 0
     projection_seed: int = 0
@@ -89,7 +90,7 @@ def represent(c: ClientData, t: Represent) -> Represented:
             w = t.anchor.detach().clone().requires_grad_(True)
             (g,) = torch.autograd.grad(model.mean_loss(model.forward(w, c.x), c.y), w)
     else:
-        w = local_sgd(model, c.x, c.y, t.anchor, t.epochs, t.batch_size, t.lr, t.seed, grad=grad)
+        w = local_sgd(model, c.x, c.y, t.anchor, t.local, t.seed, grad=grad)
         g = t.anchor - w
     g = g.detach().double()
     if t.dim:
