@@ -42,11 +42,6 @@ class LocalTraining:
         """Plain SGD (no momentum, no weight decay) at learning rate ``lr``."""
         return cls(epochs, batch_size, Optimizer("sgd", lr))
 
-    @property
-    def lr(self) -> float:
-        """The learning rate eta (the optimizer's)."""
-        return self.optimizer.lr
-
 
 def batch_plan(n: int, epochs: int, batch_size: int, seed: int) -> list[list[torch.Tensor] | None]:
     """Per epoch, the mini-batches as index tensors; ``None`` for a full-batch epoch.

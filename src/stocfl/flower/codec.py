@@ -42,7 +42,6 @@ def message_types() -> list[str]:
 
 @dataclass(frozen=True)
 class _Field:
-    name: str  # dotted for a field of a nested dataclass: "local.optimizer.lr"
     kind: str  # "tensor" | "int" | "float" | "str" | "bool"
     optional: bool
     default: object
@@ -52,7 +51,7 @@ class _Field:
 @cache
 def _layout(cls: type) -> tuple[tuple[str, _Field | tuple], ...]:
     """Per field of ``cls``: (name, its _Field) or, for a field that is itself a dataclass
-    (the local-training settings), (name, (its class, its layout, its default))."""
+    (the local-training settings), (name, (its class, its default))."""
     hints = typing.get_type_hints(cls)
     out: list[tuple[str, _Field | tuple]] = []
     for f in fields(cls):
@@ -62,7 +61,7 @@ def _layout(cls: type) -> tuple[tuple[str, _Field | tuple], ...]:
             base = next(a for a in typing.get_args(base) if a is not type(None))
         choices: tuple = ()
         if is_dataclass(base) and not optional:
-            out.append((f.name, (base, _layout(base), f.default)))
+            out.append((f.name, (base, f.default)))
             continue
         if base is torch.Tensor:
             kind = "tensor"
@@ -75,25 +74,29 @@ def _layout(cls: type) -> tuple[tuple[str, _Field | tuple], ...]:
                 f"{cls.__name__}.{f.name}: a message field must be a tensor, int, float, str, bool "
                 f"or a dataclass of these"
             )
-        out.append((f.name, _Field(f.name, kind, optional, f.default, choices)))
+        out.append((f.name, _Field(kind, optional, f.default, choices)))
     return tuple(out)
 
 
-def _encode(obj, arrays: dict | None = None, values: dict | None = None, prefix: str = ""):
-    top = arrays is None
-    arrays, values = ({}, {}) if top else (arrays, values)
+def _encode(obj) -> tuple[ArrayRecord, ConfigRecord]:
+    arrays: dict = {}
+    values: dict = {}
+    _flatten(obj, arrays, values, "")
+    return ArrayRecord(array_dict=arrays), ConfigRecord(values)
+
+
+def _flatten(obj, arrays: dict, values: dict, prefix: str) -> None:
+    """``obj``'s tensor fields into ``arrays`` and its other fields into ``values``, a nested
+    dataclass's under its field's name and a dot."""
     for name, spec in _layout(type(obj)):
         v = getattr(obj, name)
-        if isinstance(spec, tuple):  # a nested dataclass: its fields under "name."
-            _encode(v, arrays, values, f"{prefix}{name}.")
+        if isinstance(spec, tuple):
+            _flatten(v, arrays, values, f"{prefix}{name}.")
         elif spec.kind == "tensor":
             if v is not None:
                 arrays[prefix + name] = Array(v.detach().numpy())
         elif v is not None:
             values[prefix + name] = v.item() if isinstance(v, np.generic) else v
-    if top:
-        return ArrayRecord(array_dict=arrays), ConfigRecord(values)
-    return None
 
 
 def _value(spec: _Field, key: str, v):
@@ -129,7 +132,7 @@ def _read(cls: type, arrays: ArrayRecord, values: ConfigRecord, prefix: str = ""
     for name, spec in _layout(cls):
         key = prefix + name
         if isinstance(spec, tuple):
-            sub, _, default = spec
+            sub, default = spec
             present = any(k.startswith(key + ".") for k in (*arrays.keys(), *values.keys()))
             if present or default is MISSING:
                 kw[name] = _read(sub, arrays, values, key + ".")
