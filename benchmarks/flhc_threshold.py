@@ -66,7 +66,7 @@ def updates(overrides: list[str], data_dir: str | None, warmup: int, cluster_epo
         w = exp.algorithm.global_model()
         clients = exp.algorithm.ctx.training_clients
         step = warmup + 1  # FL+HC's clustering step, as flhc.FLHC.cluster asks it
-        res = exp.executor.run([exp.algorithm.local_training(step, i, w, epochs=cluster_epochs) for i in clients])
+        res = exp.executor.execute([exp.algorithm.local_training(step, i, w, epochs=cluster_epochs) for i in clients])
     return torch.stack([r.weights - w for r in res]).double().numpy(), exp.fed.groups[clients], int(w.numel())
 
 

@@ -60,7 +60,7 @@ def honest_representations(data_dir: str, seed: int = 0):
     alg: StoCFL = exp.algorithm
     ex = SequentialExecutor(exp.fed, exp.model)
     clients = list(range(exp.fed.n_clients))
-    psi = torch.stack([r.psi for r in ex.run([alg.represent_task(i) for i in clients])])
+    psi = torch.stack([r.psi for r in ex.execute([alg.represent_task(i) for i in clients])])
     return psi, np.asarray(exp.fed.groups)
 
 

@@ -68,9 +68,9 @@ class Recording:
         self.inner, self.fed, self.model = inner, inner.fed, inner.model
         self.clients: set[int] = set()
 
-    def run(self, tasks):
+    def execute(self, tasks):
         self.clients |= {t.client for t in tasks}
-        return self.inner.run(tasks)
+        return self.inner.execute(tasks)
 
 
 EXECUTORS = {
@@ -89,7 +89,7 @@ def make(name, **kw):
 
 def play(alg, executor, samples=SAMPLES, start=1):
     for t, s in enumerate(samples, start):
-        alg.round(t, list(s), executor.run)
+        alg.round(t, list(s), executor.execute)
     return alg
 
 
@@ -149,14 +149,14 @@ def test_every_algorithm_on_every_executor(name, executor, tmp_path, one_thread)
     assert_same_state(alg, fresh)
     # new clients (the held-out ones) are placed without changing the partition
     before = alg.cluster_labels()
-    placed = alg.place_new(HELDOUT, ex.run)
+    placed = alg.place_new(HELDOUT, ex.execute)
     assert [p.client for p in placed] == HELDOUT
     found = set(alg.cluster_labels()[alg.cluster_labels() >= 0].tolist())
     for p in placed:
         assert p.weights.shape == W0.shape and torch.isfinite(p.weights).all()
         assert p.cluster == -1 or p.cluster in found, (p.cluster, found)
     assert np.array_equal(alg.cluster_labels(), before)
-    models = alg.client_models(PARTICIPANTS, ex.run)
+    models = alg.client_models(PARTICIPANTS, ex.execute)
     assert len(models) == len(PARTICIPANTS) and all(m.shape == W0.shape for m in models)
 
 
@@ -182,9 +182,9 @@ class Asked:
         self.inner, self.fed, self.model = inner, inner.fed, inner.model
         self.tasks: list = []
 
-    def run(self, tasks):
+    def execute(self, tasks):
         self.tasks += tasks
-        return self.inner.run(tasks)
+        return self.inner.execute(tasks)
 
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
@@ -223,7 +223,7 @@ def test_a_single_client_federation(name):
     play(alg, ex, [[0], [0], [0]])
     assert alg.cluster_labels().tolist() == [0] or alg.cluster_labels()[0] >= 0
     assert torch.isfinite(alg.global_model()).all()
-    (res,) = ex.run([Evaluate(0, alg.client_models([0], ex.run)[0])])
+    (res,) = ex.execute([Evaluate(0, alg.client_models([0], ex.execute)[0])])
     assert 0 <= res.correct <= res.n_samples
 
 
@@ -232,11 +232,11 @@ class FailAll(SequentialExecutor):
 
     failing = False
 
-    def run(self, tasks):
+    def execute(self, tasks):
         if self.failing and tasks:
             clients = sorted({t.client for t in tasks})
             raise ClientsDropped(clients, [f"client {c}: no reply" for c in clients])
-        return super().run(tasks)
+        return super().execute(tasks)
 
 
 SMALL = [

@@ -177,13 +177,13 @@ def test_the_correct_user_algorithm_the_faulty_ones_break_runs():
 
 
 class _DropsOne(SequentialExecutor):
-    def run(self, tasks):
-        return super().run(tasks)[:-1]
+    def execute(self, tasks):
+        return super().execute(tasks)[:-1]
 
 
 class _ShortBatchedPath(SequentialExecutor):
     def fast_paths(self):
-        return {**super().fast_paths(), Train: lambda tasks: self.run_reference(Train, tasks)[:-1]}
+        return {**super().fast_paths(), Train: lambda tasks: self.execute_reference(Train, tasks)[:-1]}
 
 
 stocfl.register_engine(stocfl.Engine("drops_one", "a faulty engine", executor=lambda f, m, cfg: _DropsOne(f, m)))

@@ -93,6 +93,7 @@ def _run(tmp_path, name, rule, craft, algorithm="fedavg"):
 HUGE = lambda r: Trained(torch.full_like(r.weights, 1e5), r.n_samples)  # noqa: E731  within the reply bound
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("algorithm, rules", [("fedavg", ("clip", "median", "trimmed_mean")), ("stocfl", ("median",))])
 def test_robust_rules_hold_where_the_mean_is_taken_over(tmp_path, algorithm, rules):
     """One of ten clients returns weights of 1e5 (inside the reply check's bound): the mean ends

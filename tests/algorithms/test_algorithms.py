@@ -31,10 +31,10 @@ def test_fedavg_round_is_the_weighted_mean_of_local_models():
     ex = SequentialExecutor(FED, MODEL)
     alg = FedAvg(FedAvg.Params(), CTX)
     sampled = [1, 4, 7]
-    local = ex.run([alg.local_task(1, i, alg.w) for i in sampled])
+    local = ex.execute([alg.local_task(1, i, alg.w) for i in sampled])
     n = torch.tensor([float(FED.train_sizes[i]) for i in sampled])
     expected = sum(r.weights * k for r, k in zip(local, n)) / n.sum()
-    alg.round(1, sampled, ex.run)
+    alg.round(1, sampled, ex.execute)
     assert torch.allclose(alg.global_model(), expected, atol=1e-6)
 
 
@@ -44,7 +44,7 @@ def test_fedprox_mu_zero_is_fedavg_and_mu_pulls_toward_w():
     c = FedProx(FedProx.Params(mu=5.0), CTX)
     for t in (1, 2):
         for alg in (a, b, c):
-            alg.round(t, [0, 3, 5, 8], ex.run)
+            alg.round(t, [0, 3, 5, 8], ex.execute)
     assert torch.equal(a.global_model(), b.global_model())
     assert (c.global_model() - W0).norm() < (a.global_model() - W0).norm()
 
@@ -60,30 +60,30 @@ def test_chain_is_one_sequential_pass_as_the_stocfl_authors_code_trains_w():
     for alg in (FedAvg(FedAvg.Params(chain=True), CTX), FedProx(FedProx.Params(mu=2.0, chain=True), CTX)):
         start, models = W0, []
         for i in sampled:
-            (r,) = ex.run([alg.local_task(1, i, start)])
+            (r,) = ex.execute([alg.local_task(1, i, start)])
             models.append(r.weights)
             start = r.weights
         n = [float(FED.train_sizes[i]) for i in sampled]
         expected = sum(m * k for m, k in zip(models, n)) / sum(n)
-        alg.round(1, sampled, ex.run)
+        alg.round(1, sampled, ex.execute)
         assert torch.allclose(alg.global_model(), expected, atol=1e-6)
         plain = FedAvg(FedAvg.Params(), CTX).local_task(1, 4, models[0])
-        same = torch.equal(ex.run([plain])[0].weights, models[1])  # FedProx's pull is toward W0, not models[0]
+        same = torch.equal(ex.execute([plain])[0].weights, models[1])  # FedProx's pull is toward W0, not models[0]
         assert same if alg.name == "fedavg" else not same
     one, chain = FedAvg(FedAvg.Params(), CTX), FedAvg(FedAvg.Params(chain=True), CTX)
     for t, i in enumerate([3, 8, 3], 1):
-        one.round(t, [i], ex.run)
-        chain.round(t, [i], ex.run)
+        one.round(t, [i], ex.execute)
+        chain.round(t, [i], ex.execute)
     assert torch.equal(one.global_model(), chain.global_model())
     sto, avg = StoCFL(StoCFL.Params(chain=True), CTX), FedAvg(FedAvg.Params(chain=True), CTX)
     plain_sto = StoCFL(StoCFL.Params(), CTX)
     for alg in (sto, avg, plain_sto):
-        alg.round(1, [0, 2, 9, 4, 6], ex.run)
+        alg.round(1, [0, 2, 9, 4, 6], ex.execute)
     assert torch.equal(sto.global_model(), avg.global_model())
     assert not torch.allclose(sto.global_model(), plain_sto.global_model(), atol=1e-4)
     assert all(torch.equal(sto.theta[k], plain_sto.theta[k]) for k in plain_sto.theta)  # same w to pull toward
-    sto.round(2, [1, 2, 9, 5, 11], ex.run)
-    avg.round(2, [1, 2, 9, 5, 11], ex.run)
+    sto.round(2, [1, 2, 9, 5, 11], ex.execute)
+    avg.round(2, [1, 2, 9, 5, 11], ex.execute)
     assert torch.equal(sto.global_model(), avg.global_model())
 
 
@@ -106,8 +106,8 @@ def test_a_method_that_has_not_left_fedavg_is_fedavg(name):
     ex = SequentialExecutor(FED, MODEL)
     ref, alg = FedAvg(FedAvg.Params(), ctx), ALGORITHMS[name](ALGORITHMS[name].Params(**params), ctx)
     for t, sampled in enumerate([[0, 2, 9, 4, 6], [1, 2, 9, 5, 11], list(range(12))], 1):
-        ref.round(t, sampled, ex.run)
-        alg.round(t, sampled, ex.run)
+        ref.round(t, sampled, ex.execute)
+        alg.round(t, sampled, ex.execute)
     assert not torch.equal(ref.global_model(), W0)
     gap = float((alg.global_model() - ref.global_model()).abs().max())
     assert gap <= tol, f"{name}: its global model is {gap:.2e} from FedAvg's"
@@ -121,8 +121,8 @@ def test_every_algorithm_same_on_both_executors_and_round_trips_state(name):
     execs = (SequentialExecutor(FED, MODEL), BatchedExecutor(FED, MODEL))
     for ex in execs:
         alg = cls(params, CTX)
-        alg.round(1, [0, 2, 9, 4, 6], ex.run)
-        alg.round(2, [1, 2, 9, 5, 11], ex.run)
+        alg.round(1, [0, 2, 9, 4, 6], ex.execute)
+        alg.round(2, [1, 2, 9, 5, 11], ex.execute)
         runs.append(alg)
     assert torch.allclose(runs[0].global_model(), runs[1].global_model(), atol=1e-5)
     assert (runs[0].cluster_labels() == runs[1].cluster_labels()).all()
@@ -132,10 +132,10 @@ def test_every_algorithm_same_on_both_executors_and_round_trips_state(name):
     assert torch.equal(fresh.global_model(), runs[0].global_model())
     assert fresh.cluster_labels().shape == (FED.n_clients,)
     clients = list(range(FED.n_clients))
-    for a, b in zip(fresh.client_models(clients, execs[0].run), runs[0].client_models(clients, execs[0].run)):
+    for a, b in zip(fresh.client_models(clients, execs[0].execute), runs[0].client_models(clients, execs[0].execute)):
         assert torch.equal(a, b)
     # same seed, same numbers
     again = cls(params, CTX)
-    again.round(1, [0, 2, 9, 4, 6], execs[0].run)
-    again.round(2, [1, 2, 9, 5, 11], execs[0].run)
+    again.round(1, [0, 2, 9, 4, 6], execs[0].execute)
+    again.round(2, [1, 2, 9, 5, 11], execs[0].execute)
     assert torch.equal(again.global_model(), runs[0].global_model())

@@ -10,6 +10,8 @@ from stocfl.experiment import configure
 from stocfl.experiment.loop import Experiment
 from tests.helpers import REPO
 
+pytestmark = pytest.mark.long  # whole runs on real data or the lab's tables (left out of make test-fast)
+
 MNIST = ["scenario.dataset=mnist", "model.name=mlp", "train.epochs=1", "train.batch_size=50", "train.lr=0.1"]
 
 
@@ -77,7 +79,7 @@ def test_per_client_models_survive_a_stop_and_an_unrecorded_store_write(tmp_path
     cut = Experiment.create(_load(data_dir, extra), tmp_path / "cut")
     assert cut.run(progress=False, stop_after=3) is None
     # a kill after the round's store write but before its checkpoint: the store moved on alone
-    cut.algorithm.round(4, cut.sample(), cut.executor.run)
+    cut.algorithm.round(4, cut.sample(), cut.executor.execute)
     assert (tmp_path / "cut" / f"{'fesem_local' if 'fesem' in algo[0] else 'ditto_personal'}.f32").exists()
     resumed = Experiment.resume(tmp_path / "cut")
     assert resumed.round == 3

@@ -296,6 +296,7 @@ def test_singletons_keep_psi_as_given_and_merges_never_modify_it():
     assert torch.equal(cs.sums_[merged], kept[0].double() + kept[1].double())
 
 
+@pytest.mark.long
 @settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(scenarios(), st.sampled_from([2, 3, 20]))
 def test_tau_cuts_count_the_clusters_a_merge_at_their_tau_leaves(case, max_clusters):

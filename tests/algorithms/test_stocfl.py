@@ -25,7 +25,7 @@ SAMPLES = [[0, 5, 9, 13, 20], [1, 5, 7, 14, 22], [2, 3, 9, 17, 23]]
 def _run(alg, executor=None):
     ex = executor or SequentialExecutor(FED, MODEL)
     for t, s in enumerate(SAMPLES, 1):
-        alg.round(t, s, ex.run)
+        alg.round(t, s, ex.execute)
     return alg
 
 
@@ -50,15 +50,15 @@ def test_tau_minus_one_cluster_model_follows_fedprox_toward_w():
     lam = 0.7
     sto = StoCFL(StoCFLParams(tau=-1.0, lam=lam), CTX)
     ex = SequentialExecutor(FED, MODEL)
-    sto.round(1, SAMPLES[0], ex.run)
+    sto.round(1, SAMPLES[0], ex.execute)
     (k,) = sto.clusters.ids
     theta, w = sto.theta[k].clone(), sto.w.clone()
     prox = FedProx(FedProx.Params(mu=lam), CTX)
     expected = [prox.local_training(2, i, theta, prox_center=w, prox_weight=lam) for i in SAMPLES[1]]
-    res = ex.run(expected)
+    res = ex.execute(expected)
     n = [r.n_samples for r in res]
     want = sum(r.weights * m for r, m in zip(res, n)) / sum(n)
-    sto.round(2, SAMPLES[1], ex.run)
+    sto.round(2, SAMPLES[1], ex.execute)
     assert len(sto.clusters) == 1
     assert torch.allclose(sto.theta[k], want, atol=1e-6)
 
@@ -70,8 +70,8 @@ def test_finds_the_rotations_and_same_on_both_executors():
     rng = np.random.default_rng(0)
     for t in range(1, 9):
         s = sorted(rng.choice(24, 6, replace=False).tolist())
-        a.round(t, s, ex_a.run)
-        b.round(t, s, ex_b.run)
+        a.round(t, s, ex_a.execute)
+        b.round(t, s, ex_b.execute)
     assert np.array_equal(a.cluster_labels(), b.cluster_labels())
     seen = a.cluster_labels() >= 0
     from sklearn.metrics import adjusted_rand_score
@@ -89,8 +89,8 @@ def test_state_round_trip():
     assert np.array_equal(fresh.cluster_labels(), alg.cluster_labels())
     assert fresh.clusters.members_ == {k: sorted(v) for k, v in alg.clusters.members_.items()}
     ex = SequentialExecutor(FED, MODEL)
-    alg.round(4, [4, 6, 8], ex.run)
-    fresh.round(4, [4, 6, 8], ex.run)
+    alg.round(4, [4, 6, 8], ex.execute)
+    fresh.round(4, [4, 6, 8], ex.execute)
     assert np.array_equal(fresh.cluster_labels(), alg.cluster_labels())
     assert torch.equal(fresh.w, alg.w)
 
@@ -109,18 +109,18 @@ def test_merged_models_weigh_by_trained_samples_untrained_weigh_zero():
 
 def test_a_client_whose_psi_is_rejected_still_trains_w():
     class ZeroPsi(SequentialExecutor):
-        def run(self, tasks):
+        def execute(self, tasks):
             return [
                 Represented(torch.zeros_like(r.psi), r.n_samples) if isinstance(r, Represented) and t.client == 5 else r
-                for t, r in zip(tasks, super().run(tasks))
+                for t, r in zip(tasks, super().execute(tasks))
             ]
 
     ex = ZeroPsi(FED, MODEL)
     alg = StoCFL(StoCFLParams(), CTX)
     w = alg.w.clone()
-    diag = alg.round(1, SAMPLES[0], ex.run)
+    diag = alg.round(1, SAMPLES[0], ex.execute)
     assert diag["rejected_representations"] == 1 and alg.cluster_labels()[5] == -1
-    plain = SequentialExecutor(FED, MODEL).run([alg.local_training(1, i, w) for i in SAMPLES[0]])
+    plain = SequentialExecutor(FED, MODEL).execute([alg.local_training(1, i, w) for i in SAMPLES[0]])
     n = [r.n_samples for r in plain]
     expected = sum(r.weights * k for r, k in zip(plain, n)) / sum(n)
     assert torch.allclose(alg.w, expected, atol=1e-6), "w is the mean over every sampled client, client 5 included"
@@ -129,14 +129,14 @@ def test_a_client_whose_psi_is_rejected_still_trains_w():
 def test_auto_tau_needs_no_kept_representations_and_says_what_it_did():
     alg = StoCFL(StoCFLParams(tau="auto", keep_representations=False), CTX)
     ex = SequentialExecutor(FED, MODEL)
-    diag = alg.round(1, [0, 5], ex.run)  # two clients: too few to suggest tau, no merges yet
+    diag = alg.round(1, [0, 5], ex.execute)  # two clients: too few to suggest tau, no merges yet
     assert diag["tau"] is None and diag["tau_auto"].startswith("waiting: 2 of 3") and diag["merges"] == 0
     assert len(alg.clusters) == 2 and not alg.reps
     tensors, meta = alg.encode_state()
     resumed = StoCFL(StoCFLParams(tau="auto", keep_representations=False), CTX)
     resumed.decode_state(tensors, meta)
     for a in (alg, resumed):
-        diag = a.round(2, [1, 7, 9, 13, 20], ex.run)
+        diag = a.round(2, [1, 7, 9, 13, 20], ex.execute)
         assert diag["tau"] is not None and diag["tau_auto"].startswith("suggested from 7 representations: ")
         assert f": {len(a.clusters)} clusters (gap " in diag["tau_auto"], diag["tau_auto"]
     arrival = [0, 5, 1, 7, 9, 13, 20]
@@ -164,14 +164,14 @@ def test_tau_suggested_is_from_full_size_psi_where_all_fit_else_says_sketched(mo
     assert out["tau_suggested_from"] == f"Psi of {len(seen)} clients"
     monkeypatch.setattr(mod, "KEEP_FULL_NUMBERS", FED.n_clients * sent - 1)
     small = StoCFL(params, CTX)
-    small.round(1, SAMPLES[0], ex.run)
+    small.round(1, SAMPLES[0], ex.execute)
     assert {len(v) for v in small.reps.values()} == {mod.PLOT_DIM}
     tensors, meta = small.encode_state()
     monkeypatch.setattr(mod, "KEEP_FULL_NUMBERS", 2**24)  # a resumed run keeps the size it began with
     resumed = StoCFL(params, CTX)
     resumed.decode_state(tensors, meta)
     for t, s in enumerate(SAMPLES[1:], 2):
-        resumed.round(t, s, ex.run)
+        resumed.round(t, s, ex.execute)
     assert {len(v) for v in resumed.reps.values()} == {mod.PLOT_DIM}
     assert resumed.summary([])["tau_suggested_from"] == (
         f"Psi of {len(seen)} clients, sketched from {sent} to {mod.PLOT_DIM} numbers (an estimate)"
@@ -180,7 +180,7 @@ def test_tau_suggested_is_from_full_size_psi_where_all_fit_else_says_sketched(mo
 
 def _psi(ex, client, params=None):
     alg = StoCFL(params or StoCFLParams(), CTX)
-    return ex.run([alg.represent_task(client)])[0].psi.double()
+    return ex.execute([alg.represent_task(client)])[0].psi.double()
 
 
 def test_bad_representations_are_rejected():
@@ -216,12 +216,13 @@ def test_count_sketch_preserves_cosines_and_is_seeded():
 
 def test_projection_is_client_side_and_small():
     ex = SequentialExecutor(FED, MODEL)
-    full = ex.run([Represent(0, W0, kind="gradient", anchor_model="train")])[0].psi
-    small = ex.run([Represent(0, W0, kind="gradient", anchor_model="train", dim=256)])[0].psi
+    full = ex.execute([Represent(0, W0, kind="gradient", anchor_model="train")])[0].psi
+    small = ex.execute([Represent(0, W0, kind="gradient", anchor_model="train", dim=256)])[0].psi
     assert full.numel() == MODEL.n_params and small.numel() == 256
     assert float(small.norm()) == pytest.approx(1.0, abs=1e-5)
 
 
+@pytest.mark.long
 def test_server_memory_for_representations_is_flat_in_n():
     """N = 10,000 clients with 64-dim representations from 4 groups, 1% sampled per round: the
     server holds one sum per cluster, not one vector per client."""
@@ -259,9 +260,9 @@ def test_new_clients_join_their_group():
     train = [i for i in range(24) if i % 6]
     held = [i for i in range(24) if i % 6 == 0]
     for t in range(1, 6):
-        alg.round(t, train, ex.run)
+        alg.round(t, train, ex.execute)
     labels = alg.cluster_labels()
-    placed = alg.place_new(held, ex.run)
+    placed = alg.place_new(held, ex.execute)
     for p in placed:
         same_group = [i for i in train if FED.groups[i] == FED.groups[p.client]]
         assert p.cluster == labels[same_group[0]] and not p.opened_new
@@ -277,7 +278,7 @@ def test_linear_anchor_fast_path_equals_autograd(kind):
     lin = linear_model(FED.input_shape, 10)
     w = linear_anchor_weights(FED.input_shape, 10, 3)
     ex = SequentialExecutor(FED, MODEL)
-    fast = ex.run([Represent(4, w, kind=kind, anchor_model="linear", local=LocalTraining.sgd(3, 7, 0.1), seed=11)])[
+    fast = ex.execute([Represent(4, w, kind=kind, anchor_model="linear", local=LocalTraining.sgd(3, 7, 0.1), seed=11)])[
         0
     ].psi
     x, y = FED.train_data(4)
@@ -293,6 +294,7 @@ def test_linear_anchor_fast_path_equals_autograd(kind):
 @pytest.mark.parametrize(
     "scenario, per_client", [("rotated", 30), ("shifted", 30), ("hybrid", 30), ("pathological", 20)]
 )
+@pytest.mark.long
 def test_groups_found_on_digits_with_defaults(tmp_path, scenario, per_client):
     from stocfl.experiment import configure
     from stocfl.experiment.loop import Experiment
@@ -355,6 +357,6 @@ def test_merge_check_runs_in_stocfl_checkpoints_and_logs_refusals():
     fresh = StoCFL(StoCFLParams(tau=0.3, leave_out=0.2), CTX)
     fresh.decode_state(tensors, meta)
     ex = SequentialExecutor(FED, MODEL)
-    a, b = alg.round(4, [4, 6, 8, 10], ex.run), fresh.round(4, [4, 6, 8, 10], ex.run)
+    a, b = alg.round(4, [4, 6, 8, 10], ex.execute), fresh.round(4, [4, 6, 8, 10], ex.execute)
     assert a == b and "merges_refused" in a
     assert np.array_equal(fresh.cluster_labels(), alg.cluster_labels()) and torch.equal(fresh.w, alg.w)

@@ -8,6 +8,8 @@ from stocfl.cli import main
 from stocfl.experiment import configure
 from stocfl.experiment.loop import Experiment
 
+pytestmark = pytest.mark.long  # whole runs on real data or the lab's tables (left out of make test-fast)
+
 SIZES = {"pathological": (400, 50), "rotated": (400, 50), "shifted": (400, 50), "hybrid": (80, 40)}
 
 

@@ -37,6 +37,7 @@ def test_the_chunk_follows_the_largest_layer_output():
     assert odd.eval_chunk(torch.zeros(2, 4)) == 256 and EVAL_CHUNK_MIN <= 256
 
 
+@pytest.mark.long
 @settings(max_examples=12, deadline=None)
 @given(sizes=st.lists(st.integers(0, 400), min_size=1, max_size=4), seed=st.integers(0, 2**16))
 def test_chunked_pooled_evaluation_equals_each_client_in_one_forward(sizes, seed):

@@ -106,7 +106,7 @@ def test_local_training_equals_a_plain_torch_optim_loop(kind, lr):
     t = _tasks(kind, 7, lr)[3]
     assert t.prox_center is not None
     ref = plain_training(build_module("auto", FED.input_shape, 10), t, *FED.train_data(t.client))
-    got = SequentialExecutor(FED, MODEL).run([t])[0].weights
+    got = SequentialExecutor(FED, MODEL).execute([t])[0].weights
     assert torch.allclose(ref, got, atol=1e-5), float((ref - got).abs().max())
 
 
@@ -114,9 +114,9 @@ def test_local_training_equals_a_plain_torch_optim_loop(kind, lr):
 @pytest.mark.parametrize("batch_size", [0, 7])
 def test_batched_equals_sequential_with_every_optimizer(kind, lr, batch_size):
     tasks = _tasks(kind, batch_size, lr)
-    a = SequentialExecutor(FED, MODEL).run(tasks)
-    b = BatchedExecutor(FED, MODEL, chunk_size=5).run(tasks)
-    plain = SequentialExecutor(FED, MODEL).run(
+    a = SequentialExecutor(FED, MODEL).execute(tasks)
+    b = BatchedExecutor(FED, MODEL, chunk_size=5).execute(tasks)
+    plain = SequentialExecutor(FED, MODEL).execute(
         [dataclasses.replace(t, local=LocalTraining.sgd(3, batch_size, lr)) for t in tasks]
     )
     for x, y, z in zip(a, b, plain):

@@ -86,13 +86,13 @@ def test_local_training_equals_a_plain_loop_in_train_mode(optimizer):
             opt.zero_grad()
             nn.functional.cross_entropy(ref(x[idx]), y[idx]).backward()
             opt.step()
-    got = SequentialExecutor(FED, flat).run([t])[0].weights
+    got = SequentialExecutor(FED, flat).execute([t])[0].weights
     want = FlatModel.flatten(ref)
     assert torch.allclose(got, want, atol=1e-5), float((got - want).abs().max())
     assert not torch.equal(got[flat.n_trainable :], w0[flat.n_trainable :]), "the running statistics moved"
-    batched = BatchedExecutor(FED, flat).run([t])[0].weights
+    batched = BatchedExecutor(FED, flat).execute([t])[0].weights
     assert torch.equal(batched, got)
-    (ev,) = SequentialExecutor(FED, flat).run([Evaluate(2, got)])  # eval mode: the running statistics
+    (ev,) = SequentialExecutor(FED, flat).execute([Evaluate(2, got)])  # eval mode: the running statistics
     ref.eval()
     xt, yt = FED.test_data(2)
     assert ev.correct == int((ref(xt).argmax(1) == yt).sum())
@@ -132,6 +132,7 @@ def test_the_second_api_example_own_bn_model_adam_stocfl_in_memory(tmp_path, mon
     assert result.summary["ari"] == 1.0 and result.summary["accuracy"] > 0.6, result.summary
 
 
+@pytest.mark.long
 def test_a_small_resnet_with_batchnorm_learns_cifar10(data_dir):
     torch.manual_seed(0)
     result = stocfl.run(

@@ -53,7 +53,7 @@ def test_executors_on_an_explicit_cpu_device_give_the_default_numbers():
     tasks = [Train(i, w0, LocalTraining.sgd(2, 5, 0.1), i) for i in range(6)] + [Evaluate(i, w0) for i in range(6)]
     assert federation_on(fed, torch.device("cpu")) is fed
     for kind in (SequentialExecutor, BatchedExecutor):
-        a, b = kind(fed, flat).run(tasks), kind(fed, flat, device="cpu").run(tasks)
+        a, b = kind(fed, flat).execute(tasks), kind(fed, flat, device="cpu").execute(tasks)
         assert all(torch.equal(x.weights, y.weights) for x, y in zip(a[:6], b[:6]))
         assert [x.correct for x in a[6:]] == [y.correct for y in b[6:]]
 
@@ -79,7 +79,7 @@ def test_every_executor_on_cuda_gives_the_cpu_numbers(dataset, model, request):
         + [Evaluate(i, w0) for i in range(8)]
         + [Represent(i, w0, epochs=2) for i in range(8)]
     )
-    ref = SequentialExecutor(fed, flat).run(tasks)
+    ref = SequentialExecutor(fed, flat).execute(tasks)
     executors = [
         SequentialExecutor(fed, flat, device="cuda"),
         BatchedExecutor(fed, flat, chunk_size=3, device="cuda"),
@@ -108,7 +108,7 @@ def test_every_executor_on_cuda_gives_the_cpu_numbers(dataset, model, request):
 
     wrong = []
     for ex in executors:
-        for i, (a, b, t) in enumerate(zip(ref, ex.run(tasks), tasks)):
+        for i, (a, b, t) in enumerate(zip(ref, ex.execute(tasks), tasks)):
             for f in ("weights", "psi"):
                 if hasattr(a, f) and (d := disagreement(f, getattr(a, f), getattr(b, f), t)) is not None:
                     wrong.append((ex.name, i, f, d))

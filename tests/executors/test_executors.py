@@ -38,8 +38,8 @@ def _tasks(batch_size, prox=True):
 def test_batched_equals_sequential(batch_size, chunk):
     assert len(set(FED.train_sizes.tolist())) > 3
     tasks = _tasks(batch_size)
-    a = SequentialExecutor(FED, MODEL).run(tasks)
-    b = BatchedExecutor(FED, MODEL, chunk_size=chunk).run(tasks)
+    a = SequentialExecutor(FED, MODEL).execute(tasks)
+    b = BatchedExecutor(FED, MODEL, chunk_size=chunk).execute(tasks)
     for x, y, t in zip(a, b, tasks):
         assert x.n_samples == y.n_samples == FED.train_sizes[t.client]
         assert torch.allclose(x.weights, y.weights, atol=1e-5, rtol=0)
@@ -51,42 +51,42 @@ def test_sequential_matches_a_plain_pytorch_loop():
     t = _tasks(7)[3]
     assert t.prox_center is not None
     ref = plain_training(build_module("auto", FED.input_shape, 10), t, *FED.train_data(t.client))
-    got = SequentialExecutor(FED, MODEL).run([t])[0].weights
+    got = SequentialExecutor(FED, MODEL).execute([t])[0].weights
     assert torch.allclose(ref, got, atol=1e-5)
 
 
 def test_same_seed_same_weights_other_seed_other_weights():
     t = _tasks(7)[0]
     ex = SequentialExecutor(FED, MODEL)
-    assert torch.equal(ex.run([t])[0].weights, ex.run([t])[0].weights)
+    assert torch.equal(ex.execute([t])[0].weights, ex.execute([t])[0].weights)
     other = copy.copy(t)
     object.__setattr__(other, "seed", t.seed + 1)
-    assert not torch.equal(ex.run([t])[0].weights, ex.run([other])[0].weights)
+    assert not torch.equal(ex.execute([t])[0].weights, ex.execute([other])[0].weights)
 
 
 def test_evaluation_fast_path_is_exact():
     ex = SequentialExecutor(FED, MODEL)
     shared = [Evaluate(i, W0) for i in range(FED.n_clients)]
     alone = [Evaluate(i, W0.clone()) for i in range(FED.n_clients)]  # distinct tensors: no grouping
-    for a, b in zip(ex.run(shared), ex.run(alone)):
+    for a, b in zip(ex.execute(shared), ex.execute(alone)):
         assert a.correct == b.correct and a.n_samples == b.n_samples and abs(a.loss - b.loss) < 1e-6
     x, y = FED.test_data(5)
     logits = MODEL.forward(W0, x)
-    assert ex.run(shared)[5].correct == int((logits.argmax(1) == y).sum())
-    tr = ex.run([Evaluate(5, W0, "train")])[0]
+    assert ex.execute(shared)[5].correct == int((logits.argmax(1) == y).sum())
+    tr = ex.execute([Evaluate(5, W0, "train")])[0]
     assert tr.n_samples == FED.train_sizes[5]
 
 
 def test_mixed_task_list_keeps_order():
     anchor = linear_anchor_weights(FED.input_shape, 10, 0)
     tasks = [Evaluate(0, W0), _tasks(0)[1], Represent(2, anchor, anchor_model="linear"), Evaluate(3, W0, "train")]
-    out = BatchedExecutor(FED, MODEL).run(tasks)
+    out = BatchedExecutor(FED, MODEL).execute(tasks)
     assert [type(r).__name__ for r in out] == ["Evaluated", "Trained", "Represented", "Evaluated"]
 
 
 def test_wrong_weight_shape_is_refused():
     with pytest.raises(UserError, match="parameters"):
-        SequentialExecutor(FED, MODEL).run([Train(0, torch.zeros(3), LocalTraining.sgd(1, 0, 0.1), 0)])
+        SequentialExecutor(FED, MODEL).execute([Train(0, torch.zeros(3), LocalTraining.sgd(1, 0, 0.1), 0)])
 
 
 def test_auto_engine_rule():
@@ -102,3 +102,36 @@ def test_batch_plan_covers_every_sample_once_per_epoch():
     assert not torch.equal(torch.cat(plan[0]), torch.cat(plan[1]))
     assert batch_plan(10, 3, 0, 1) == [None] * 3 and batch_plan(10, 1, 10, 1) == [None]
     assert np.array_equal(torch.cat(batch_plan(23, 1, 5, 9)[0]), torch.cat(batch_plan(23, 1, 5, 9)[0]))
+
+
+def test_the_old_name_of_execute_still_works_or_is_refused_by_name():
+    """``Executor.run(tasks)`` became ``execute(tasks)``: a call to the old name still answers
+    (with a DeprecationWarning); a subclass or an engine's object with only ``run`` would never
+    be called by the round loop, so it is refused in one line that names the new method."""
+    import stocfl
+    from stocfl.executors import Executor, make_executor
+    from stocfl.executors.registry import ENGINES
+
+    ex = SequentialExecutor(FED, MODEL)
+    t = Train(1, W0, LocalTraining.sgd(1, 0, 0.1), 1)
+    with pytest.warns(DeprecationWarning, match=r"now Executor\.execute"):
+        old = ex.run([t])
+    assert torch.equal(old[0].weights, ex.execute([t])[0].weights)
+    with pytest.raises(UserError, match=r"Mine\.run\(tasks\).*now execute\(tasks\)"):
+
+        class Mine(Executor):
+            def run(self, tasks):
+                return []
+
+    class OnlyRun:  # an engine's object that is no Executor and has the old method only
+        name = "only-run"
+
+        def run(self, tasks):
+            return []
+
+    stocfl.register_engine(stocfl.Engine("only-run", "the old method only", executor=lambda f, m, c: OnlyRun()))
+    try:
+        with pytest.raises(UserError, match=r"OnlyRun, which has no execute\(tasks\).*run\(tasks\) is now execute"):
+            make_executor("only-run", FED, MODEL, None)
+    finally:
+        del ENGINES["only-run"]

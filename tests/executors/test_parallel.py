@@ -72,7 +72,7 @@ def test_the_parallel_executor_equals_the_sequential_loop(specs):
         )
         for c, k, e, b, lr, seed, mu, opt in specs
     ]
-    got, want = PARALLEL.run(tasks), SEQUENTIAL.run(tasks)
+    got, want = PARALLEL.execute(tasks), SEQUENTIAL.execute(tasks)
     assert len(got) == len(want)
     for g, w in zip(got, want):
         assert g.n_samples == w.n_samples
@@ -101,17 +101,17 @@ def _where(data, task):
 
 def test_tasks_run_in_worker_processes_on_one_thread_each_and_a_kind_registered_later_reaches_them():
     ex = ParallelExecutor(FED, MODEL, workers=2)
-    ex.run([Train(c, W0, LocalTraining.sgd(1, 0, 0.1), c) for c in range(4)])  # forks the workers
+    ex.execute([Train(c, W0, LocalTraining.sgd(1, 0, 0.1), c) for c in range(4)])  # forks the workers
     KINDS.pop(WhereAmI, None)
     register_task(WhereAmI, Here, _where, message="test.whereami")
     try:
-        got = ex.run([WhereAmI(c) for c in range(8)])
+        got = ex.execute([WhereAmI(c) for c in range(8)])
         pids = {h.pid for h in got}
         assert os.getpid() not in pids and 1 <= len(pids) <= 2
         assert {h.threads for h in got} == {1}
         KINDS.pop(WhereAmI)  # the same kind registered again with another function reaches them too
         register_task(WhereAmI, Here, lambda data, task: Here(-task.client, 0), message="test.whereami")
-        assert [h.pid for h in ex.run([WhereAmI(c) for c in range(1, 4)])] == [-1, -2, -3]
+        assert [h.pid for h in ex.execute([WhereAmI(c) for c in range(1, 4)])] == [-1, -2, -3]
     finally:
         KINDS.pop(WhereAmI, None)
         ex.close()
@@ -123,8 +123,8 @@ def test_a_worker_that_dies_is_one_line_and_the_executor_forks_anew():
     register_task(WhereAmI, Here, _where, message="test.whereami")
     try:
         with pytest.raises(UserError, match="a worker process died"):
-            ex.run([WhereAmI(0), WhereAmI(1, die=True), WhereAmI(2)])
-        assert len(ex.run([WhereAmI(c) for c in range(3)])) == 3
+            ex.execute([WhereAmI(0), WhereAmI(1, die=True), WhereAmI(2)])
+        assert len(ex.execute([WhereAmI(c) for c in range(3)])) == 3
     finally:
         KINDS.pop(WhereAmI, None)
         ex.close()
@@ -156,6 +156,7 @@ def test_guided_parts_cover_the_tasks_in_order_and_shrink(n, workers):
     assert not sizes or sizes[0] == -(-n // (2 * workers))
 
 
+@pytest.mark.long
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's parent-death signal is Linux's")
 def test_the_workers_end_with_a_parent_that_is_killed():
     """A parent killed mid-run (SIGKILL, or SIGTERM's default) must not leave its workers

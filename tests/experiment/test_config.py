@@ -98,6 +98,7 @@ class _nothing:
         return False
 
 
+@pytest.mark.long
 def test_cli_subprocess_no_traceback(tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text("[run]\nrounds = 3\nunknown = 1\n")

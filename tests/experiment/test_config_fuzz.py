@@ -68,6 +68,7 @@ def _alarm(signum, frame):
     raise Hang(f"no answer within {CASE_SECONDS} s")
 
 
+@pytest.mark.long
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 @given(cases())
 def test_a_fuzzed_config_runs_or_is_refused_in_one_line_naming_its_key(tmp_path_factory, case):

@@ -11,6 +11,7 @@ def test_shipped_configs_validate(path):
     configure.load(path)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_shipped_configs_build_their_federation(path, data_dir):
     from stocfl.experiment.build import build_federation

@@ -21,9 +21,9 @@ class FailingExecutor(SequentialExecutor):
         super().__init__(federation, model)
         self.fail = set(fail)
 
-    def run(self, tasks):
+    def execute(self, tasks):
         bad = sorted({t.client for t in tasks} & self.fail)
-        results = super().run([t for t in tasks if t.client not in self.fail])
+        results = super().execute([t for t in tasks if t.client not in self.fail])
         if bad:
             raise ClientsDropped(bad, [f"client {c}: no reply" for c in bad])
         return results
@@ -58,7 +58,7 @@ def test_a_dropped_round_equals_the_round_without_that_client(tmp_path):
     exp = Experiment.create(cfg, tmp_path / "run", FailingExecutor(probe.fed, probe.model, [victim]))
     exp.run(progress=False, stop_after=1)
     ref = ALGORITHMS["fedavg"](ALGORITHMS["fedavg"].Params(), exp.algorithm.ctx)
-    ref.round(1, sampled[1:], SequentialExecutor(exp.fed, exp.model).run)
+    ref.round(1, sampled[1:], SequentialExecutor(exp.fed, exp.model).execute)
     assert torch.equal(ref.global_model(), exp.algorithm.global_model())
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert row["dropped"] == 1 and row["dropped_clients"] == [victim]

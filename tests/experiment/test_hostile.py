@@ -35,8 +35,8 @@ class Client(SequentialExecutor):
         super().__init__(fed, model)
         self.kind, self.craft = kind, craft
 
-    def run(self, tasks):
-        results = super().run(tasks)
+    def execute(self, tasks):
+        results = super().execute(tasks)
         mine = [k for k, r in enumerate(results) if tasks[k].client == EVIL and isinstance(r, self.kind)]
         if mine and self.craft is None:
             raise ClientsDropped([EVIL], [f"client {EVIL}: no reply"])

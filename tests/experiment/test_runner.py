@@ -87,6 +87,7 @@ def test_same_seed_same_numbers(tmp_path):
     assert _metrics(outs[0]) != _metrics(tmp_path / "s1")
 
 
+@pytest.mark.long
 def test_resume_after_sigkill_is_identical(tmp_path):
     """Kill a real run with SIGKILL part-way, resume it, compare with an uninterrupted run."""
     args = ["run.rounds=40", "run.sample_rate=0.5", "scenario.n_clients=40", "run.engine=sequential"]
@@ -117,6 +118,7 @@ def test_resume_after_sigkill_is_identical(tmp_path):
     assert main(["resume", "--quiet", str(cut)]) == 0  # resuming a finished run only rewrites its summary
 
 
+@pytest.mark.long
 def test_away_from_a_terminal_a_run_logs_one_line_per_round(tmp_path):
     out = subprocess.run(
         [
@@ -212,6 +214,7 @@ def test_clients_csv_holds_each_clients_accuracy_and_the_summary_its_spread(tmp_
     assert min(accs) - 1e-6 <= summary["accuracy_p10"] <= sorted(accs)[2] + 1e-6
 
 
+@pytest.mark.long
 def test_ctrl_c_names_the_directory_to_resume(tmp_path):
     out = tmp_path / "r"
     # as from a shell: Ctrl-C at its default (a test process that ran Ray may ignore SIGINT, and a

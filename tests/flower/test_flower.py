@@ -17,6 +17,8 @@ from flwr.app import ConfigRecord, RecordDict  # noqa: E402
 
 from stocfl.flower.codec import BadReply, decode_results, decode_tasks, encode_results, encode_tasks, message_type  # noqa: E402
 
+pytestmark = pytest.mark.flower  # starts Flower processes (left out of make test-fast)
+
 ONE_EPOCH = LocalTraining.sgd(1, 0, 0.1)  # one full-batch epoch of plain SGD
 
 W = torch.arange(6, dtype=torch.float32)

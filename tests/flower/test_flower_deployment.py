@@ -15,6 +15,8 @@ from stocfl.experiment.loop import Experiment  # noqa: E402
 from stocfl.flower.certs import make_certificates  # noqa: E402
 from tests.flower.flower_deployment import ROOT, Deployment, rows, wait_for  # noqa: E402
 
+pytestmark = pytest.mark.flower  # starts Flower processes (left out of make test-fast)
+
 
 def _experiment(path, rounds, n_clients, extra=""):
     """Hybrid digits, clients in 2 groups; clients are evaluated after the last round only (each
@@ -39,10 +41,10 @@ class DropWhileFailing(SequentialExecutor):
 
     gone, failing = 3, False
 
-    def run(self, tasks):
+    def execute(self, tasks):
         if self.failing and any(t.client == self.gone for t in tasks):
             raise ClientsDropped([self.gone], [f"client {self.gone}: no reply"])
-        return super().run(tasks)
+        return super().execute(tasks)
 
 
 def test_stocfl_over_tls_with_a_supernode_killed_and_restarted(tmp_path):

@@ -12,6 +12,8 @@ from torch import nn
 from stocfl.data.scenarios import build
 from stocfl_lab.peers import Case, run_naive, run_pfl, run_stocfl
 
+pytestmark = pytest.mark.long  # whole runs on real data or the lab's tables (left out of make test-fast)
+
 
 def tiny_case():
     return Case(

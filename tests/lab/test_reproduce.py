@@ -25,6 +25,8 @@ from stocfl_lab.cli import main as lab_main
 from stocfl_lab.reproduce import authors_metric, draw_curves, listing, load_table, plot_curves, reproduce, tables
 from tests.helpers import REPO
 
+pytestmark = pytest.mark.long  # whole runs on real data or the lab's tables (left out of make test-fast)
+
 BASE = ["scenario.n_clients=8", "scenario.samples_per_client=20", "run.rounds=2", "run.sample_rate=0.5"]
 
 TABLE = """

@@ -133,6 +133,7 @@ def _write_many(path: str, tag: str) -> None:
         files.write_atomic(Path(path), f"{tag} {k} " * 2000)
 
 
+@pytest.mark.long
 def test_two_processes_writing_one_file_never_collide_and_leave_a_whole_version(tmp_path):
     import multiprocessing
 
@@ -149,6 +150,7 @@ def test_two_processes_writing_one_file_never_collide_and_leave_a_whole_version(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["table.json"]
 
 
+@pytest.mark.long
 def test_a_client_store_the_disk_cannot_hold_is_one_line_before_the_first_round(tmp_path):
     """Ditto's personal models get their disk blocks when the run starts: a write through the
     memory map into a sparse file on a full disk would kill the process (SIGBUS) mid-round
@@ -195,6 +197,7 @@ def test_a_client_store_the_disk_cannot_hold_is_one_line_before_the_first_round(
     assert store.stat().st_blocks * 512 >= store.stat().st_size > limit
 
 
+@pytest.mark.long
 def test_a_run_directory_is_written_by_one_process_at_a_time(tmp_path, capsys):
     """Two writers of one run (a second 'stocfl resume', or two reproductions given the same
     row) would interleave its metrics and checkpoints. A real process runs; this one is refused

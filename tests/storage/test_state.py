@@ -62,6 +62,7 @@ def same(x, y) -> bool:
     return type(x) is type(y) and x == y
 
 
+@pytest.mark.long
 @settings(max_examples=150, deadline=None)
 @given(values, values)
 def test_encode_decode_round_trips_through_a_checkpoint_file(tmp_path_factory, a, b):

@@ -107,8 +107,8 @@ def run_case(
     if device.type == "cpu" and torch.get_num_threads() > 1:
         engines["parallel"] = ParallelExecutor(fed, flat, workers=torch.get_num_threads())
     for engine, ex in engines.items():
-        ex.run(tasks[: min(4, len(tasks))])  # warm-up (vmap tracing, allocator)
-        seconds[engine] = _time(lambda: ex.run(tasks), reps, device)  # noqa: B023 - called before ex changes
+        ex.execute(tasks[: min(4, len(tasks))])  # warm-up (vmap tracing, allocator)
+        seconds[engine] = _time(lambda: ex.execute(tasks), reps, device)  # noqa: B023 - called before ex changes
     cfg = stocfl.as_config(
         {"train": {"epochs": epochs, "batch_size": batch_size, "lr": lr}, "run": {"device": str(device)}}
     )

@@ -3,6 +3,7 @@ exact shared evaluation of clients that use one model."""
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -26,6 +27,11 @@ class Executor:
 
     name = "in-process"  # the run.engine it stands for
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "run" in cls.__dict__ and "execute" not in cls.__dict__:  # would never be called
+            raise UserError(f"{cls.__name__}.run(tasks): an executor's method is now execute(tasks); rename it")
+
     def __init__(self, federation: Federation, model: FlatModel, device: str | torch.device = "cpu"):
         self.fed = federation
         self.model = model
@@ -40,7 +46,8 @@ class Executor:
         xt, yt = self.data.test_data(i)
         return ClientData(i, x, y, xt, yt, self.model, self.fed.n_classes)
 
-    def run(self, tasks: list[Task]) -> list[Reply]:
+    def execute(self, tasks: list[Task]) -> list[Reply]:
+        """One reply per task, in the tasks' order."""
         out: list[Reply | None] = [None] * len(tasks)
         by_kind: dict[type, list[int]] = defaultdict(list)
         for k, t in enumerate(tasks):
@@ -52,7 +59,7 @@ class Executor:
             batch = [tasks[k] for k in idx]
             if remote:
                 batch = [move(t, self.device, memo) for t in batch]
-            results = fast[kind](batch) if kind in fast else self.run_reference(kind, batch)
+            results = fast[kind](batch) if kind in fast else self.execute_reference(kind, batch)
             if len(results) != len(batch):  # a user's batched function: its missing results were replies of None
                 raise UserError(
                     f"the {kind.__name__} tasks' batched path returned {len(results)} results for "
@@ -62,7 +69,12 @@ class Executor:
                 out[k] = move(r, cpu) if remote else r
         return out
 
-    def run_reference(self, kind: type, tasks: list[Task]) -> list[Reply]:
+    def run(self, tasks: list[Task]) -> list[Reply]:
+        """Renamed :meth:`execute`; kept for programs that call it."""
+        warnings.warn("Executor.run(tasks) is now Executor.execute(tasks)", DeprecationWarning, stacklevel=2)
+        return self.execute(tasks)
+
+    def execute_reference(self, kind: type, tasks: list[Task]) -> list[Reply]:
         """Tasks of one kind through its registered reference function, client by client."""
         ref = kind_of(kind).reference
         return [ref(self.client(t.client), t) for t in tasks]

@@ -57,7 +57,7 @@ def _die_with_parent() -> None:
 
 def _run_part(tasks: list) -> list:
     assert _worker is not None
-    return [_compact(r) for r in Executor.run_reference(_worker, type(tasks[0]), tasks)]
+    return [_compact(r) for r in Executor.execute_reference(_worker, type(tasks[0]), tasks)]
 
 
 def _compact(value: Any, memo: dict[int, torch.Tensor] | None = None) -> Any:
@@ -114,9 +114,9 @@ class ParallelExecutor(Executor):
         self._pool: ProcessPoolExecutor | None = None
         self._kinds: tuple = ()  # the task kinds registered when the workers were forked
 
-    def run_reference(self, kind: type, tasks: list) -> list:
+    def execute_reference(self, kind: type, tasks: list) -> list:
         if self.workers == 1 or len(tasks) < 2:
-            return super().run_reference(kind, tasks)
+            return super().execute_reference(kind, tasks)
         kind_of(kind)  # an unregistered kind is refused here, in one line
         memo: dict[int, torch.Tensor] = {}
         tasks = [_compact(t, memo) for t in tasks]

@@ -92,7 +92,14 @@ def make_executor(engine: str, federation, model, cfg) -> Executor:
             f"run.engine = {engine!r} runs through 'stocfl run'/'stocfl resume', not in-process; choose "
             f"one of {', '.join(n for n, x in ENGINES.items() if x.executor is not None)}"
         )
-    return e.executor(federation, model, cfg)
+    executor = e.executor(federation, model, cfg)
+    if not callable(getattr(executor, "execute", None)):
+        named = " (its run(tasks) is now execute(tasks))" if callable(getattr(executor, "run", None)) else ""
+        raise UserError(
+            f"run.engine = {engine!r} made a {type(executor).__name__}, which has no execute(tasks) method{named}; "
+            f"an engine's executor returns one reply per task from execute(tasks)"
+        )
+    return executor
 
 
 def choose_lowrank(model, epochs: int, batch_size: int, mean_client_size: float, plain_sgd: bool) -> bool:

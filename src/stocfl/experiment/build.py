@@ -110,8 +110,8 @@ def check_model_fits(model: FlatModel, w0: torch.Tensor, fed: Federation, name: 
         )
 
 
-def checked(run, fed: Federation):
-    """``run`` (an executor's) with every result checked against its task and the client's
+def checked(execute, fed: Federation):
+    """``execute`` (an executor's) with every result checked against its task and the client's
     sizes (:func:`stocfl.client.tasks.check_result`) before any algorithm sees it: the clients with a
     bad result are dropped (:class:`ClientsDropped`, counted in metrics.jsonl), whatever the
     engine."""
@@ -119,7 +119,7 @@ def checked(run, fed: Federation):
 
     def run_checked(tasks):
         out, why = [], {}
-        results = run(tasks)
+        results = execute(tasks)
         if not isinstance(results, (list, tuple)) or len(results) != len(tasks):  # a user's engine or batched path
             got = f"{len(results)} results" if isinstance(results, (list, tuple)) else f"a {type(results).__name__}"
             raise UserError(
@@ -194,7 +194,7 @@ class Built:
     module: Any  # the nn.Module whose weights are w_0
     executor: Any
     engine: str  # the engine that runs the client tasks (auto: the one it chose)
-    run_tasks: Any  # the checked task runner the algorithm asks its clients through
+    ask: Any  # the checked task runner the algorithm asks its clients through
     local: LocalBatchNorm | None  # the clients' own BatchNorm entries (train.local_bn)
     algorithm: Algorithm
     threads: int  # the torch threads in use
@@ -222,7 +222,7 @@ def build_run(
     if executor is None:
         executor = make_executor(cfg.run.engine, fed, model, cfg)
         engine = executor.name  # auto: the one it chose
-    run_tasks = checked(executor.run, fed)
+    ask = checked(executor.execute, fed)
     local = None
     if cfg.train.local_bn:
         entries = model.batchnorm_entries()
@@ -232,7 +232,7 @@ def build_run(
                 "none; set it false or use a model with BatchNorm"
             )
         local = LocalBatchNorm(entries, fed.n_clients, out)
-        run_tasks = local.wrap(run_tasks)
+        ask = local.wrap(ask)
     ctx = build_context(cfg, fed, model, w0, module, out)
     algorithm = algorithm_class(cfg.algorithm["name"])(cfg.params, ctx)
-    return Built(fed, label_dists, model, module, executor, engine, run_tasks, local, algorithm, threads)
+    return Built(fed, label_dists, model, module, executor, engine, ask, local, algorithm, threads)

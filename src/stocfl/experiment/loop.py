@@ -55,14 +55,14 @@ log = logging.getLogger("stocfl")
 EVAL_MODEL_BYTES = 2**30  # the client models held at once while evaluating
 
 
-def client_models_in_parts(algorithm, clients: list[int], run):
+def client_models_in_parts(algorithm, clients: list[int], ask):
     """``algorithm.client_models`` over ``clients`` a part at a time, so that at most
     EVAL_MODEL_BYTES of distinct models are held: Ditto's 4,800 personal models of the
     1.6M-parameter MLP are 31 GB (evaluating them at once was killed for memory)."""
     step = max(1, EVAL_MODEL_BYTES // (4 * max(1, len(algorithm.ctx.init_weights))))
     for a in range(0, len(clients), step):
         part = clients[a : a + step]
-        yield part, algorithm.client_models(part, run)
+        yield part, algorithm.client_models(part, ask)
 
 
 @dataclass
@@ -80,7 +80,7 @@ class Experiment:
     def __post_init__(self):
         b = build_run(self.cfg, self.out, self.executor, self.federation, self.module, self.loss)
         self.fed, self.label_dists, self.model = b.fed, b.label_dists, b.model
-        self.executor, self.engine, self.run_tasks, self.local = b.executor, b.engine, b.run_tasks, b.local
+        self.executor, self.engine, self.ask, self.local = b.executor, b.engine, b.ask, b.local
         self.algorithm, self.threads = b.algorithm, b.threads
         self.sampler = np.random.default_rng([self.cfg.run.seed, 1])
         self.round = 0
@@ -191,7 +191,7 @@ class Experiment:
             if not present:
                 return {}, dropped
             try:
-                return self.algorithm.round(t, present, self.run_tasks), dropped
+                return self.algorithm.round(t, present, self.ask), dropped
             except ClientsDropped as err:
                 if not set(err.clients) <= set(present):
                     raise UserError(
@@ -218,14 +218,14 @@ class Experiment:
         def attempt(clients):
             res, gres, used = [], [], {}
             gw = self.algorithm.global_model()  # once: IFCA's is the mean of its models, formed anew per call
-            for part, models in client_models_in_parts(self.algorithm, clients, self.run_tasks):
+            for part, models in client_models_in_parts(self.algorithm, clients, self.ask):
                 check_client_models(self.algorithm, part, models)
                 tasks = [Evaluate(i, w) for i, w in zip(part, models)]
                 if all(w is gw for w in models):
-                    r = self.run_tasks(tasks)
+                    r = self.ask(tasks)
                     res, gres = res + r, gres + r
                 else:  # one batch of tasks, not two: over Flower, one exchange with each node, not two
-                    r = self.run_tasks(tasks + [Evaluate(i, gw) for i in part])
+                    r = self.ask(tasks + [Evaluate(i, gw) for i in part])
                     res, gres = res + r[: len(part)], gres + r[len(part) :]
                 used.update(models_used(part, models, self.algorithm))
             return res, gres, used
@@ -324,7 +324,7 @@ class Experiment:
             self.elapsed,
         )
         summary.update(client_spread(self.last_eval))
-        heldout, heldout_left = place_heldout(self.algorithm, self.fed, self.run_tasks)
+        heldout, heldout_left = place_heldout(self.algorithm, self.fed, self.ask)
         if heldout or heldout_left:
             summary["heldout"] = summarize_placements(heldout, self.algorithm.placement, heldout_left)
         if self.out is not None:

@@ -81,10 +81,10 @@ def place_clients(
         raise UserError(f"client {bad_ids[0]} does not exist; the federation has clients 0..{fed.n_clients - 1}")
     if (k := first_repeated(chosen)) is not None:
         raise UserError(f"client {chosen[k]} is given twice; give each client once (each counts once in the accuracy)")
-    run = checked(executor.run, fed)
-    placed = exp.algorithm.place_new(list(chosen), run)
+    ask = checked(executor.execute, fed)
+    placed = exp.algorithm.place_new(list(chosen), ask)
     check_placements(exp.algorithm, list(chosen), placed)
-    results = run([Evaluate(p.client, p.weights) for p in placed])
+    results = ask([Evaluate(p.client, p.weights) for p in placed])
     rows = placement_rows(placed, results, fed.groups, exp.algorithm)
     return rows, summarize_placements(rows, exp.algorithm.placement)
 

@@ -67,7 +67,7 @@ class LoadedRun:
     def client_models(self, clients: list[int]) -> Iterator[tuple[list[int], list[torch.Tensor]]]:
         """(clients, the model each would use), a part at a time, so that Ditto's thousands of
         personal models are never held at once. One model object for clients that share one."""
-        return client_models_in_parts(self._exp.algorithm, clients, self._exp.run_tasks)
+        return client_models_in_parts(self._exp.algorithm, clients, self._exp.ask)
 
     def accuracy(self, weights: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
         """Accuracy of the run's model with ``weights`` on the samples ``(x, y)``."""

@@ -175,7 +175,7 @@ class FlowerExecutor:
             pause = min(pause * 1.5, POLL_SECONDS)
         return out
 
-    def run(self, tasks: list[Task]) -> list[Reply]:
+    def execute(self, tasks: list[Task]) -> list[Reply]:
         self.refresh()
         why = {
             t.client: f"client {t.client}: no Flower node serves it (SuperNode offline?)"
@@ -273,7 +273,7 @@ def client_app(raw_config: dict[str, Any] | Callable[[Context], dict[str, Any]])
         strangers = sorted({t.client for t in tasks} - set(mine))
         if strangers:
             raise ValueError(f"this node serves clients {mine}, not {strangers[0]}")
-        return Message(encode_results(executor.run(tasks), [t.client for t in tasks]), reply_to=msg)
+        return Message(encode_results(executor.execute(tasks), [t.client for t in tasks]), reply_to=msg)
 
     app.query("identify")(identify)
     for kind in message_types():  # every registered task kind: train, evaluate, query.<name>

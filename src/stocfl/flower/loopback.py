@@ -32,7 +32,7 @@ class LoopbackExecutor:
         self.fed, self.model = inner.fed, inner.model
         self.messages = 0
 
-    def run(self, tasks: list[Task]) -> list[Reply]:
+    def execute(self, tasks: list[Task]) -> list[Reply]:
         out: list[Reply | None] = [None] * len(tasks)
         groups: dict[tuple[int, type], list[int]] = {}
         for k, t in enumerate(tasks):
@@ -41,7 +41,7 @@ class LoopbackExecutor:
         for (node, kind), idx in groups.items():
             sent = [tasks[k] for k in idx]
             received = decode_tasks(message_type(kind), over_the_wire(encode_tasks(sent)))
-            reply = encode_results(self.inner.run(received), [t.client for t in received])
+            reply = encode_results(self.inner.execute(received), [t.client for t in received])
             self.messages += 1
             try:
                 for k, r in zip(idx, decode_results(sent, over_the_wire(reply))):
