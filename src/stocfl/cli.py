@@ -31,7 +31,10 @@ def path_arg(text: str) -> str:
 def _parser() -> argparse.ArgumentParser:
     from stocfl.executors import ENGINES
 
+    from stocfl import __version__
+
     p = Parser(prog="stocfl", description="Clustered federated learning: StoCFL and its baselines.")
+    p.add_argument("--version", action="version", version=f"stocfl {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     run = sub.add_parser(

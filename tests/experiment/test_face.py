@@ -167,3 +167,14 @@ def test_the_lab_says_where_its_tables_are(tmp_path, capsys):
 
     assert lab_main(["reproduce", "--list", "--tables", str(tmp_path)]) == 2
     assert "pass --tables DIR" in capsys.readouterr().err
+
+
+def test_the_version_is_written_once_and_printed_by_the_command(capsys):
+    """``stocfl --version`` prints the package's one version, the one the metadata reads."""
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"stocfl {stocfl.__version__}"
+    assert version("stocfl") == stocfl.__version__
