@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ALGORITHMS = ["fedavg", "fedprox", "ditto", "ifca", "cfl", "flhc", "fesem", "stocfl"]
+ALGORITHMS = ["fedavg", "fedprox", "ditto", "ifca", "cfl", "flhc", "fesem", "stocfl", "fedem"]
 VOLATILE = {
     "seconds",
     "processor",

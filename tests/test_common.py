@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 
 from stocfl.algorithms import ALGORITHMS, Context
 from stocfl.algorithms.aggregation import Aggregator
+from stocfl.client.mixture import Mixture, MixtureTrain, evaluation_task
 from stocfl.client.models import FlatModel, build_module, make_model
 from stocfl.client.optim import Optimizer
-from stocfl.client.tasks import ClientsDropped, Evaluate, Train
+from stocfl.client.tasks import ClientsDropped, Train
 from stocfl.client.training import LocalTraining
 from stocfl.data.datasets import load_dataset
 from stocfl.data.scenarios import build
@@ -38,6 +39,7 @@ PARAMS = {
     "fesem": {"n_centers": 2},
     "ifca": {"n_models": 2},
     "cfl": {"warmup": 0, "eps1": 100.0, "eps2": 0.0},
+    "fedem": {"n_components": 2},
 }
 SAMPLES = [PARTICIPANTS[0:6], PARTICIPANTS[3:9], PARTICIPANTS[6:12]]
 
@@ -91,6 +93,15 @@ def play(alg, executor, samples=SAMPLES, start=1):
     for t, s in enumerate(samples, start):
         alg.round(t, list(s), executor.execute)
     return alg
+
+
+def is_a_model(m) -> bool:
+    """Flat finite weights like w_0, or a Mixture of such models (FedEM's clients)."""
+    if isinstance(m, Mixture):
+        return (
+            m.models.shape[1:] == W0.shape and bool(torch.isfinite(m.models).all()) and len(m.weights) == len(m.models)
+        )
+    return m.shape == W0.shape and bool(torch.isfinite(m).all())
 
 
 def assert_same_state(a, b):
@@ -153,11 +164,11 @@ def test_every_algorithm_on_every_executor(name, executor, tmp_path, one_thread)
     assert [p.client for p in placed] == HELDOUT
     found = set(alg.cluster_labels()[alg.cluster_labels() >= 0].tolist())
     for p in placed:
-        assert p.weights.shape == W0.shape and torch.isfinite(p.weights).all()
+        assert is_a_model(p.weights)
         assert p.cluster == -1 or p.cluster in found, (p.cluster, found)
     assert np.array_equal(alg.cluster_labels(), before)
     models = alg.client_models(PARTICIPANTS, ex.execute)
-    assert len(models) == len(PARTICIPANTS) and all(m.shape == W0.shape for m in models)
+    assert len(models) == len(PARTICIPANTS) and all(is_a_model(m) for m in models)
 
 
 @pytest.mark.parametrize("rule", ["clip", "median", "trimmed_mean"])
@@ -197,7 +208,7 @@ def test_every_training_task_carries_the_runs_optimizer(name):
     alg = cls(cls.Params(**PARAMS.get(name, {})), context(local=local))
     asked = Asked(EXECUTORS["loopback"]())
     play(alg, asked)
-    trains = [t for t in asked.tasks if isinstance(t, Train)]
+    trains = [t for t in asked.tasks if isinstance(t, (Train, MixtureTrain))]
     assert trains, f"{name} asked for no training"
     own = alg.params.cluster_epochs if name == "flhc" else None
     for t in trains:
@@ -223,7 +234,7 @@ def test_a_single_client_federation(name):
     play(alg, ex, [[0], [0], [0]])
     assert alg.cluster_labels().tolist() == [0] or alg.cluster_labels()[0] >= 0
     assert torch.isfinite(alg.global_model()).all()
-    (res,) = ex.execute([Evaluate(0, alg.client_models([0], ex.execute)[0])])
+    (res,) = ex.execute([evaluation_task(0, alg.client_models([0], ex.execute)[0])])
     assert 0 <= res.correct <= res.n_samples
 
 

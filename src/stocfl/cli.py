@@ -29,9 +29,8 @@ def path_arg(text: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from stocfl.executors import ENGINES
-
     from stocfl import __version__
+    from stocfl.executors import ENGINES
 
     p = Parser(prog="stocfl", description="Clustered federated learning: StoCFL and its baselines.")
     p.add_argument("--version", action="version", version=f"stocfl {__version__}")

@@ -63,7 +63,11 @@ def test_flhc_l1_complete_recovers_label_swap_groups(tmp_path, data_dir):
 
 @pytest.mark.parametrize(
     "scenario, algo",
-    [("pathological", ["algorithm.name=fesem", "algorithm.n_centers=4"]), ("rotated", ["algorithm.name=ditto"])],
+    [
+        ("pathological", ["algorithm.name=fesem", "algorithm.n_centers=4"]),
+        ("rotated", ["algorithm.name=ditto"]),
+        ("rotated", ["algorithm.name=fedem", "algorithm.n_components=4"]),
+    ],
 )
 def test_per_client_models_survive_a_stop_and_an_unrecorded_store_write(tmp_path, data_dir, scenario, algo):
     extra = [
@@ -80,15 +84,16 @@ def test_per_client_models_survive_a_stop_and_an_unrecorded_store_write(tmp_path
     assert cut.run(progress=False, stop_after=3) is None
     # a kill after the round's store write but before its checkpoint: the store moved on alone
     cut.algorithm.round(4, cut.sample(), cut.executor.execute)
-    assert (tmp_path / "cut" / f"{'fesem_local' if 'fesem' in algo[0] else 'ditto_personal'}.f32").exists()
+    name = algo[0].split("=")[1]
+    store = {"fesem": "local", "ditto": "personal", "fedem": "mixture"}[name]  # the algorithm's ClientStore
+    assert (tmp_path / "cut" / f"{name}_{store}.f32").exists()
     resumed = Experiment.resume(tmp_path / "cut")
     assert resumed.round == 3
     s = resumed.run(progress=False)
     strip = lambda d: {k: v for k, v in d.items() if k != "seconds"}  # noqa: E731
     assert strip(s) == strip(ref_summary)
     a, b = ref.algorithm, resumed.algorithm
-    store_a = getattr(a, "local", None) or a.personal
-    store_b = getattr(b, "local", None) or b.personal
+    store_a, store_b = getattr(a, store), getattr(b, store)
     assert np.array_equal(store_a.has, store_b.has) and store_a.has.sum() > 0
     for i in np.flatnonzero(store_a.has):
         assert torch.equal(store_a.get(i), store_b.get(i))

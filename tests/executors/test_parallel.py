@@ -103,14 +103,14 @@ def test_tasks_run_in_worker_processes_on_one_thread_each_and_a_kind_registered_
     ex = ParallelExecutor(FED, MODEL, workers=2)
     ex.execute([Train(c, W0, LocalTraining.sgd(1, 0, 0.1), c) for c in range(4)])  # forks the workers
     KINDS.pop(WhereAmI, None)
-    register_task(WhereAmI, Here, _where, message="test.whereami")
+    register_task(WhereAmI, Here, _where, message="query.whereami")
     try:
         got = ex.execute([WhereAmI(c) for c in range(8)])
         pids = {h.pid for h in got}
         assert os.getpid() not in pids and 1 <= len(pids) <= 2
         assert {h.threads for h in got} == {1}
         KINDS.pop(WhereAmI)  # the same kind registered again with another function reaches them too
-        register_task(WhereAmI, Here, lambda data, task: Here(-task.client, 0), message="test.whereami")
+        register_task(WhereAmI, Here, lambda data, task: Here(-task.client, 0), message="query.whereami")
         assert [h.pid for h in ex.execute([WhereAmI(c) for c in range(1, 4)])] == [-1, -2, -3]
     finally:
         KINDS.pop(WhereAmI, None)
@@ -120,7 +120,7 @@ def test_tasks_run_in_worker_processes_on_one_thread_each_and_a_kind_registered_
 def test_a_worker_that_dies_is_one_line_and_the_executor_forks_anew():
     ex = ParallelExecutor(FED, MODEL, workers=2)
     KINDS.pop(WhereAmI, None)
-    register_task(WhereAmI, Here, _where, message="test.whereami")
+    register_task(WhereAmI, Here, _where, message="query.whereami")
     try:
         with pytest.raises(UserError, match="a worker process died"):
             ex.execute([WhereAmI(0), WhereAmI(1, die=True), WhereAmI(2)])

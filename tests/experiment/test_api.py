@@ -3,6 +3,7 @@ used from a TOML config, in-memory runs equal to runs on disk, one error form.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -161,6 +162,11 @@ def test_registered_names_work_from_a_toml_config(tmp_path):
     assert main(["run", str(path), "--out", str(tmp_path / "cli"), "--quiet"]) == 0  # the CLI, same process
 
 
+@dataclasses.dataclass
+class Mine:  # a task kind of a user's, for the registry's refusals
+    client: int
+
+
 @pytest.mark.parametrize(
     "make, message",
     [
@@ -219,6 +225,14 @@ def test_registered_names_work_from_a_toml_config(tmp_path):
             "register_task: 'Train' is built in",
         ),
         (lambda t, s: stocfl.register_task(int, Trained, lambda data, task: None), "must be dataclasses"),
+        (
+            lambda t, s: stocfl.register_task(Mine, Trained, lambda data, task: None, message="mine.task"),
+            "message type 'mine.task' is not CATEGORY.ACTION",
+        ),
+        (
+            lambda t, s: stocfl.register_task(Mine, Trained, lambda data, task: None, message="query.my-task"),
+            "message type 'query.my-task' is not CATEGORY.ACTION",
+        ),
         (lambda t, s: stocfl.run({"scenario": {"dataset": "nope"}}), "config: scenario.dataset: unknown data set"),
     ],
 )

@@ -13,7 +13,7 @@ from stocfl.experiment import configure
 from stocfl.experiment.loop import Experiment
 
 
-@pytest.mark.parametrize("algorithm", ["stocfl", "fedavg", "ifca", "fesem"])
+@pytest.mark.parametrize("algorithm", ["stocfl", "fedavg", "ifca", "fesem", "fedem"])
 def test_exported_models_give_each_client_the_accuracy_of_its_run(tmp_path, algorithm, capsys):
     out = tmp_path / "r"
     cfg = configure.load(
@@ -31,6 +31,9 @@ def test_exported_models_give_each_client_the_accuracy_of_its_run(tmp_path, algo
             assert i in clusters[k]["clients"] if clusters else (algorithm, k) == ("fedavg", 0)
         if algorithm == "stocfl":  # StoCFL evaluates a placed client with its own cluster's model
             assert used == (f"cluster {k}" if k >= 0 else "global")
+        if used == "mixture":  # FedEM's clients: their own weights over the exported components
+            assert algorithm == "fedem" and sorted(clusters) == [0, 1, 2]
+            continue
         if used == "global":
             module = stocfl.load_model(out)  # the run directory finds its export/
         else:

@@ -88,9 +88,11 @@ def test_same_seed_same_numbers(tmp_path):
 
 
 @pytest.mark.long
-def test_resume_after_sigkill_is_identical(tmp_path):
+@pytest.mark.parametrize("algorithm", ["stocfl", "fedem"])  # fedem: client-side mixture weights in a store
+def test_resume_after_sigkill_is_identical(tmp_path, algorithm):
     """Kill a real run with SIGKILL part-way, resume it, compare with an uninterrupted run."""
     args = ["run.rounds=40", "run.sample_rate=0.5", "scenario.n_clients=40", "run.engine=sequential"]
+    args.append(f"algorithm.name={algorithm}")
     sets = [a for s in args for a in ("--set", s)]
     ref, cut = tmp_path / "ref", tmp_path / "cut"
     assert main(["run", "--quiet", "--out", str(ref), *sets]) == 0

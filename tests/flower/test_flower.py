@@ -278,3 +278,16 @@ def test_deployment_run_config_is_checked_before_anything_starts(tmp_path):
     out.mkdir()
     (out / "config.toml").write_text("")
     assert run_config_paths({"config": "", "out": str(out)})[1:] == (out, 0)  # resuming needs no config
+
+
+def test_every_task_kind_is_routed_by_its_category_and_action():
+    """Flower routes a message by CATEGORY.ACTION: two kinds with one action in two categories
+    (the mixture family's train.mixture and evaluate.mixture) both get their own route."""
+    from stocfl.client.tasks import KINDS
+    from stocfl.flower.engine import client_app
+
+    app = client_app({})
+    routes = set(app._registered_funcs)  # Flower's own table of routes
+    for kind in KINDS.values():
+        category, _, action = kind.message.partition(".")
+        assert f"{category}.{action or 'default'}" in routes, kind.message

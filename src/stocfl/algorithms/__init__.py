@@ -6,6 +6,7 @@ from stocfl.algorithms.base import Algorithm, Context, Params, Placement
 from stocfl.algorithms.cfl import CFL
 from stocfl.algorithms.ditto import Ditto
 from stocfl.algorithms.fedavg import FedAvg
+from stocfl.algorithms.fedem import FedEM
 from stocfl.algorithms.fedprox import FedProx
 from stocfl.algorithms.fesem import FeSEM
 from stocfl.algorithms.flhc import FLHC
@@ -14,7 +15,7 @@ from stocfl.algorithms.stocfl.algorithm import StoCFL
 from stocfl.errors import UserError, refuse_builtin
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (FedAvg, FedProx, StoCFL, Ditto, IFCA, CFL, FLHC, FeSEM)
+    cls.name: cls for cls in (FedAvg, FedProx, StoCFL, Ditto, IFCA, CFL, FLHC, FeSEM, FedEM)
 }
 BUILTIN_ALGORITHMS = frozenset(ALGORITHMS)
 
@@ -50,6 +51,7 @@ __all__ = [
     "Ditto",
     "FeSEM",
     "FedAvg",
+    "FedEM",
     "FedProx",
     "Params",
     "Placement",

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from stocfl.algorithms.aggregation import Aggregator
 from stocfl.bounds import MAX_MODEL_BYTES
+from stocfl.client.mixture import Mixture
 from stocfl.client.tasks import Evaluate, Reply, Task, Train, Trained, task_seed
 from stocfl.client.training import LocalTraining
 from stocfl.errors import UserError
@@ -96,7 +97,7 @@ class Placement:
     cluster: int
     similarity: float | None
     opened_new: bool
-    weights: torch.Tensor
+    weights: torch.Tensor | Mixture  # a client of FedEM predicts with its mixture of the components
 
 
 def place_by_lowest_loss(clients: list[int], models: dict[int, torch.Tensor], ask: AskClients) -> list[Placement]:
@@ -206,9 +207,10 @@ class Algorithm:
     def global_model(self) -> torch.Tensor:
         raise NotImplementedError
 
-    def client_models(self, clients: list[int], ask: AskClients) -> list[torch.Tensor]:
-        """The model each client would use (the same tensor object for clients that share one);
-        ``ask`` is there for algorithms that choose by loss (IFCA)."""
+    def client_models(self, clients: list[int], ask: AskClients) -> list[torch.Tensor] | list[Mixture]:
+        """The model each client would use (the same tensor object for clients that share one),
+        or its :class:`~stocfl.client.mixture.Mixture` of models (FedEM); ``ask`` is there for
+        algorithms that choose by loss (IFCA)."""
         w = self.global_model()
         return [w] * len(clients)
 

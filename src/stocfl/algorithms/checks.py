@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from stocfl.algorithms.base import Placement
+from stocfl.client.mixture import MIXTURE_TOLERANCE, Mixture
 from stocfl.errors import UserError
 from stocfl.storage import formats
 
@@ -22,8 +23,28 @@ def _weights_problem(w: Any, like: torch.Tensor) -> str | None:
     return None
 
 
+def _model_problem(m: Any, like: torch.Tensor) -> str | None:
+    """A client's model: flat weights like w_0, or a :class:`Mixture` of K such models with
+    weights on the simplex."""
+    if not isinstance(m, Mixture):
+        return _weights_problem(m, like)
+    if not isinstance(m.models, torch.Tensor) or m.models.dim() != 2 or m.models.shape[1:] != like.shape:
+        return f"a Mixture whose models have shape {tuple(getattr(m.models, 'shape', ()))}, not (K, {like.numel()})"
+    k = len(m.models)
+    w = m.weights
+    if not isinstance(w, torch.Tensor) or w.shape != (k,) or not bool(torch.isfinite(w).all()):
+        return f"a Mixture whose weights are not {k} finite numbers"
+    if float(w.min()) < 0 or abs(float(w.sum()) - 1.0) > MIXTURE_TOLERANCE:
+        return f"a Mixture whose weights {w.tolist()} are not a distribution"
+    return None
+
+
 def _expected(like: torch.Tensor) -> str:
     return f"expected a {like.dtype} tensor of shape {tuple(like.shape)}, the flat weights (as ctx.init_weights)"
+
+
+def _expected_model(like: torch.Tensor) -> str:
+    return _expected(like) + ", or a stocfl.client.mixture.Mixture of such models"
 
 
 def check_outputs(algorithm) -> None:
@@ -78,8 +99,10 @@ def check_client_models(algorithm, clients: list[int], models: Any) -> None:
             f"expected a list of one model per client"
         )
     for i, w in zip(clients, models):
-        if (bad := _weights_problem(w, like)) is not None:
-            raise UserError(f"algorithm {algorithm.name!r}: client_models() gave client {i} {bad}; {_expected(like)}")
+        if (bad := _model_problem(w, like)) is not None:
+            raise UserError(
+                f"algorithm {algorithm.name!r}: client_models() gave client {i} {bad}; {_expected_model(like)}"
+            )
 
 
 def check_diagnostics(algorithm, t: int, diag: Any, measured: dict[str, Any]) -> None:
@@ -116,5 +139,5 @@ def check_placements(algorithm, clients: list[int], placed: Any) -> None:
     for p in placed:
         if not isinstance(p, Placement):
             raise UserError(f"algorithm {name!r}: place_new() returned a {type(p).__name__}; expected Placement")
-        if (bad := _weights_problem(p.weights, like)) is not None:
-            raise UserError(f"algorithm {name!r}: place_new() gave client {p.client} {bad}; {_expected(like)}")
+        if (bad := _model_problem(p.weights, like)) is not None:
+            raise UserError(f"algorithm {name!r}: place_new() gave client {p.client} {bad}; {_expected_model(like)}")

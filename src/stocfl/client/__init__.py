@@ -1,5 +1,6 @@
 """What a client computes: task kinds and their messages, local training, optimizers, models."""
 
+from stocfl.client.mixture import EvaluateMixture, Mixture, MixtureTrain, MixtureTrained, evaluation_task
 from stocfl.client.models import FlatModel, build_module, make_model, register_model
 from stocfl.client.optim import Optimizer
 from stocfl.client.tasks import (
@@ -18,14 +19,19 @@ from stocfl.client.training import LocalTraining, local_sgd
 __all__ = [
     "ClientData",
     "Evaluate",
+    "EvaluateMixture",
     "Evaluated",
     "FlatModel",
     "LocalTraining",
+    "Mixture",
+    "MixtureTrain",
+    "MixtureTrained",
     "Optimizer",
     "Train",
     "Trained",
     "build_module",
     "evaluate_pooled",
+    "evaluation_task",
     "id_ranges",
     "local_sgd",
     "make_model",

@@ -232,7 +232,9 @@ class TaskKind:
 
 
 KINDS: dict[type, TaskKind] = {}
-BUILTIN_MESSAGES = ("train", "evaluate", "query.represent")  # the tasks of the built-in algorithms
+MESSAGE_CATEGORIES = ("train", "evaluate", "query")  # Flower's message categories
+# the tasks of the built-in algorithms
+BUILTIN_MESSAGES = ("train", "evaluate", "query.represent", "train.mixture", "evaluate.mixture")
 
 
 def register_task(
@@ -255,6 +257,12 @@ def register_task(
     if "client" not in names:
         raise UserError(f"register_task: {task.__name__} needs a field 'client' (the client that runs it)")
     message = message or f"query.{task.__name__.lower()}"
+    category, _, action = message.partition(".")
+    if category not in MESSAGE_CATEGORIES or not (action.isidentifier() or (not action and category != "query")):
+        raise UserError(
+            f"register_task({task.__name__}): message type {message!r} is not CATEGORY.ACTION with CATEGORY one "
+            f"of {', '.join(MESSAGE_CATEGORIES)} and ACTION a Python identifier (Flower routes messages by both)"
+        )
     taken = [k for k in KINDS.values() if k.message == message and k.task is not task]
     if taken:
         raise UserError(f"register_task: message type {message!r} is taken by {taken[0].task.__name__}")

@@ -84,6 +84,7 @@ def local_sgd(
     center=None,
     mu: float = 0.0,
     grad: Callable | None = None,
+    sample_weights: torch.Tensor | None = None,
 ):
     """``local.epochs`` epochs of mini-batch steps of ``local.optimizer`` on
     f(w) + (mu/2)||w - center||^2, in the order of batch_plan; plain SGD steps each parameter
@@ -91,7 +92,11 @@ def local_sgd(
     from a fresh state.
 
     ``grad(w, x_flat, y, n_classes)``, when given, is an exact closed-form gradient used
-    instead of autograd (the linear anchor's fast path)."""
+    instead of autograd (the linear anchor's fast path). ``sample_weights`` (one per sample),
+    when given, make a batch's loss sum_b q_b l_b / |B| in place of the mean (the mixture
+    family's M-step)."""
+    if grad is not None and sample_weights is not None:
+        raise ValueError("local_sgd: a closed-form gradient takes no sample weights")
     opt, lr = local.optimizer, local.optimizer.lr
     w = w.detach().clone()
     x = model.layout(x)  # once per client: the mini-batches gathered from it keep its layout
@@ -119,7 +124,12 @@ def local_sgd(
                     leaves = [v.detach().requires_grad_(True) for v in views]
                     buffers = model.split_buffers(w) if model.has_buffers else []  # [] : train mode, no buffers
                     logits = model.forward_tensors(leaves, buffers, xb)
-                    gs = torch.autograd.grad(model.mean_loss(logits, yb), leaves)
+                    if sample_weights is None:
+                        loss = model.mean_loss(logits, yb)
+                    else:
+                        qb = sample_weights if idx is None else sample_weights[idx]
+                        loss = (model.per_sample_loss(logits, yb) * qb).sum() / len(yb)
+                    gs = torch.autograd.grad(loss, leaves)
                     if buffers:  # after the gradient: w shares its storage with the leaves
                         w[p:] = torch.cat([t.reshape(-1) for t in buffers])
                 if centers is not None:

@@ -14,6 +14,14 @@ from collections import defaultdict
 import torch
 from torch.func import grad, vmap
 
+from stocfl.client.mixture import (
+    MixtureTrain,
+    MixtureTrained,
+    check_mixture_task,
+    label_mass,
+    responsibilities,
+    sample_losses,
+)
 from stocfl.client.tasks import KINDS, Train, Trained, check_train_task
 from stocfl.client.training import LocalTraining, batch_plan, stacked_batch
 from stocfl.devices import free_bytes
@@ -47,7 +55,12 @@ class BatchedExecutor(Executor):
             per_sample = self.model.per_sample_loss(self.model.forward(w, x), y)
             return (per_sample * m).sum() / m.sum().clamp(min=1.0)
 
+        def weighted_loss(w, x, y, m, q):  # the mixture family's M-step: sum_b q_b l_b / |B|
+            per_sample = self.model.per_sample_loss(self.model.forward(w, x), y)
+            return (per_sample * m * q).sum() / m.sum().clamp(min=1.0)
+
         self._grads = vmap(grad(masked_loss))
+        self._weighted_grads = vmap(grad(weighted_loss))
 
     def fast_paths(self):
         """Training vectorised here; any kind registered with a ``batched`` version uses it."""
@@ -55,6 +68,7 @@ class BatchedExecutor(Executor):
         paths.update({k.task: (lambda tasks, f=k.batched: f(self, tasks)) for k in KINDS.values() if k.batched})
         if not self.model.has_buffers:  # vmap cannot update BatchNorm's running statistics in place:
             paths[Train] = self.train  # such models train client by client (the reference)
+            paths[MixtureTrain] = self.train_mixture
         return paths
 
     def _chunk_len(self, max_batch: int) -> int:
@@ -66,7 +80,28 @@ class BatchedExecutor(Executor):
         budget, most = (MEMORY_BUDGET, MAX_CHUNK) if free is None else (free // 2, MAX_CHUNK_ACCELERATOR)
         return max(1, min(most, budget // per_client))
 
-    def train(self, tasks: list[Train]) -> list[Trained]:
+    def train_mixture(self, tasks: list[MixtureTrain]) -> list[MixtureTrained]:
+        """Each client's E-step as the reference computes it, then the K weighted trainings of
+        every client batched as K * clients rows (the weights enter the masked loss)."""
+        rows, weights, done = [], [], []
+        for t in tasks:
+            check_mixture_task(t, self.model.n_params, self.fed.n_classes)
+            x, y = self.data.train_data(t.client)
+            q, pi = responsibilities(sample_losses(self.model, t.models, x, y), y, t.prior, t.label_bias, t.em_steps)
+            rows += [Train(t.client, w, t.local, t.seed) for w in t.models]
+            weights += list(q.float())
+            done.append((pi.float(), label_mass(q, y, self.fed.n_classes).float(), len(y)))
+        trained = self.train(rows, weights)
+        out, a = [], 0
+        for t, (pi, mass, n) in zip(tasks, done):
+            k = len(t.models)
+            out.append(MixtureTrained(torch.stack([r.weights for r in trained[a : a + k]]), pi, mass, n))
+            a += k
+        return out
+
+    def train(self, tasks: list[Train], sample_weights: list[torch.Tensor] | None = None) -> list[Trained]:
+        """``sample_weights``, one tensor per task when given: each sample's weight in its loss
+        (see :func:`~stocfl.client.training.local_sgd`)."""
         out: list[Trained | None] = [None] * len(tasks)
         kinds: dict[LocalTraining, list[int]] = defaultdict(list)
         for k, t in enumerate(tasks):
@@ -80,11 +115,14 @@ class BatchedExecutor(Executor):
             step = self._chunk_len(max_batch)
             for a in range(0, len(idx), step):
                 chunk = idx[a : a + step]
-                for k, r in zip(chunk, self._train_chunk([tasks[k] for k in chunk], local)):
+                q = None if sample_weights is None else [sample_weights[k] for k in chunk]
+                for k, r in zip(chunk, self._train_chunk([tasks[k] for k in chunk], local, q)):
                     out[k] = r
         return out  # type: ignore[return-value]
 
-    def _train_chunk(self, tasks: list[Train], local: LocalTraining) -> list[Trained]:
+    def _train_chunk(
+        self, tasks: list[Train], local: LocalTraining, sample_weights: list[torch.Tensor] | None = None
+    ) -> list[Trained]:
         epochs, batch_size, opt = local.epochs, local.batch_size, local.optimizer
         c = len(tasks)
         dev = self.device
@@ -97,12 +135,17 @@ class BatchedExecutor(Executor):
         for i, (x, y) in enumerate(data):
             x_pad[i, : len(y)] = x
             y_pad[i, : len(y)] = y
+        q_pad = None
+        if sample_weights is not None:
+            q_pad = torch.zeros((c, n_max), device=dev)
+            for i, q in enumerate(sample_weights):
+                q_pad[i, : len(q)] = q
         w = torch.stack([t.weights for t in tasks]).clone()
         mu = torch.tensor([t.prox_weight if t.prox_center is not None else 0.0 for t in tasks], device=dev)
         has_prox = bool((mu != 0).any())
         if has_prox:
             centers = torch.stack([t.prox_center if t.prox_center is not None else t.weights for t in tasks])
-        if self.lowrank is not None and opt.plain:
+        if self.lowrank is not None and opt.plain and q_pad is None:  # per-sample weights: the vmap path
             trained = self.lowrank.train(
                 w,
                 centers if has_prox else None,
@@ -124,11 +167,12 @@ class BatchedExecutor(Executor):
             steps = [1 if (plan_e := p[e]) is None else len(plan_e) for p in plans]
             for s in range(max(steps)):
                 if all(p[e] is None for p in plans):
-                    xb, yb, mask = x_pad, y_pad, full_mask
+                    xb, yb, mask, qb = x_pad, y_pad, full_mask, q_pad
                 else:
                     idx, mask = stacked_batch(plans, e, s, steps, sizes, dev)
                     xb, yb = x_pad[rows, idx], y_pad[rows, idx]
-                g = self._grads(w, xb, yb, mask)
+                    qb = None if q_pad is None else q_pad[rows, idx]
+                g = self._grads(w, xb, yb, mask) if qb is None else self._weighted_grads(w, xb, yb, mask, qb)
                 if has_prox:
                     g.add_(mu[:, None] * (w - centers))
                 active = torch.tensor([float(s < k) for k in steps], device=dev)[:, None]

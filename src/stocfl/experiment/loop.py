@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from stocfl.algorithms.checks import check_client_models, check_diagnostics, check_labels, check_outputs
+from stocfl.client.mixture import evaluation_task
 from stocfl.client.tasks import ClientsDropped, Evaluate, without_dropped
 from stocfl.config import Config
 from stocfl.data.federation import Federation
@@ -220,7 +221,7 @@ class Experiment:
             gw = self.algorithm.global_model()  # once: IFCA's is the mean of its models, formed anew per call
             for part, models in client_models_in_parts(self.algorithm, clients, self.ask):
                 check_client_models(self.algorithm, part, models)
-                tasks = [Evaluate(i, w) for i, w in zip(part, models)]
+                tasks = [evaluation_task(i, w) for i, w in zip(part, models)]
                 if all(w is gw for w in models):
                     r = self.ask(tasks)
                     res, gres = res + r, gres + r

@@ -15,7 +15,7 @@ import torch
 
 from stocfl import config as config_mod
 from stocfl.algorithms.checks import check_placements
-from stocfl.client.tasks import Evaluate
+from stocfl.client.mixture import evaluation_task
 from stocfl.data.federation import Federation
 from stocfl.errors import UserError, first_repeated
 from stocfl.executors import make_executor
@@ -84,7 +84,7 @@ def place_clients(
     ask = checked(executor.execute, fed)
     placed = exp.algorithm.place_new(list(chosen), ask)
     check_placements(exp.algorithm, list(chosen), placed)
-    results = ask([Evaluate(p.client, p.weights) for p in placed])
+    results = ask([evaluation_task(p.client, p.weights) for p in placed])
     rows = placement_rows(placed, results, fed.groups, exp.algorithm)
     return rows, summarize_placements(rows, exp.algorithm.placement)
 

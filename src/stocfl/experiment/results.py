@@ -15,7 +15,8 @@ import torch
 
 from stocfl.algorithms import Algorithm
 from stocfl.algorithms.checks import check_placements
-from stocfl.client.tasks import Evaluate, without_dropped
+from stocfl.client.mixture import Mixture, evaluation_task
+from stocfl.client.tasks import without_dropped
 from stocfl.config import Config
 from stocfl.data.federation import Federation
 from stocfl.devices import describe, resolve_device
@@ -79,7 +80,7 @@ def place_heldout(algorithm: Algorithm, fed: Federation, run) -> tuple[list[dict
     def attempt(clients):
         placed = algorithm.place_new(clients, run)
         check_placements(algorithm, clients, placed)
-        return placed, run([Evaluate(p.client, p.weights) for p in placed])
+        return placed, run([evaluation_task(p.client, p.weights) for p in placed])
 
     answered, (placed, res) = without_dropped(fed.heldout_clients, attempt, "held-out clients' placement")
     return placement_rows(placed, res, fed.groups, algorithm), sorted(set(fed.heldout_clients) - set(answered))
@@ -102,7 +103,8 @@ def client_spread(last_eval: dict) -> dict[str, float | None]:
 
 def models_used(clients: list[int], models: list, algorithm: Algorithm) -> dict[int, str]:
     """Which model each client was evaluated with, as clients.csv names it: ``cluster N``
-    (numbered as in clusters.csv), ``global``, ``initial`` (w_0) or ``own`` (a personal model).
+    (numbered as in clusters.csv), ``global``, ``initial`` (w_0), ``own`` (a personal model) or
+    ``mixture`` (FedEM's: the client's own weights over the cluster models).
     A client not yet placed, or placed by loss at evaluation (IFCA), may use another cluster's
     model than its found cluster."""
     labels = algorithm.cluster_labels()
@@ -120,6 +122,9 @@ def models_used(clients: list[int], models: list, algorithm: Algorithm) -> dict[
     by_memory[key(gw)] = "global"
     out = {}
     for i, w in zip(clients, models):
+        if isinstance(w, Mixture):  # its own weights over the clusters' models
+            out[i] = "mixture"
+            continue
         own = found.get(int(labels[i]))
         mine = own is not None and key(own) == key(w)
         out[i] = f"cluster {number[int(labels[i])]}" if mine else by_memory.get(key(w), "own")

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from stocfl.client.mixture import Mixture, mixture_evaluated
 from stocfl.client.tasks import evaluate_pooled
 from stocfl.config import Config
 from stocfl.data.federation import Federation
@@ -69,8 +70,11 @@ class LoadedRun:
         personal models are never held at once. One model object for clients that share one."""
         return client_models_in_parts(self._exp.algorithm, clients, self._exp.ask)
 
-    def accuracy(self, weights: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
-        """Accuracy of the run's model with ``weights`` on the samples ``(x, y)``."""
+    def accuracy(self, weights: torch.Tensor | Mixture, x: torch.Tensor, y: torch.Tensor) -> float:
+        """Accuracy of the run's model with ``weights`` (or a client's :class:`Mixture` of
+        models) on the samples ``(x, y)``."""
+        if isinstance(weights, Mixture):
+            return mixture_evaluated(self._exp.model, weights, x, y).accuracy
         return evaluate_pooled(self._exp.model, weights, [(x, y)])[0].accuracy
 
 

@@ -276,13 +276,10 @@ def client_app(raw_config: dict[str, Any] | Callable[[Context], dict[str, Any]])
         return Message(encode_results(executor.execute(tasks), [t.client for t in tasks]), reply_to=msg)
 
     app.query("identify")(identify)
-    for kind in message_types():  # every registered task kind: train, evaluate, query.<name>
-        if kind == "train":
-            app.train()(handle)
-        elif kind == "evaluate":
-            app.evaluate()(handle)
-        else:
-            app.query(kind.split(".", 1)[1])(handle)
+    for kind in message_types():  # every registered task kind: CATEGORY[.ACTION], routed by both
+        category, _, action = kind.partition(".")
+        register = getattr(app, category)  # app.train, app.evaluate or app.query
+        (register(action) if action else register())(handle)
     return app
 
 
