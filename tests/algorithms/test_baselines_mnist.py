@@ -67,6 +67,7 @@ def test_flhc_l1_complete_recovers_label_swap_groups(tmp_path, data_dir):
         ("pathological", ["algorithm.name=fesem", "algorithm.n_centers=4"]),
         ("rotated", ["algorithm.name=ditto"]),
         ("rotated", ["algorithm.name=fedem", "algorithm.n_components=4"]),
+        ("rotated", ["algorithm.name=fedrc", "algorithm.n_clusters=4"]),
     ],
 )
 def test_per_client_models_survive_a_stop_and_an_unrecorded_store_write(tmp_path, data_dir, scenario, algo):
@@ -85,7 +86,7 @@ def test_per_client_models_survive_a_stop_and_an_unrecorded_store_write(tmp_path
     # a kill after the round's store write but before its checkpoint: the store moved on alone
     cut.algorithm.round(4, cut.sample(), cut.executor.execute)
     name = algo[0].split("=")[1]
-    store = {"fesem": "local", "ditto": "personal", "fedem": "mixture"}[name]  # the algorithm's ClientStore
+    store = {"fesem": "local", "ditto": "personal", "fedem": "mixture", "fedrc": "mixture"}[name]  # its ClientStore
     assert (tmp_path / "cut" / f"{name}_{store}.f32").exists()
     resumed = Experiment.resume(tmp_path / "cut")
     assert resumed.round == 3
@@ -97,6 +98,8 @@ def test_per_client_models_survive_a_stop_and_an_unrecorded_store_write(tmp_path
     assert np.array_equal(store_a.has, store_b.has) and store_a.has.sum() > 0
     for i in np.flatnonzero(store_a.has):
         assert torch.equal(store_a.get(i), store_b.get(i))
+    if name == "fedrc":  # its second store: the clients' label masses
+        assert np.array_equal(np.asarray(a.label_mass.rows), np.asarray(b.label_mass.rows))
 
 
 @pytest.mark.slow  # a reproduction; test_baselines checks the order assign -> train -> update

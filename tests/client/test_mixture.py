@@ -198,3 +198,28 @@ def test_a_reply_within_rounding_is_normalised_and_a_bad_task_is_one_line():
         SEQ.execute([MixtureTrain(0, COMPONENTS[0, :3], LocalTraining.sgd(1, 0, 0.1), 0)])
     with pytest.raises(UserError, match="prior has shape"):
         SEQ.execute([MixtureTrain(0, COMPONENTS, LocalTraining.sgd(1, 0, 0.1), 0, prior=torch.ones(2) / 2)])
+
+
+def test_fedrc_sends_minus_the_log_of_each_clusters_label_distribution():
+    """FedRC's rule is FedEM's E-step with -log P(y; k): round 1 has no label masses yet (the
+    plain E-step); from round 2 P(y; k) is the clients' reported masses summed, floored, and
+    normalised per cluster, and the clusters' weights then differ from FedEM's."""
+    from stocfl.algorithms import FedEM, FedRC
+    from tests.test_common import Asked, context
+
+    ctx = context(fed=FED, w0=W0)
+    rc, em = FedRC(FedRC.Params(n_clusters=3), ctx), FedEM(FedEM.Params(n_components=3), ctx)
+    asked = Asked(SEQ)
+    first = [0, 1, 2, 3]
+    rc.round(1, first, asked.execute)
+    assert all(t.label_bias is None for t in asked.tasks)
+    replies = SEQ.execute(asked.tasks)
+    mass = sum(r.label_mass.double() for r in replies).clamp(min=1e-8)
+    want = -torch.log(mass / mass.sum(1, keepdim=True))
+    asked.tasks.clear()
+    rc.round(2, [4, 5], asked.execute)
+    assert all(torch.allclose(t.label_bias.double(), want, atol=1e-5) for t in asked.tasks)
+    em.round(1, first, SEQ.execute)
+    em.round(2, [4, 5], SEQ.execute)
+    assert not torch.equal(rc.weights_of(4), em.weights_of(4))
+    assert (tmp := rc.cluster_labels())[first + [4, 5]].min() >= 0 and (tmp[6:] == -1).all()

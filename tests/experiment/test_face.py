@@ -178,3 +178,15 @@ def test_the_version_is_written_once_and_printed_by_the_command(capsys):
     assert done.value.code == 0
     assert capsys.readouterr().out.strip() == f"stocfl {stocfl.__version__}"
     assert version("stocfl") == stocfl.__version__
+
+
+def test_a_run_directory_may_be_given_as_a_string(tmp_path):
+    """Experiment.create / open / resume take a str as well as a Path (it was a TypeError)."""
+    from stocfl.experiment import configure
+    from stocfl.experiment.loop import Experiment
+
+    cfg = configure.load(overrides=["run.rounds=2", "scenario.n_clients=8"])
+    out = str(tmp_path / "s")
+    assert Experiment.create(cfg, out).run(progress=False, stop_after=1) is None
+    assert Experiment.open(out).round == 1
+    assert Experiment.resume(out).run(progress=False)["rounds_done"] == 2

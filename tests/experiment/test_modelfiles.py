@@ -31,8 +31,17 @@ def test_exported_models_give_each_client_the_accuracy_of_its_run(tmp_path, algo
             assert i in clusters[k]["clients"] if clusters else (algorithm, k) == ("fedavg", 0)
         if algorithm == "stocfl":  # StoCFL evaluates a placed client with its own cluster's model
             assert used == (f"cluster {k}" if k >= 0 else "global")
-        if used == "mixture":  # FedEM's clients: their own weights over the exported components
+        if used == "mixture":  # FedEM's: its own weights over the exported components, in models.json
             assert algorithm == "fedem" and sorted(clusters) == [0, 1, 2]
+            lo, hi = fed.test_offsets[i], fed.test_offsets[i + 1]
+            with torch.no_grad():
+                p = sum(
+                    weight
+                    * torch.softmax(stocfl.load_model(out / "export", cluster=int(f[8:-12]))(fed.x_test[lo:hi]), 1)
+                    for f, weight in index["mixtures"][str(i)].items()
+                )
+            correct = (p.argmax(1) == fed.y_test[lo:hi]).float().mean().item()
+            assert correct == pytest.approx(float(row["accuracy"]), abs=1e-6), (i, k)
             continue
         if used == "global":
             module = stocfl.load_model(out)  # the run directory finds its export/

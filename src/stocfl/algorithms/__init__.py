@@ -8,6 +8,7 @@ from stocfl.algorithms.ditto import Ditto
 from stocfl.algorithms.fedavg import FedAvg
 from stocfl.algorithms.fedem import FedEM
 from stocfl.algorithms.fedprox import FedProx
+from stocfl.algorithms.fedrc import FedRC
 from stocfl.algorithms.fesem import FeSEM
 from stocfl.algorithms.flhc import FLHC
 from stocfl.algorithms.ifca import IFCA
@@ -15,7 +16,7 @@ from stocfl.algorithms.stocfl.algorithm import StoCFL
 from stocfl.errors import UserError, refuse_builtin
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (FedAvg, FedProx, StoCFL, Ditto, IFCA, CFL, FLHC, FeSEM, FedEM)
+    cls.name: cls for cls in (FedAvg, FedProx, StoCFL, Ditto, IFCA, CFL, FLHC, FeSEM, FedEM, FedRC)
 }
 BUILTIN_ALGORITHMS = frozenset(ALGORITHMS)
 
@@ -52,6 +53,7 @@ __all__ = [
     "FeSEM",
     "FedAvg",
     "FedEM",
+    "FedRC",
     "FedProx",
     "Params",
     "Placement",

@@ -52,6 +52,7 @@ class FedEM(Algorithm):
     placement = "its mixture weights over the components from E-steps on its train data; cluster: the dominant one"
     Params = FedEMParams
     params: FedEMParams
+    models_key = "n_components"  # the parameter that counts the models
 
     @dataclass
     class State:
@@ -63,16 +64,21 @@ class FedEM(Algorithm):
     def __init__(self, params: FedEMParams, ctx: Context):
         super().__init__(params, ctx)
         if ctx.init_model is None:
-            raise UserError("fedem needs Context.init_model (seed -> weights) to initialise its components")
-        m = params.n_components
-        check_models_fit(m + 1, ctx, "n_components")  # the components and their stack, sent to clients
-        self.state = self.State(
+            raise UserError(f"{self.name} needs Context.init_model (seed -> weights) to initialise its models")
+        m = self.n_models
+        check_models_fit(m + 1, ctx, self.models_key)  # the models and their stack, sent to clients
+        self.state = FedEM.State(  # FedEM's own, which a subclass (FedRC) extends
             [ctx.init_model(ctx.seed + 1 + k) for k in range(m)],
-            ClientStore(ctx.n_clients, m, ctx.workdir, "fedem_mixture"),
+            ClientStore(ctx.n_clients, m, ctx.workdir, f"{self.name}_mixture"),
         )
 
+    @property
+    def n_models(self) -> int:
+        return self.params.n_components
+
     def weights_of(self, i: int) -> torch.Tensor:
-        m = self.params.n_components
+        """pi_i: the client's weights over the models (1/M each until it is first sampled)."""
+        m = self.n_models
         return self.state.mixture.get(i) if i in self.state.mixture else torch.full((m,), 1.0 / m)
 
     def round(self, round_: int, sampled: list[int], ask: AskClients) -> dict[str, Any]:
@@ -83,14 +89,19 @@ class FedEM(Algorithm):
                 for i in sampled
             ]
         )
-        for k in range(self.params.n_components):
+        for k in range(self.n_models):
             trained = [Trained(r.models[k], r.n_samples) for r in results]
             self.state.components[k] = self.aggregate(trained, self.state.components[k])
         self.state.mixture.write({i: r.mixture for i, r in zip(sampled, results)})
-        pis = torch.stack([r.mixture for r in results]).double()
+        return self.mixture_diagnostics([r.mixture for r in results])
+
+    def mixture_diagnostics(self, mixtures: list[torch.Tensor]) -> dict[str, Any]:
+        """Sampled clients per dominant model, and the mean entropy of their weights (log M:
+        undecided; 0: each client is one model)."""
+        pis = torch.stack(mixtures).double()
         entropy = -(pis * torch.log(pis.clamp(min=1e-12))).sum(1)
         return {
-            "dominant": np.bincount(pis.argmax(1).numpy(), minlength=self.params.n_components).tolist(),
+            "dominant": np.bincount(pis.argmax(1).numpy(), minlength=self.n_models).tolist(),
             "mixture_entropy": round(float(entropy.mean()), 4),
         }
 
@@ -112,9 +123,13 @@ class FedEM(Algorithm):
         return dict(enumerate(self.state.components))
 
     def place_new(self, clients: list[int], ask: AskClients) -> list[Placement]:
+        return self.place_by_e_steps(clients, ask)
+
+    def place_by_e_steps(self, clients: list[int], ask: AskClients, label_bias=None) -> list[Placement]:
+        """Each new client's weights from E-steps on the fixed models (no training)."""
         stack = torch.stack(self.state.components)
         e_step_only = dataclasses.replace(self.ctx.local, epochs=0)
-        results = ask([MixtureTrain(i, stack, e_step_only, 0, em_steps=NEW_CLIENT_EM_STEPS) for i in clients])
+        results = ask([MixtureTrain(i, stack, e_step_only, 0, None, label_bias, NEW_CLIENT_EM_STEPS) for i in clients])
         return [
             Placement(i, int(r.mixture.argmax()), None, False, Mixture(stack, r.mixture))
             for i, r in zip(clients, results)

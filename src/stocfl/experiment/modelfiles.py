@@ -2,7 +2,8 @@
 
 Each found cluster's model (``cluster_N.safetensors``, N numbered as in clusters.csv) and the
 global model (``global.safetensors``), at the run's last checkpoint, with ``models.json``
-saying which file is which, who uses it, and the model to load it into::
+saying which file is which, who uses it, and the model to load it into; where clients predict
+with a mixture of the cluster models (FedEM), ``mixtures`` gives each client's weights::
 
     import torch, stocfl
     module = stocfl.load_model("runs/a", cluster=0)       # the run's nn.Module, cluster 0's weights
@@ -21,10 +22,11 @@ import numpy as np
 import torch
 from safetensors.torch import save as to_bytes
 
+from stocfl.client.mixture import Mixture
 from stocfl.client.models import build_module
 from stocfl.errors import UserError
 from stocfl.experiment import metrics
-from stocfl.experiment.loop import Experiment
+from stocfl.experiment.loop import Experiment, client_models_in_parts
 from stocfl.storage import formats
 from stocfl.storage.files import write_atomic
 
@@ -90,9 +92,24 @@ def export_models(
         },
         "models": entries,
     }
+    mixtures = _mixtures(exp, number)
+    if mixtures:
+        index["mixtures"] = mixtures
+        index["mixture_rule"] = "p(y | x) = sum over the client's files of weight * softmax(that model(x))"
     if exp.module is not None:
         index["note"] = "the run's model was given in Python: load each state_dict into that nn.Module"
     formats.write_json(out / INDEX, index)
+    return out
+
+
+def _mixtures(exp: Experiment, number: dict[int, int]) -> dict[str, dict[str, float]]:
+    """Client id -> {cluster file: weight} for every participant that predicts with a mixture
+    of the cluster models (FedEM), so that the export rebuilds each client's predictor."""
+    out: dict[str, dict[str, float]] = {}
+    for part, models in client_models_in_parts(exp.algorithm, list(exp.fed.participants), exp.ask):
+        for i, m in zip(part, models):
+            if isinstance(m, Mixture):
+                out[str(i)] = {f"cluster_{number[k]}.safetensors": float(p) for k, p in enumerate(m.weights)}
     return out
 
 

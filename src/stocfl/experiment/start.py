@@ -26,7 +26,7 @@ def refuse_a_run_in(out: Path) -> None:
 
 def create(
     cfg: Config,
-    out: Path | None,
+    out: str | Path | None,
     executor: Any = None,
     federation: Federation | None = None,
     module: Any = None,
@@ -35,6 +35,7 @@ def create(
     """A new run of ``cfg`` into ``out`` (None: everything stays in memory), checkpointed at
     round 0. The data are built before the directory is made: a data error leaves no half-made
     directory."""
+    out = None if out is None else Path(out)
     if out is not None:
         refuse_a_run_in(out)
     if federation is None:
@@ -53,7 +54,7 @@ def create(
 
 
 def open_saved(
-    out: Path,
+    out: str | Path,
     data_dir: str | None = None,
     executor: Any = None,
     federation: Federation | None = None,
@@ -65,6 +66,7 @@ def open_saved(
     module it was given in Python, if it was). ``overrides`` (``run.rounds=N``,
     ``run.eval_every=K``: keys that change nothing computed so far) are written into its
     config.toml; otherwise nothing on disk changes."""
+    out = Path(out)
     path = out / "config.toml"
     if not path.is_file():
         raise UserError(f"{out} holds no run (no config.toml); start one with 'stocfl run --out {out}'")
@@ -89,7 +91,7 @@ def open_saved(
 
 
 def resume(
-    out: Path,
+    out: str | Path,
     data_dir: str | None = None,
     executor: Any = None,
     federation: Federation | None = None,
@@ -100,6 +102,7 @@ def resume(
     """A saved run, ready to continue: its metrics must be the ones its checkpoint saw (rows
     after the checkpoint's round, from a kill before the checkpoint, are dropped).
     ``overrides``: as for :func:`open_saved` (``run.rounds=N`` extends a finished run)."""
+    out = Path(out)
     if (out / "config.toml").is_file() and not (out / CHECKPOINT).exists():
         raise UserError(
             f"{out} has no checkpoint ({CHECKPOINT}), so there is nothing to continue from; start "
