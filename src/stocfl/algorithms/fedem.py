@@ -81,29 +81,34 @@ class FedEM(Algorithm):
         m = self.n_models
         return self.state.mixture.get(i) if i in self.state.mixture else torch.full((m,), 1.0 / m)
 
+    def label_bias(self) -> torch.Tensor | None:
+        """A per-label term of the E-step, (M, C); FedEM has none (FedRC's -log P(y; k))."""
+        return None
+
     def round(self, round_: int, sampled: list[int], ask: AskClients) -> dict[str, Any]:
-        stack = torch.stack(self.state.components)
+        stack, bias = torch.stack(self.state.components), self.label_bias()
         results = ask(
             [
-                MixtureTrain(i, stack, self.ctx.local, task_seed(self.ctx.seed, round_, i), prior=self.weights_of(i))
+                MixtureTrain(i, stack, self.ctx.local, task_seed(self.ctx.seed, round_, i), self.weights_of(i), bias)
                 for i in sampled
             ]
         )
         for k in range(self.n_models):
             trained = [Trained(r.models[k], r.n_samples) for r in results]
             self.state.components[k] = self.aggregate(trained, self.state.components[k])
-        self.state.mixture.write({i: r.mixture for i, r in zip(sampled, results)})
-        return self.mixture_diagnostics([r.mixture for r in results])
-
-    def mixture_diagnostics(self, mixtures: list[torch.Tensor]) -> dict[str, Any]:
-        """Sampled clients per dominant model, and the mean entropy of their weights (log M:
-        undecided; 0: each client is one model)."""
-        pis = torch.stack(mixtures).double()
+        self.remember(sampled, results)
+        # sampled clients per dominant model, and the mean entropy of their weights (log M:
+        # undecided; 0: each client is one model)
+        pis = torch.stack([r.mixture for r in results]).double()
         entropy = -(pis * torch.log(pis.clamp(min=1e-12))).sum(1)
         return {
             "dominant": np.bincount(pis.argmax(1).numpy(), minlength=self.n_models).tolist(),
             "mixture_entropy": round(float(entropy.mean()), 4),
         }
+
+    def remember(self, sampled: list[int], results: list) -> None:
+        """What the clients keep from the round: their new mixture weights."""
+        self.state.mixture.write({i: r.mixture for i, r in zip(sampled, results)})
 
     def global_model(self) -> torch.Tensor:
         comps = self.state.components
@@ -123,13 +128,11 @@ class FedEM(Algorithm):
         return dict(enumerate(self.state.components))
 
     def place_new(self, clients: list[int], ask: AskClients) -> list[Placement]:
-        return self.place_by_e_steps(clients, ask)
-
-    def place_by_e_steps(self, clients: list[int], ask: AskClients, label_bias=None) -> list[Placement]:
         """Each new client's weights from E-steps on the fixed models (no training)."""
         stack = torch.stack(self.state.components)
         e_step_only = dataclasses.replace(self.ctx.local, epochs=0)
-        results = ask([MixtureTrain(i, stack, e_step_only, 0, None, label_bias, NEW_CLIENT_EM_STEPS) for i in clients])
+        bias = self.label_bias()
+        results = ask([MixtureTrain(i, stack, e_step_only, 0, None, bias, NEW_CLIENT_EM_STEPS) for i in clients])
         return [
             Placement(i, int(r.mixture.argmax()), None, False, Mixture(stack, r.mixture))
             for i, r in zip(clients, results)

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 from pydantic import Field
 
-from stocfl.algorithms.base import AskClients, Context, Params
+from stocfl.algorithms.base import Context, Params
 from stocfl.algorithms.fedem import FedEM
-from stocfl.client.mixture import MixtureTrain
-from stocfl.client.tasks import Trained, task_seed
 from stocfl.errors import UserError
 from stocfl.storage.store import ClientStore
 
@@ -86,20 +83,7 @@ class FedRC(FedEM):
         p = mass.reshape(self.params.n_clusters, -1).clamp(min=LABEL_FLOOR)
         return -torch.log(p / p.sum(1, keepdim=True)).float()
 
-    def round(self, round_: int, sampled: list[int], ask: AskClients) -> dict[str, Any]:
-        stack, bias = torch.stack(self.state.components), self.label_bias()
-        results = ask(
-            [
-                MixtureTrain(i, stack, self.ctx.local, task_seed(self.ctx.seed, round_, i), self.weights_of(i), bias)
-                for i in sampled
-            ]
-        )
-        for k in range(self.n_models):
-            trained = [Trained(r.models[k], r.n_samples) for r in results]
-            self.state.components[k] = self.aggregate(trained, self.state.components[k])
-        self.state.mixture.write({i: r.mixture for i, r in zip(sampled, results)})
+    def remember(self, sampled: list[int], results: list) -> None:
+        """The clients' new mixture weights, and their label masses for P(y; k)."""
+        super().remember(sampled, results)
         self.state.label_mass.write({i: r.label_mass.reshape(-1) for i, r in zip(sampled, results)})
-        return self.mixture_diagnostics([r.mixture for r in results])
-
-    def place_new(self, clients, ask):
-        return self.place_by_e_steps(clients, ask, self.label_bias())

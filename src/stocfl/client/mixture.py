@@ -147,15 +147,23 @@ def label_mass(q: torch.Tensor, y: torch.Tensor, n_classes: int) -> torch.Tensor
     return torch.zeros((len(q), n_classes), dtype=torch.float64, device=q.device).index_add_(1, y, q)
 
 
+def e_step(
+    model: FlatModel, t: MixtureTrain, x: torch.Tensor, y: torch.Tensor, n_classes: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The task checked, then its E-step on ``(x, y)``: the per-sample weights q (K, n,
+    float32, for training), the new mixture weights (K,) and the label masses (K, C)."""
+    check_mixture_task(t, model.n_params, n_classes)
+    q, pi = responsibilities(sample_losses(model, t.models, x, y), y, t.prior, t.label_bias, t.em_steps)
+    return q.float(), pi.float(), label_mass(q, y, n_classes).float()
+
+
 def mixture_train(c: ClientData, t: MixtureTrain) -> MixtureTrained:
     """The reference: the E-step, then each model's weighted local SGD one after another."""
-    check_mixture_task(t, c.model.n_params, c.n_classes)
-    q, pi = responsibilities(sample_losses(c.model, t.models, c.x, c.y), c.y, t.prior, t.label_bias, t.em_steps)
-    qf = q.float()
+    q, pi, mass = e_step(c.model, t, c.x, c.y, c.n_classes)
     trained = torch.stack(
-        [local_sgd(c.model, c.x, c.y, w, t.local, t.seed, sample_weights=qf[m]) for m, w in enumerate(t.models)]
+        [local_sgd(c.model, c.x, c.y, w, t.local, t.seed, sample_weights=q[m]) for m, w in enumerate(t.models)]
     )
-    return MixtureTrained(trained, pi.float(), label_mass(q, c.y, c.n_classes).float(), len(c.y))
+    return MixtureTrained(trained, pi, mass, len(c.y))
 
 
 def check_mixture_trained(t: MixtureTrain, r: MixtureTrained, train_size: int, test_size: int) -> MixtureTrained:

@@ -14,14 +14,7 @@ from collections import defaultdict
 import torch
 from torch.func import grad, vmap
 
-from stocfl.client.mixture import (
-    MixtureTrain,
-    MixtureTrained,
-    check_mixture_task,
-    label_mass,
-    responsibilities,
-    sample_losses,
-)
+from stocfl.client.mixture import MixtureTrain, MixtureTrained, e_step
 from stocfl.client.tasks import KINDS, Train, Trained, check_train_task
 from stocfl.client.training import LocalTraining, batch_plan, stacked_batch
 from stocfl.devices import free_bytes
@@ -85,12 +78,11 @@ class BatchedExecutor(Executor):
         every client batched as K * clients rows (the weights enter the masked loss)."""
         rows, weights, done = [], [], []
         for t in tasks:
-            check_mixture_task(t, self.model.n_params, self.fed.n_classes)
             x, y = self.data.train_data(t.client)
-            q, pi = responsibilities(sample_losses(self.model, t.models, x, y), y, t.prior, t.label_bias, t.em_steps)
+            q, pi, mass = e_step(self.model, t, x, y, self.fed.n_classes)
             rows += [Train(t.client, w, t.local, t.seed) for w in t.models]
-            weights += list(q.float())
-            done.append((pi.float(), label_mass(q, y, self.fed.n_classes).float(), len(y)))
+            weights += list(q)
+            done.append((pi, mass, len(y)))
         trained = self.train(rows, weights)
         out, a = [], 0
         for t, (pi, mass, n) in zip(tasks, done):
