@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ALGORITHMS = ["fedavg", "fedprox", "ditto", "ifca", "cfl", "flhc", "fesem", "stocfl", "fedem"]
+ALGORITHMS = ["fedavg", "fedprox", "ditto", "ifca", "cfl", "flhc", "fesem", "stocfl", "fedem", "fedrc", "fedsoft"]
 VOLATILE = {
     "seconds",
     "processor",

@@ -41,6 +41,7 @@ PARAMS = {
     "cfl": {"warmup": 0, "eps1": 100.0, "eps2": 0.0},
     "fedem": {"n_components": 2},
     "fedrc": {"n_clusters": 2},
+    "fedsoft": {"n_clusters": 2},
 }
 SAMPLES = [PARTICIPANTS[0:6], PARTICIPANTS[3:9], PARTICIPANTS[6:12]]
 

@@ -68,6 +68,7 @@ def test_flhc_l1_complete_recovers_label_swap_groups(tmp_path, data_dir):
         ("rotated", ["algorithm.name=ditto"]),
         ("rotated", ["algorithm.name=fedem", "algorithm.n_components=4"]),
         ("rotated", ["algorithm.name=fedrc", "algorithm.n_clusters=4"]),
+        ("rotated", ["algorithm.name=fedsoft", "algorithm.n_clusters=4"]),
     ],
 )
 def test_per_client_models_survive_a_stop_and_an_unrecorded_store_write(tmp_path, data_dir, scenario, algo):
@@ -86,7 +87,8 @@ def test_per_client_models_survive_a_stop_and_an_unrecorded_store_write(tmp_path
     # a kill after the round's store write but before its checkpoint: the store moved on alone
     cut.algorithm.round(4, cut.sample(), cut.executor.execute)
     name = algo[0].split("=")[1]
-    store = {"fesem": "local", "ditto": "personal", "fedem": "mixture", "fedrc": "mixture"}[name]  # its ClientStore
+    stores = {"fesem": "local", "ditto": "personal", "fedem": "mixture", "fedrc": "mixture", "fedsoft": "local"}
+    store = stores[name]  # its ClientStore
     assert (tmp_path / "cut" / f"{name}_{store}.f32").exists()
     resumed = Experiment.resume(tmp_path / "cut")
     assert resumed.round == 3
@@ -100,6 +102,8 @@ def test_per_client_models_survive_a_stop_and_an_unrecorded_store_write(tmp_path
         assert torch.equal(store_a.get(i), store_b.get(i))
     if name == "fedrc":  # its second store: the clients' label masses
         assert np.array_equal(np.asarray(a.label_mass.rows), np.asarray(b.label_mass.rows))
+    if name == "fedsoft":  # its second store: the importance weights
+        assert np.array_equal(np.asarray(a.importance.rows), np.asarray(b.importance.rows))
 
 
 @pytest.mark.slow  # a reproduction; test_baselines checks the order assign -> train -> update

@@ -38,6 +38,7 @@ MODULE = build_module("auto", FED.input_shape, 10, 0)
 MODEL, W0 = make_model("auto", FED.input_shape, 10, 0, seed=0)
 COMPONENTS = torch.stack([FlatModel.init_weights(MODULE, s) for s in (1, 2, 3)])
 SEQ, BAT = SequentialExecutor(FED, MODEL), BatchedExecutor(FED, MODEL)
+LOW = BatchedExecutor(FED, MODEL, lowrank=True)
 
 
 def plain_e_step(losses, y, prior, bias, steps):
@@ -128,8 +129,15 @@ def test_no_epochs_is_the_e_step_alone_and_one_weight_everywhere_is_plain_traini
     with_bias=st.booleans(),
     steps=st.integers(1, 3),
     seed=st.integers(0, 1000),
+    hard=st.booleans(),
+    personal=st.lists(st.booleans(), min_size=6, max_size=6),
+    lowrank=st.booleans(),
 )
-def test_the_batched_path_equals_the_reference(clients, k, epochs, batch, opt, with_prior, with_bias, steps, seed):
+def test_the_batched_path_equals_the_reference(
+    clients, k, epochs, batch, opt, with_prior, with_bias, steps, seed, hard, personal, lowrank
+):
+    """Soft and hard shares, the K weighted trainings and the personal proximal ones (FedSoft),
+    mixed in one call, on the batched executor and its low-rank path."""
     g = torch.Generator().manual_seed(seed)
     local = LocalTraining(epochs, batch, opt)
     tasks = [
@@ -141,11 +149,16 @@ def test_the_batched_path_equals_the_reference(clients, k, epochs, batch, opt, w
             prior=torch.softmax(torch.randn(k, generator=g), 0) if with_prior else None,
             label_bias=torch.randn((k, 10), generator=g) if with_bias else None,
             em_steps=steps,
+            assign="hard" if hard else "soft",
+            smoother=1e-4 if hard else 0.0,
+            personal=W0 + 0.01 * torch.randn(len(W0), generator=g) if own else None,
+            mu=0.5 if own else 0.0,
         )
-        for i in clients
+        for i, own in zip(clients, personal)
     ]
-    for a, b in zip(SEQ.execute(tasks), BAT.execute(tasks)):
-        assert torch.allclose(a.models, b.models, atol=1e-5)
+    fast = LOW if lowrank else BAT
+    for a, b in zip(SEQ.execute(tasks), fast.execute(tasks)):
+        assert a.models.shape == b.models.shape and torch.allclose(a.models, b.models, atol=1e-5)
         assert torch.allclose(a.mixture, b.mixture, atol=1e-6) and torch.allclose(a.label_mass, b.label_mass, atol=1e-4)
         assert a.n_samples == b.n_samples
 
@@ -223,3 +236,96 @@ def test_fedrc_sends_minus_the_log_of_each_clusters_label_distribution():
     em.round(2, [4, 5], SEQ.execute)
     assert not torch.equal(rc.weights_of(4), em.weights_of(4))
     assert (tmp := rc.cluster_labels())[first + [4, 5]].min() >= 0 and (tmp[6:] == -1).all()
+
+
+def test_hard_shares_count_each_sample_at_its_least_loss_and_smooth_the_empty_ones():
+    """FedSoft's u_is: the share of samples whose loss is least under centre s (the first of
+    equal losses), a centre with none gets sigma, and the weights are normalised again."""
+    losses = torch.tensor([[1.0, 5.0, 2.0, 2.0], [3.0, 1.0, 2.0, 9.0], [4.0, 6.0, 7.0, 8.0]])
+    y = torch.zeros(4, dtype=torch.long)
+    q, pi = responsibilities(losses, y, None, None, 1, "hard", 1e-4)
+    assert q.tolist() == [[1, 0, 1, 1], [0, 1, 0, 0], [0, 0, 0, 0]]
+    want = torch.tensor([0.75, 0.25, 1e-4], dtype=torch.float64)
+    assert torch.allclose(pi, want / want.sum(), atol=1e-15)
+    _, unsmoothed = responsibilities(losses, y, None, None, 1, "hard", 0.0)
+    assert unsmoothed.tolist() == [0.75, 0.25, 0.0]
+
+
+def plain_proximal_training(w, centres, u, lam, local, seed, x, y) -> torch.Tensor:
+    """f_i(w) + (lambda/2) sum_s u_s ||w - c_s||^2 by autograd over the sum as the paper writes
+    it, with torch.optim, in the run's mini-batch order."""
+    module = build_module("auto", FED.input_shape, 10, 0)
+    torch.nn.utils.vector_to_parameters(w.clone(), module.parameters())
+    opt = torch_optimizer(local.optimizer, module.parameters())
+    for epoch in batch_plan(len(y), local.epochs, local.batch_size, seed):
+        for idx in epoch or [torch.arange(len(y))]:
+            opt.zero_grad()
+            flat = torch.nn.utils.parameters_to_vector(module.parameters())
+            prox = sum(float(u[s]) * ((flat - c) ** 2).sum() for s, c in enumerate(centres))
+            (nn.functional.cross_entropy(module(x[idx]), y[idx]) + lam / 2 * prox).backward()
+            opt.step()
+    return torch.nn.utils.parameters_to_vector(module.parameters()).detach()
+
+
+@pytest.mark.parametrize("local", [LocalTraining.sgd(2, 7, 0.1), LocalTraining(1, 5, Optimizer("adam", 0.01))])
+def test_the_personal_model_trains_on_the_papers_proximal_sum(local):
+    x, y = FED.train_data(5)
+    own = W0 + 0.05
+    (r,) = SEQ.execute([MixtureTrain(5, COMPONENTS, local, 3, assign="hard", smoother=1e-4, personal=own, mu=0.7)])
+    assert r.models.shape == (1, len(W0))
+    want = plain_proximal_training(own, COMPONENTS, r.mixture.double(), 0.7, local, 3, x, y)
+    assert torch.allclose(r.models[0], want, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ({"assign": "hardest"}, "assign"),
+        ({"smoother": 1.0}, "smoother"),
+        ({"smoother": -1e-3}, "smoother"),
+        ({"mu": 0.5}, "needs a personal model"),
+        ({"personal": W0[:5], "mu": 0.5}, "personal has shape"),
+        ({"personal": W0, "mu": -1.0}, "mu = -1.0"),
+    ],
+)
+def test_a_bad_proximal_task_is_one_line(change, says):
+    with pytest.raises(UserError, match=says):
+        SEQ.execute([dataclasses.replace(TASK, **change)])
+
+
+def test_a_personal_reply_must_be_one_model():
+    task = dataclasses.replace(TASK, assign="hard", personal=W0, mu=0.1)
+    (good,) = SEQ.execute([task])
+    assert check_mixture_trained(task, good, N0, 0).models.shape == (1, len(W0))
+    with pytest.raises(BadResult, match=r"expected \(1, "):
+        check_mixture_trained(task, dataclasses.replace(good, models=GOOD.models), N0, 0)
+
+
+def test_fedsoft_centres_are_the_importance_weighted_means_of_the_local_models():
+    """Round 1: every client starts from w_0 and reports u_i; centre s becomes
+    sum_i u_is n_i w_i / sum_i u_is n_i. Round 2 starts each sampled client from its own w_i;
+    with sigma = 0 a centre that no sample fits keeps its value."""
+    from stocfl.algorithms import FedSoft
+    from tests.test_common import Asked, context
+
+    ctx = context(fed=FED, w0=W0)
+    soft = FedSoft(FedSoft.Params(n_clusters=3, smoother=0.0, lam=0.3), ctx)
+    before = [c.clone() for c in soft.centres]
+    asked = Asked(SEQ)
+    soft.round(1, [0, 1, 2, 3], asked.execute)
+    assert all(torch.equal(t.personal, W0) and t.mu == 0.3 and t.assign == "hard" for t in asked.tasks)
+    replies = SEQ.execute(asked.tasks)
+    for s in range(3):
+        v = torch.tensor([float(r.mixture[s]) * r.n_samples for r in replies], dtype=torch.float64)
+        if float(v.sum()) == 0:
+            assert torch.equal(soft.centres[s], before[s])
+        else:
+            want = sum(v[j] / v.sum() * replies[j].models[0].double() for j in range(4)).float()
+            assert torch.allclose(soft.centres[s], want, atol=1e-6), s
+    asked.tasks.clear()
+    soft.round(2, [2, 4], asked.execute)
+    assert torch.equal(asked.tasks[0].personal, replies[2].models[0]) and torch.equal(asked.tasks[1].personal, W0)
+    labels = soft.cluster_labels()
+    assert (labels[[0, 1, 2, 3, 4]] >= 0).all() and (labels[5:] == -1).all()
+    models = soft.client_models([2, 7], SEQ.execute)  # 7 never trained: the centre it fits best
+    assert any(models[1] is c for c in soft.centres)

@@ -77,6 +77,17 @@ CASES = {
         MixtureTrained,
         lambda r: MixtureTrained(r.models, r.mixture, r.label_mass * 3, r.n_samples),
     ),
+    # FedSoft's reply on the same kind: one local model and the importance weights u_i
+    "K models where one local model is due": (
+        "fedsoft",
+        MixtureTrained,
+        lambda r: MixtureTrained(r.models.repeat(3, 1), r.mixture, r.label_mass, r.n_samples),
+    ),
+    "importance weights with a negative share": (
+        "fedsoft",
+        MixtureTrained,
+        lambda r: MixtureTrained(r.models, torch.tensor([1.5, -0.25, -0.25]), r.label_mass, r.n_samples),
+    ),
     "mixture evaluation correct > n_samples": (
         "fedem",
         Evaluated,

@@ -9,6 +9,7 @@ from stocfl.algorithms.fedavg import FedAvg
 from stocfl.algorithms.fedem import FedEM
 from stocfl.algorithms.fedprox import FedProx
 from stocfl.algorithms.fedrc import FedRC
+from stocfl.algorithms.fedsoft import FedSoft
 from stocfl.algorithms.fesem import FeSEM
 from stocfl.algorithms.flhc import FLHC
 from stocfl.algorithms.ifca import IFCA
@@ -16,7 +17,7 @@ from stocfl.algorithms.stocfl.algorithm import StoCFL
 from stocfl.errors import UserError, refuse_builtin
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (FedAvg, FedProx, StoCFL, Ditto, IFCA, CFL, FLHC, FeSEM, FedEM, FedRC)
+    cls.name: cls for cls in (FedAvg, FedProx, StoCFL, Ditto, IFCA, CFL, FLHC, FeSEM, FedEM, FedRC, FedSoft)
 }
 BUILTIN_ALGORITHMS = frozenset(ALGORITHMS)
 
@@ -54,6 +55,7 @@ __all__ = [
     "FedAvg",
     "FedEM",
     "FedRC",
+    "FedSoft",
     "FedProx",
     "Params",
     "Placement",

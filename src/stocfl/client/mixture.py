@@ -1,7 +1,8 @@
-"""The mixture family's client computations (FedEM; FedRC's weighting through ``label_bias``):
-K models go down, each train sample's responsibilities come from the K models' losses, and the
-K models trained with those per-sample weights come back with the client's new mixture weights;
-and the evaluation of a client that predicts with a mixture of the K models.
+"""The mixture family's client computations (FedEM; FedRC's weighting through ``label_bias``;
+FedSoft's hard shares and proximal model): K models go down, each train sample's
+responsibilities come from the K models' losses, and either the K models trained with those
+per-sample weights or the client's own model trained toward them come back with the client's
+new mixture weights; and the evaluation of a client that predicts with a mixture of K models.
 
 Both are registered task kinds (``train.mixture``, ``evaluate.mixture``): every executor runs
 them (the batched one through its vectorised training, :mod:`stocfl.executors.batched`), and the
@@ -15,6 +16,7 @@ from typing import Literal
 
 import torch
 
+from stocfl.bounds import MAX_WEIGHT
 from stocfl.client.models import FlatModel
 from stocfl.client.tasks import (
     MAX_ABS,
@@ -46,17 +48,26 @@ class Mixture:
 
 @dataclass(frozen=True, eq=False)
 class MixtureTrain:
-    """One round of EM on one client (FedEM, Marfoq et al., NeurIPS 2021, Algorithm 1).
+    """One round of EM on one client (FedEM, Marfoq et al., NeurIPS 2021, Algorithm 1), or of
+    FedSoft's proximal local updating (Ruan and Joe-Wong, AAAI 2022, Algorithm 1).
 
     E-step, with the models as sent: for each train sample s and model m,
     log q_s(m) = log prior[m] - l(h_m(x_s), y_s) + label_bias[m, y_s] + const, normalised over m
-    (``prior`` None: 1/K each; ``label_bias`` None: 0; FedRC sends -log P_m(y)). Iterated
-    ``em_steps`` times with prior <- mean_s q_s in between (the losses do not change while the
-    models do not, so this is local: 1 is FedEM's round; more finds a new client's weights).
-    M-step: the new mixture weights are mean_s q_s(m), and every model m trains from
-    ``models[m]`` as ``local`` says on sum_{s in B} q_s(m) l(h_m(x_s), y_s) / |B| (the authors'
-    code's weighting), all K in the mini-batch order that ``seed`` fixes. ``local.epochs = 0``
-    trains nothing: the E-step alone."""
+    (``prior`` None: 1/K each; ``label_bias`` None: 0; FedRC sends -log P_m(y)); ``assign =
+    "hard"`` puts each sample wholly on its most likely model (the first of equals): with no
+    prior, the model of least loss, FedSoft's count. Iterated ``em_steps`` times with
+    prior <- mean_s q_s in between (the losses do not change while the models do not, so this
+    is local: 1 is FedEM's round; more finds a new client's weights). The new mixture weights
+    are pi = mean_s q_s(m); a model no sample weighs gets ``smoother`` (FedSoft's sigma), and pi
+    is normalised again.
+
+    M-step, without ``personal``: every model m trains from ``models[m]`` as ``local`` says on
+    sum_{s in B} q_s(m) l(h_m(x_s), y_s) / |B| (the authors' code's weighting), all K in the
+    mini-batch order that ``seed`` fixes; K models come back. With ``personal`` (the client's
+    own model): that one model trains on f_i(w) + (mu/2) sum_m pi_m ||w - models[m]||^2,
+    whose gradient is that of (mu/2) ||w - sum_m pi_m models[m]||^2 (pi sums to 1), so it
+    trains as FedProx toward the pi-weighted centre; one model comes back.
+    ``local.epochs = 0`` trains nothing: the E-step alone."""
 
     client: int
     models: torch.Tensor
@@ -65,11 +76,15 @@ class MixtureTrain:
     prior: torch.Tensor | None = None
     label_bias: torch.Tensor | None = None
     em_steps: int = 1
+    assign: Literal["soft", "hard"] = "soft"
+    smoother: float = 0.0
+    personal: torch.Tensor | None = None
+    mu: float = 0.0
 
 
 @dataclass(frozen=True, eq=False)
 class MixtureTrained:
-    models: torch.Tensor  # (K, P): the K models after the M-step
+    models: torch.Tensor  # (K, P): the K models after the M-step; (1, P): the client's own model
     mixture: torch.Tensor  # (K,): mean_s q_s, the client's new mixture weights
     label_mass: torch.Tensor  # (K, C): sum of q_s(m) over the samples of label c
     n_samples: int
@@ -110,6 +125,18 @@ def check_mixture_task(t: MixtureTrain, n_params: int, n_classes: int) -> None:
         )
     if t.em_steps < 1:
         raise UserError(f"mixture task for client {t.client}: em_steps = {t.em_steps}, expected >= 1")
+    if t.assign not in ("soft", "hard"):
+        raise UserError(f"mixture task for client {t.client}: assign = {t.assign!r}, expected 'soft' or 'hard'")
+    if not 0.0 <= t.smoother < 1.0:
+        raise UserError(f"mixture task for client {t.client}: smoother = {t.smoother}, expected 0 <= smoother < 1")
+    if t.personal is not None and t.personal.shape != (n_params,):
+        raise UserError(
+            f"mixture task for client {t.client}: personal has shape {tuple(t.personal.shape)}, expected ({n_params},)"
+        )
+    if not (0.0 <= t.mu <= MAX_WEIGHT):
+        raise UserError(f"mixture task for client {t.client}: mu = {t.mu}, expected 0 <= mu <= {MAX_WEIGHT:g}")
+    if t.mu and t.personal is None:
+        raise UserError(f"mixture task for client {t.client}: mu = {t.mu} needs a personal model to train")
 
 
 @torch.no_grad()
@@ -125,7 +152,13 @@ def sample_losses(model: FlatModel, models: torch.Tensor, x: torch.Tensor, y: to
 
 
 def responsibilities(
-    losses: torch.Tensor, y: torch.Tensor, prior: torch.Tensor | None, label_bias: torch.Tensor | None, steps: int
+    losses: torch.Tensor,
+    y: torch.Tensor,
+    prior: torch.Tensor | None,
+    label_bias: torch.Tensor | None,
+    steps: int,
+    assign: str = "soft",
+    smoother: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The E-step: q (K, n) and the mixture weights mean_s q_s (K,), from the per-sample
     ``losses`` (K, n); see :class:`MixtureTrain`. In float64: a softmax over a few models of
@@ -137,8 +170,15 @@ def responsibilities(
     pi = torch.full((k,), 1.0 / k, dtype=torch.float64, device=losses.device) if prior is None else prior.double()
     q = score
     for _ in range(steps):
-        q = torch.softmax(torch.log(pi.clamp(min=PROB_FLOOR))[:, None] + score, dim=0)
+        q = torch.log(pi.clamp(min=PROB_FLOOR))[:, None] + score
+        if assign == "hard":  # argmax takes the first of equal scores
+            q = torch.zeros_like(q).scatter_(0, q.argmax(0, keepdim=True), 1.0)
+        else:
+            q = torch.softmax(q, dim=0)
         pi = q.mean(1) if q.shape[1] else pi
+    if smoother:
+        pi = torch.where(pi == 0, torch.full_like(pi, smoother), pi)
+        pi = pi / pi.sum()
     return q, pi
 
 
@@ -153,13 +193,25 @@ def e_step(
     """The task checked, then its E-step on ``(x, y)``: the per-sample weights q (K, n,
     float32, for training), the new mixture weights (K,) and the label masses (K, C)."""
     check_mixture_task(t, model.n_params, n_classes)
-    q, pi = responsibilities(sample_losses(model, t.models, x, y), y, t.prior, t.label_bias, t.em_steps)
+    losses = sample_losses(model, t.models, x, y)
+    q, pi = responsibilities(losses, y, t.prior, t.label_bias, t.em_steps, t.assign, t.smoother)
     return q.float(), pi.float(), label_mass(q, y, n_classes).float()
 
 
+def proximal_center(models: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
+    """sum_m pi_m models[m] (P,): where the personal model's proximal term pulls (in float64,
+    the same on every engine)."""
+    return (pi.double() @ models.double()).float()
+
+
 def mixture_train(c: ClientData, t: MixtureTrain) -> MixtureTrained:
-    """The reference: the E-step, then each model's weighted local SGD one after another."""
+    """The reference: the E-step, then each model's weighted local SGD one after another (or
+    the personal model's proximal training)."""
     q, pi, mass = e_step(c.model, t, c.x, c.y, c.n_classes)
+    if t.personal is not None:
+        center = proximal_center(t.models, pi)
+        own = local_sgd(c.model, c.x, c.y, t.personal, t.local, t.seed, center=center, mu=t.mu)
+        return MixtureTrained(own[None], pi, mass, len(c.y))
     trained = torch.stack(
         [local_sgd(c.model, c.x, c.y, w, t.local, t.seed, sample_weights=q[m]) for m, w in enumerate(t.models)]
     )
@@ -168,9 +220,10 @@ def mixture_train(c: ClientData, t: MixtureTrain) -> MixtureTrained:
 
 def check_mixture_trained(t: MixtureTrain, r: MixtureTrained, train_size: int, test_size: int) -> MixtureTrained:
     k, p = t.models.shape
-    if not isinstance(r.models, torch.Tensor) or r.models.shape != (k, p) or not r.models.is_floating_point():
-        raise BadResult(f"models has shape {tuple(getattr(r.models, 'shape', ()))}, expected ({k}, {p}) floats")
-    check_vector(r.models.reshape(-1), "models", k * p, MAX_ABS)
+    rows = 1 if t.personal is not None else k
+    if not isinstance(r.models, torch.Tensor) or r.models.shape != (rows, p) or not r.models.is_floating_point():
+        raise BadResult(f"models has shape {tuple(getattr(r.models, 'shape', ()))}, expected ({rows}, {p}) floats")
+    check_vector(r.models.reshape(-1), "models", rows * p, MAX_ABS)
     _count(r.n_samples, train_size, "n_samples")
     pi = check_vector(r.mixture, "mixture", k)
     if float(pi.min()) < 0 or abs(float(pi.sum()) - 1.0) > MIXTURE_TOLERANCE:

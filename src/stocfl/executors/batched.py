@@ -14,7 +14,7 @@ from collections import defaultdict
 import torch
 from torch.func import grad, vmap
 
-from stocfl.client.mixture import MixtureTrain, MixtureTrained, e_step
+from stocfl.client.mixture import MixtureTrain, MixtureTrained, e_step, proximal_center
 from stocfl.client.tasks import KINDS, Train, Trained, check_train_task
 from stocfl.client.training import LocalTraining, batch_plan, stacked_batch
 from stocfl.devices import free_bytes
@@ -75,20 +75,27 @@ class BatchedExecutor(Executor):
 
     def train_mixture(self, tasks: list[MixtureTrain]) -> list[MixtureTrained]:
         """Each client's E-step as the reference computes it, then the K weighted trainings of
-        every client batched as K * clients rows (the weights enter the masked loss)."""
-        rows, weights, done = [], [], []
+        every client batched as K * clients rows (the weights enter the masked loss), and the
+        personal models' proximal trainings batched as plain training rows."""
+        mixed, own, weights, done = [], [], [], []
         for t in tasks:
             x, y = self.data.train_data(t.client)
             q, pi, mass = e_step(self.model, t, x, y, self.fed.n_classes)
-            rows += [Train(t.client, w, t.local, t.seed) for w in t.models]
-            weights += list(q)
+            if t.personal is not None:
+                own.append(Train(t.client, t.personal, t.local, t.seed, proximal_center(t.models, pi), t.mu))
+            else:
+                mixed += [Train(t.client, w, t.local, t.seed) for w in t.models]
+                weights += list(q)
             done.append((pi, mass, len(y)))
-        trained = self.train(rows, weights)
-        out, a = [], 0
+        trained_mixed = iter(self.train(mixed, weights) if mixed else [])
+        trained_own = iter(self.train(own) if own else [])
+        out = []
         for t, (pi, mass, n) in zip(tasks, done):
-            k = len(t.models)
-            out.append(MixtureTrained(torch.stack([r.weights for r in trained[a : a + k]]), pi, mass, n))
-            a += k
+            if t.personal is not None:
+                models = next(trained_own).weights[None]
+            else:
+                models = torch.stack([next(trained_mixed).weights for _ in range(len(t.models))])
+            out.append(MixtureTrained(models, pi, mass, n))
         return out
 
     def train(self, tasks: list[Train], sample_weights: list[torch.Tensor] | None = None) -> list[Trained]:
