@@ -170,6 +170,22 @@ def test_a_user_algorithms_faulty_output_is_one_user_error_naming_the_method(ove
     assert message in str(err.value) and "'faulty'" in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 
+@pytest.mark.parametrize(
+    "assignments",
+    [
+        lambda self: np.ones((self.ctx.n_clients, 2)),  # rows that are not distributions
+        lambda self: np.full((3, 2), 0.5),  # not one row per client
+        lambda self: [[1.0]] * self.ctx.n_clients,  # not an array
+        lambda self: np.full((self.ctx.n_clients, 2), np.nan),  # NaN for placed clients
+    ],
+)
+def test_a_user_algorithms_faulty_assignments_are_one_user_error_on_a_mixed_scenario(assignments):
+    stocfl.register_algorithm(type("Faulty", (_FedAvgLike,), {"assignments": assignments, "name": "faulty"}))
+    with pytest.raises(stocfl.UserError, match=r"'faulty': assignments\(\) returned") as err:
+        stocfl.run({"algorithm": {"name": "faulty"}, "run": {"rounds": 1}, "scenario": {"name": "rotated_mixture"}})
+    assert "\n" not in str(err.value)
+
+
 def test_the_correct_user_algorithm_the_faulty_ones_break_runs():
     result = stocfl.run({"algorithm": {"name": "fedavg_like"}, "run": {"rounds": 2}})
     fedavg = stocfl.run({"algorithm": {"name": "fedavg"}, "run": {"rounds": 2}})

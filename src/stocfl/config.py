@@ -96,7 +96,10 @@ class ScenarioConfig(Section):
         le=MAX_COUNT,
         description="test samples per client; 0 = an equal share of the group's test pool, at most |D|",
     )
-    alpha: float = Field(0.5, ge=1e-3, le=1e6, description="Dirichlet concentration (dirichlet scenario)")
+    alpha: float = Field(
+        0.5, ge=1e-3, le=1e6, description="Dirichlet concentration: over labels (dirichlet), over groups (*_mixture)"
+    )
+    severity: int = Field(3, ge=1, le=5, description="corruption severity 1..5 (corrupted, corrupted_mixture)")
     holdout: float = Field(
         0.0, ge=0, lt=1, description="fraction of clients kept out of training and placed as new clients at the end"
     )

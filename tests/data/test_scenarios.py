@@ -1,6 +1,8 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stocfl.data.datasets import load_dataset
 from stocfl.data.scenarios import LABEL_GROUPS, PERMUTATIONS, SHIFTS, SWAPS, build
@@ -98,3 +100,74 @@ def test_real_scenarios(data_dir):
     assert w.n_clients == 20 and w.n_classes == 62 and w.train_sizes.min() > 10
     r = build("rotated", "mnist", 1200, 50, data_dir=data_dir)
     assert r.test_sizes.tolist() == [33] * 1200  # 10,000 test images / 300 clients per rotation
+
+
+@pytest.mark.parametrize("name", ["rotated_mixture", "permuted_mixture", "corrupted_mixture", "corrupted"])
+def test_the_new_scenarios_build_again_to_the_bit(name):
+    fed = build(name, DIGITS, 12, 20, seed=3, alpha=0.7)
+    again = build(name, DIGITS, 12, 20, seed=3, alpha=0.7)
+    assert torch.equal(fed.x_train, again.x_train) and torch.equal(fed.x_test, again.x_test)
+    assert float(fed.x_train.min()) >= 0 and float(fed.x_train.max()) <= 1
+    assert (fed.mixtures is not None) == name.endswith("_mixture")
+
+
+@pytest.mark.parametrize("alpha", [0.1, 1.0, 100.0])
+def test_a_mixed_client_holds_its_recorded_shares_of_each_groups_images(alpha):
+    """Client i's train set is, group by group, round(p_ig |D|) images of group g: the g
+    quarter-turn rotations of distinct source images (no image twice within a group), and
+    ``mixtures`` records those counts / |D|, ``groups`` the largest of them."""
+    fed = build("rotated_mixture", DIGITS, 16, 30, seed=2, alpha=alpha)
+    source = {im.numpy().tobytes(): k for k, im in enumerate(DIGITS.x_train)}
+    m = fed.mixtures
+    assert m.shape == (16, 4) and np.allclose(m.sum(1), 1) and (m >= 0).all()
+    assert np.array_equal(fed.groups, m.argmax(1)) and np.allclose(m * 30, np.round(m * 30))
+    used: dict[int, set] = {g: set() for g in range(4)}
+    for i in range(16):
+        x, y = fed.train_data(i)
+        counts = np.round(m[i] * 30).astype(int)
+        at = 0
+        for g, n in enumerate(counts):
+            for im, label in zip(x[at : at + n], y[at : at + n]):
+                k = source[torch.rot90(im[None], -g, dims=(2, 3))[0].contiguous().numpy().tobytes()]
+                assert int(DIGITS.y_train[k]) == int(label) and k not in used[g]
+                used[g].add(k)
+            at += n
+    if alpha == 100.0:  # near-equal shares
+        assert (m > 0.1).all()
+    if alpha == 0.1:  # mostly one group each
+        assert (m.max(1) > 0.6).mean() > 0.7
+
+
+def test_a_mixture_larger_than_a_groups_pool_is_one_line():
+    with pytest.raises(UserError, match=r"needs \d+ train samples for its clients' shares but has 1347"):
+        build("rotated_mixture", DIGITS, 200, 30, seed=0, alpha=0.05)
+
+
+def test_corrupted_groups_are_the_clean_images_corrupted():
+    from stocfl.data.corruptions import corrupt
+
+    fed = build("corrupted", DIGITS, 4, 20, seed=1, severity=5)
+    clean = fed.train_data(0)[0]
+    assert fed.notes[:4] == [
+        "group 0: clean",
+        "group 1: gaussian_noise (severity 5)",
+        "group 2: contrast (severity 5)",
+        "group 3: gaussian_blur (severity 5)",
+    ]
+    source = {im.numpy().tobytes() for im in DIGITS.x_train}
+    assert all(im.numpy().tobytes() in source for im in clean)
+    blurred = fed.train_data(3)[0]  # deterministic kinds: some source image blurred is each of them
+    blurred_source = {im.numpy().tobytes() for im in corrupt(DIGITS.x_train, "gaussian_blur", 5)}
+    assert all(im.numpy().tobytes() in blurred_source for im in blurred)
+    assert not torch.equal(build("corrupted", DIGITS, 4, 20, seed=1, severity=1).x_train, fed.x_train)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 6), k=st.integers(1, 6), total=st.integers(0, 500), seed=st.integers(0, 2**16))
+def test_apportioned_counts_sum_to_the_total_and_stay_within_one_of_the_shares(rows, k, total, seed):
+    from stocfl.data.scenarios import apportion
+
+    shares = np.random.default_rng(seed).dirichlet(np.ones(k), size=rows)
+    counts = apportion(shares, total)
+    assert (counts.sum(1) == total).all() and (counts >= 0).all()
+    assert (np.abs(counts - shares * total) < 1 + 1e-9).all()

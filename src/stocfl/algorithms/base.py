@@ -226,6 +226,13 @@ class Algorithm:
         labels[self.ctx.training_clients] = 0
         return labels
 
+    def assignments(self) -> np.ndarray | None:
+        """Each client's weights over the found clusters, (N, K) with rows on the simplex (NaN
+        for a client not placed), for algorithms whose clients belong to several (FedEM's
+        mixture weights, FedSoft's importance weights); None: each client is wholly in its
+        :meth:`cluster_labels` one. Scored against a scenario's true mixtures."""
+        return None
+
     placement = "one global model: a new client uses it (cluster 0)"  # what placing a new client means
 
     def place_new(self, clients: list[int], ask: AskClients) -> list[Placement]:

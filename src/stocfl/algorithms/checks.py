@@ -89,6 +89,27 @@ def check_labels(algorithm) -> np.ndarray:
     return labels
 
 
+def check_assignments(algorithm, labels: np.ndarray) -> np.ndarray | None:
+    """``assignments()``: None, or (N, K) floats whose rows of placed clients (``labels`` >= 0)
+    are distributions; returned."""
+    w, n = algorithm.assignments(), algorithm.ctx.n_clients
+    if w is None:
+        return None
+    placed = labels >= 0
+    ok = isinstance(w, np.ndarray) and w.ndim == 2 and len(w) == n and np.issubdtype(w.dtype, np.floating)
+    if ok and placed.any():
+        rows = w[placed]
+        sums = rows.sum(1) if np.isfinite(rows).all() else np.full(len(rows), np.nan)
+        ok = bool((rows >= 0).all() and np.allclose(sums, 1.0, atol=MIXTURE_TOLERANCE))
+    if not ok:
+        what = f"an array of shape {w.shape}" if isinstance(w, np.ndarray) else f"a value of type {type(w).__name__}"
+        raise UserError(
+            f"algorithm {algorithm.name!r}: assignments() returned {what}; expected None or ({n}, K) floats whose "
+            f"rows of placed clients are distributions"
+        )
+    return w
+
+
 def check_client_models(algorithm, clients: list[int], models: Any) -> None:
     """``client_models(clients)``: one model like w_0 per client asked."""
     like = algorithm.ctx.init_weights

@@ -145,6 +145,13 @@ class FedSoft(Algorithm):
         labels[seen] = np.asarray(self.state.importance.rows[seen]).argmax(1)
         return labels
 
+    def assignments(self) -> np.ndarray:
+        store = self.state.importance
+        rows = np.full((self.ctx.n_clients, store.p), np.nan)
+        seen = np.flatnonzero(store.has)
+        rows[seen] = np.asarray(store.rows[seen], dtype=np.float64)
+        return rows
+
     def cluster_models(self) -> dict[int, torch.Tensor]:
         return dict(enumerate(self.state.centres))
 

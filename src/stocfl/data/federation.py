@@ -28,6 +28,7 @@ class Federation:
     groups: np.ndarray | None = None  # true group of each client, where the scenario has one
     notes: list[str] = field(default_factory=list)
     heldout: np.ndarray | None = None  # clients kept out of training (new clients at the end)
+    mixtures: np.ndarray | None = None  # each client's true shares of the groups (N x G), where it mixes them
 
     def __repr__(self) -> str:
         groups = "no true groups" if self.groups is None else f"{len(np.unique(self.groups))} true groups"

@@ -18,9 +18,19 @@ permuted_labels        y -> P_g(y), four fixed random permutations (CFL)       4
 hybrid                 MNIST clients and Fashion-MNIST clients (digits: digits  2
                        and their negatives, a second feature domain)
 rotated_pathological   rotations {0, 180} x the 4 label groups                  8
+corrupted              clean, gaussian noise, contrast, gaussian blur at        4
+                       ``severity`` (CIFAR-10-C's kinds, computed here)
+rotated_mixture        every client a mixture of the rotated groups             4 (2)
+permuted_mixture       every client a mixture of the permuted_labels groups     4
+corrupted_mixture      every client a mixture of the corrupted groups           4
 dirichlet              per-label Dirichlet(alpha) split over clients            none
 writers                one client per real writer (FEMNIST)                     none
 =====================  =======================================================  ====
+
+In a ``*_mixture`` scenario client i draws shares p_i ~ Dirichlet(alpha) over the groups, and
+holds round(p_i |D|) train samples of each (largest remainders; its test data in the same
+shares): ``Federation.mixtures`` records the realised shares (the true mixture that soft
+assignments are scored against) and ``Federation.groups`` each client's dominant group.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from stocfl.data.corruptions import corrupt, corruption_seed
 from stocfl.data.datasets import Dataset, load_dataset
 from stocfl.data.federation import Federation
 from stocfl.errors import UserError, refuse_builtin
@@ -51,6 +62,15 @@ class _Group:
     image: Callable[[torch.Tensor], torch.Tensor] = lambda x: x
     label: Callable[[torch.Tensor], torch.Tensor] = lambda y: y
     name: str = ""
+    corruption: str = ""  # a CIFAR-10-C kind applied after ``image`` (stocfl.data.corruptions)
+    severity: int = 3
+    seed: int = 0
+
+    def inputs(self, x: torch.Tensor, split: str) -> torch.Tensor:
+        x = self.image(x)
+        if self.corruption:
+            x = corrupt(x, self.corruption, self.severity, corruption_seed(self.corruption, split, self.seed))
+        return x
 
 
 def _rotate(quarter_turns: int):
@@ -75,6 +95,10 @@ BUILTIN_SCENARIOS = (
     "permuted_labels",
     "hybrid",
     "rotated_pathological",
+    "corrupted",
+    "rotated_mixture",
+    "permuted_mixture",
+    "corrupted_mixture",
     "dirichlet",
     "writers",
 )
@@ -111,6 +135,7 @@ def build(
     alpha: float = 0.5,
     data_dir: str | None = None,
     holdout: float = 0.0,
+    severity: int = 3,
 ) -> Federation:
     """Build scenario ``name`` on ``dataset`` (a name or a loaded :class:`Dataset`).
 
@@ -125,10 +150,12 @@ def build(
     seed : int, default 0
         Seeds every shuffle and draw.
     alpha : float, default 0.5
-        Dirichlet concentration (dirichlet only).
+        Dirichlet concentration: over labels (dirichlet), over groups (``*_mixture``).
     holdout : float in [0, 1), default 0
         Fraction of clients kept out of training (per true group where there is one), to be
         placed as new clients afterwards (the StoCFL paper's 70/30 generalisation study).
+    severity : int in 1..5, default 3
+        Corruption severity (``corrupted`` and ``corrupted_mixture``).
     """
     src = dataset if isinstance(dataset, Dataset) else load_dataset(dataset, data_dir)
     rng = np.random.default_rng(seed)
@@ -144,10 +171,13 @@ def build(
         fed = _writers(src, n_clients, samples_per_client, test_per_client, rng)
     elif name == "dirichlet":
         fed = _dirichlet(src, n_clients, samples_per_client, test_per_client, alpha, rng)
+    elif name.endswith("_mixture") and name in BUILTIN_SCENARIOS:
+        base = {"permuted_mixture": "permuted_labels"}.get(name, name.removesuffix("_mixture"))
+        groups = _groups(base, src, data_dir, severity, seed)
+        fed = _mixed(name, src.name, groups, n_clients, samples_per_client, test_per_client, alpha, rng)
     else:
-        fed = _grouped(
-            name, src.name, _groups(name, src, data_dir), n_clients, samples_per_client, test_per_client, rng
-        )
+        groups = _groups(name, src, data_dir, severity, seed)
+        fed = _grouped(name, src.name, groups, n_clients, samples_per_client, test_per_client, rng)
     if holdout > 0:
         fed.heldout = _holdout(fed, holdout, np.random.default_rng([seed, 2]))
     return fed
@@ -170,7 +200,10 @@ def _holdout(fed: Federation, fraction: float, rng: np.random.Generator) -> np.n
     return out
 
 
-def _groups(name: str, src: Dataset, data_dir: str | None) -> list[_Group]:
+CORRUPTED = ("gaussian_noise", "contrast", "gaussian_blur")  # one of CIFAR-10-C's noise, digital and blur families
+
+
+def _groups(name: str, src: Dataset, data_dir: str | None, severity: int = 3, seed: int = 0) -> list[_Group]:
     if name == "iid":
         return [_Group(src, name="all")]
     if name == "pathological":
@@ -186,6 +219,11 @@ def _groups(name: str, src: Dataset, data_dir: str | None) -> list[_Group]:
         return [
             _Group(src, label=lambda y, p=torch.tensor(p): p[y], name=f"labels permuted {''.join(map(str, p))}")
             for p in PERMUTATIONS
+        ]
+    if name == "corrupted":
+        return [_Group(src, name="clean")] + [
+            _Group(src, name=f"{kind} (severity {severity})", corruption=kind, severity=severity, seed=seed)
+            for kind in CORRUPTED
         ]
     if name == "rotated_pathological":
         return [
@@ -238,9 +276,9 @@ def _grouped(scenario, dataset, groups, n_clients, per_client, test_per_client, 
                 + (f" ({grp.source.note})" if grp.source.note else "")
             )
         tr_idx, te_idx = torch.from_numpy(tr[:need]), torch.from_numpy(te[: n_g * t])
-        xs_tr.append(grp.image(grp.source.x_train[tr_idx]))
+        xs_tr.append(grp.inputs(grp.source.x_train[tr_idx], "train"))
         ys_tr.append(grp.label(grp.source.y_train[tr_idx]))
-        xs_te.append(grp.image(grp.source.x_test[te_idx]))
+        xs_te.append(grp.inputs(grp.source.x_test[te_idx], "test"))
         ys_te.append(grp.label(grp.source.y_test[te_idx]))
         sizes_te += [t] * n_g
     shape = {tuple(x.shape[1:]) for x in xs_tr}
@@ -259,6 +297,77 @@ def _grouped(scenario, dataset, groups, n_clients, per_client, test_per_client, 
         groups=np.repeat(np.arange(len(groups)), counts),
         notes=[f"group {g}: {grp.name}" for g, grp in enumerate(groups)]
         + sorted({grp.source.note for grp in groups if grp.source.note}),
+    )
+
+
+def apportion(shares: np.ndarray, total: int) -> np.ndarray:
+    """Integer counts (rows sum to ``total``) nearest to ``shares * total``: floors, then one more
+    to the largest remainders (the first of equal remainders)."""
+    raw = shares * total
+    counts = np.floor(raw).astype(np.int64)
+    short = total - counts.sum(1)
+    order = np.argsort(-(raw - counts), axis=1, kind="stable")
+    for i, k in enumerate(short):
+        counts[i, order[i, :k]] += 1
+    return counts
+
+
+def _mixed(scenario, dataset, groups, n_clients, per_client, test_per_client, alpha, rng) -> Federation:
+    k = len(groups)
+    shares = rng.dirichlet(np.full(k, alpha), size=n_clients)
+    tr_counts = apportion(shares, per_client)
+    pools = [(_pool(g.source.y_train, g.labels, rng), _pool(g.source.y_test, g.labels, rng)) for g in groups]
+    t = test_per_client or min(per_client, min(len(te) for _, te in pools) // n_clients)
+    if t == 0:
+        raise UserError(
+            f"config: scenario.n_clients: scenario {scenario} on {dataset} has too few test samples for "
+            f"{n_clients} clients; lower n_clients or set scenario.test_per_client"
+        )
+    te_counts = apportion(shares, t)
+    parts_tr, parts_te = [], []
+    for g, (grp, (tr, te)) in enumerate(zip(groups, pools)):
+        for what, pool, counts, parts in (("train", tr, tr_counts, parts_tr), ("test", te, te_counts, parts_te)):
+            need = int(counts[:, g].sum())
+            if need > len(pool):
+                raise UserError(
+                    f"config: scenario.n_clients x scenario.samples_per_client: scenario {scenario} on {dataset}: "
+                    f"group {g} ({grp.name}) needs {need} {what} samples for its clients' shares but has "
+                    f"{len(pool)}; lower n_clients, samples_per_client or test_per_client"
+                )
+            idx = torch.from_numpy(pool[:need])
+            source = grp.source.x_train if what == "train" else grp.source.x_test
+            labels = grp.source.y_train if what == "train" else grp.source.y_test
+            parts.append((grp.inputs(source[idx], what), grp.label(labels[idx]), np.cumsum([0, *counts[:, g]])))
+    shape = {tuple(x.shape[1:]) for x, _, _ in parts_tr}
+    if len(shape) > 1:
+        raise UserError(f"scenario {scenario}: groups have different image shapes {shape}")
+
+    def stack(parts):  # client by client, its part of every group in group order
+        xs, ys = [], []
+        for i in range(n_clients):
+            for x, y, off in parts:
+                xs.append(x[off[i] : off[i + 1]])
+                ys.append(y[off[i] : off[i + 1]])
+        return torch.cat(xs).contiguous(), torch.cat(ys)
+
+    x_tr, y_tr = stack(parts_tr)
+    x_te, y_te = stack(parts_te)
+    mixtures = tr_counts / per_client
+    return Federation(
+        scenario,
+        dataset,
+        x_tr,
+        y_tr,
+        np.arange(n_clients + 1) * per_client,
+        x_te,
+        y_te,
+        np.arange(n_clients + 1) * t,
+        n_classes=max(g.source.n_classes for g in groups),
+        groups=mixtures.argmax(1).astype(np.int64),
+        notes=[f"group {g}: {grp.name}" for g, grp in enumerate(groups)]
+        + [f"each client's shares of the groups ~ Dirichlet({alpha:g}); groups: its dominant one"]
+        + sorted({grp.source.note for grp in groups if grp.source.note}),
+        mixtures=mixtures,
     )
 
 

@@ -41,6 +41,7 @@ def build_federation(cfg: Config) -> Federation:
         alpha=s.alpha,
         data_dir=s.data_dir or None,
         holdout=s.holdout,
+        severity=s.severity,
     )
 
 

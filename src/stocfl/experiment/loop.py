@@ -28,7 +28,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from stocfl.algorithms.checks import check_client_models, check_diagnostics, check_labels, check_outputs
+from stocfl.algorithms.checks import (
+    check_assignments,
+    check_client_models,
+    check_diagnostics,
+    check_labels,
+    check_outputs,
+)
 from stocfl.client.mixture import evaluation_task
 from stocfl.client.tasks import ClientsDropped, Evaluate, without_dropped
 from stocfl.config import Config
@@ -282,11 +288,11 @@ class Experiment:
             }
             if t % r.eval_every == 0 or t == r.rounds:
                 row.update(self.evaluate(t))
-            row.update(
-                metrics.clustering_scores(
-                    check_labels(self.algorithm), self.fed.groups, self.fed.participants, self.label_dists
-                )
-            )
+            labels = check_labels(self.algorithm)
+            row.update(metrics.clustering_scores(labels, self.fed.groups, self.fed.participants, self.label_dists))
+            if self.fed.mixtures is not None:  # a scenario of mixed clients: how far the found shares are
+                weights = check_assignments(self.algorithm, labels)
+                row["mixture_tv"] = metrics.mixture_distance(labels, weights, self.fed.mixtures, self.fed.participants)
             check_diagnostics(self.algorithm, t, diag, row)
             row.update(diag)
             row["seconds"] = time.perf_counter() - t0
@@ -351,6 +357,8 @@ def round_line(row: dict[str, Any]) -> str:
     parts.append(f"clusters {row['n_clusters']}")
     if row.get("ari") is not None:
         parts.append(f"ARI {row['ari']:.4f}")
+    if row.get("mixture_tv") is not None:
+        parts.append(f"mixture TV {row['mixture_tv']:.3f}")
     if row.get("coverage") is not None:
         parts.append(f"placed {row['placed']} ({100 * row['coverage']:.1f}%)")
     if row.get("ari") is None and row.get("label_cos_within") is not None:

@@ -39,6 +39,44 @@ def clustering_scores(
     return out
 
 
+def mixture_distance(
+    labels: np.ndarray, weights: np.ndarray | None, mixtures: np.ndarray, participants: list[int] | None = None
+) -> float | None:
+    """The mean total-variation distance between each placed participant's found weights over
+    the clusters (``weights``, N x K; None: wholly in its ``labels`` cluster) and its true
+    mixture over the groups (``mixtures``, N x G): 0 when every client's found shares are its
+    true ones, 1 when they never overlap. Found clusters are named by the true groups first:
+    cluster k stands for the group whose shares over the clients are most like its weights
+    (the cosine of the columns w_k and m_g over the placed clients; among equals, the group
+    it holds most weight of, sum_i w_ik m_ig), and
+    the weights of clusters that stand for one group add up, so a group split in two costs
+    nothing and two groups merged in one cluster cost their smaller share. None while no
+    participant is placed."""
+    placed = labels >= 0
+    if participants is not None:
+        placed &= np.isin(np.arange(len(labels)), participants)
+    if not placed.any():
+        return None
+    if weights is None:
+        ids, found = np.unique(labels[placed], return_inverse=True)
+        w = np.zeros((int(placed.sum()), len(ids)))
+        w[np.arange(len(found)), found] = 1.0
+    else:
+        w = np.nan_to_num(np.asarray(weights, dtype=np.float64)[placed])
+    m = np.asarray(mixtures, dtype=np.float64)[placed]
+    norms = np.linalg.norm(w, axis=0)[:, None] * np.linalg.norm(m, axis=0)[None, :]
+    cosine = np.divide(w.T @ m, norms, out=np.zeros((w.shape[1], m.shape[1])), where=norms > 0)
+    mass = w.T @ m
+    # cluster -> group: the most alike; among equally alike (one client: every cosine is 1),
+    # the group it holds most weight of
+    best = cosine >= cosine.max(1, keepdims=True) - 1e-12
+    stands_for = np.where(best, mass, -np.inf).argmax(1)
+    named = np.zeros_like(m)
+    for k, g in enumerate(stands_for):
+        named[:, g] += w[:, k]
+    return float(0.5 * np.abs(named - m).sum(1).mean())
+
+
 def label_cosines(dists: np.ndarray, labels: np.ndarray) -> dict[str, float | None]:
     """How far a partition follows the clients' labels, with no true groups needed: the mean
     cosine between the label distributions (unit rows of ``dists``) of two clients in one

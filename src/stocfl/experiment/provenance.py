@@ -36,6 +36,7 @@ ADDED_KEYS = {
     "algorithm.cluster_start": "global",
     "algorithm.cluster_warmup": 0,
     "algorithm.chain": False,
+    "scenario.severity": 3,
 }
 
 GIVEN = (("custom_data", "federation"), ("custom_model", "model"), ("custom_loss", "loss"))

@@ -56,6 +56,7 @@ def summarize(
         "n_clusters": last.get("n_clusters"),
         "ari": last.get("ari"),
         "nmi": last.get("nmi"),
+        **({"mixture_tv": last["mixture_tv"]} if "mixture_tv" in last else {}),
         "placed": last.get("placed"),
         "participants": len(fed.participants),
         "label_cos_within": last.get("label_cos_within"),
