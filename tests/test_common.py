@@ -42,7 +42,10 @@ PARAMS = {
     "fedem": {"n_components": 2},
     "fedrc": {"n_clusters": 2},
     "fedsoft": {"n_clusters": 2},
+    # a variant with a task kind of its own: NAME:VARIANT runs NAME with these parameters
+    "cfl:gradients": {"warmup": 0, "eps1": 100.0, "eps2": 0.0, "similarity": "gradients"},
 }
+VARIANTS = [name for name in PARAMS if ":" in name]
 SAMPLES = [PARTICIPANTS[0:6], PARTICIPANTS[3:9], PARTICIPANTS[6:12]]
 
 
@@ -87,7 +90,7 @@ EXECUTORS = {
 
 
 def make(name, **kw):
-    cls = ALGORITHMS[name]
+    cls = ALGORITHMS[name.partition(":")[0]]
     return cls(cls.Params(**PARAMS.get(name, {})), context(**kw))
 
 
@@ -134,7 +137,7 @@ def one_thread():
 
 
 @pytest.mark.parametrize("executor", list(EXECUTORS))
-@pytest.mark.parametrize("name", list(ALGORITHMS))
+@pytest.mark.parametrize("name", [*ALGORITHMS, *VARIANTS])
 def test_every_algorithm_on_every_executor(name, executor, tmp_path, one_thread):
     rec = Recording(EXECUTORS[executor]())
     alg = play(make(name), rec)

@@ -270,3 +270,71 @@ def test_fesem_assigns_trains_then_updates_centres_from_fresh_models():
     assert torch.allclose(alg.centers[k[0]], 3 * step[0]) and torch.allclose(alg.centers[k[1]], 3 * step[1])
     with pytest.raises(UserError, match="n_centers"):
         FeSEM(FeSEMParams(n_centers=5), c)
+
+
+def fake_gradients(groups, updates_agree=True):
+    """Trained: everyone's update is the same direction (updates cannot tell groups apart);
+    Gradient: client i's gradient at w is its group's direction, 2x its size (the paper's
+    signal), checked to be asked at the cluster's updated model."""
+    from stocfl.client.gradient import Gradient, Gradiented
+
+    asked = []
+
+    def run(tasks):
+        out = []
+        for t in tasks:
+            if isinstance(t, Gradient):
+                asked.append(t)
+                out.append(Gradiented(2.0 * GROUP_DIR[groups[t.client]], 10))
+            else:
+                out.append(Trained(t.weights + DIRS[0], 10))
+        return out
+
+    return run, asked
+
+
+def test_cfl_gradient_variant_splits_on_gradients_at_the_updated_model():
+    groups = np.array([0, 1, 0, 1, 0, 1])
+    run, asked = fake_gradients(groups)
+    upd = CFL(CFLParams(eps1=100.0, eps2=0.5, warmup=0), ctx(6))
+    upd.round(1, list(range(6)), run)  # identical updates: split arbitrarily, not by group
+    grad = CFL(CFLParams(eps1=0.1, eps2=1.5, warmup=0, similarity="gradients"), ctx(6))
+    diag = grad.round(1, list(range(6)), run)
+    (norms,) = diag["cfl_norms"]
+    assert norms["mean_norm"] == pytest.approx(0.0, abs=1e-6) and norms["max_norm"] == pytest.approx(2.0)
+    assert adjusted_rand_score(groups, grad.cluster_labels()) == 1.0
+    assert all(torch.equal(t.weights, DIRS[0]) for t in asked), "asked at w_0 + the mean update"
+
+
+def test_the_gradient_query_equals_autograd_on_the_module_and_refuses_a_crafted_reply():
+    import dataclasses
+
+    from torch import nn
+
+    from stocfl.client.gradient import Gradient, check_gradiented
+    from stocfl.client.models import build_module, make_model
+    from stocfl.client.tasks import BadResult
+    from stocfl.data.datasets import load_dataset
+    from stocfl.data.scenarios import build
+    from stocfl.executors import SequentialExecutor
+
+    fed = build("rotated", load_dataset("digits"), 8, 30, seed=0)
+    model, w0 = make_model("auto", fed.input_shape, 10, 0, seed=0)
+    (r,) = SequentialExecutor(fed, model).execute([Gradient(2, w0)])
+    module = build_module("auto", fed.input_shape, 10, 0)
+    torch.nn.utils.vector_to_parameters(w0.clone(), module.parameters())
+    module.eval()
+    x, y = fed.train_data(2)
+    nn.functional.cross_entropy(module(x), y).backward()
+    want = torch.cat([p.grad.reshape(-1) for p in module.parameters()])
+    assert r.n_samples == 30 and torch.allclose(r.gradient, want, atol=1e-6)
+    task = Gradient(2, w0)
+    for bad, says in [
+        (r.gradient[:-1], "gradient has shape"),
+        (r.gradient * float("nan"), "NaN"),
+        (torch.full_like(r.gradient, 1e9), "beyond"),
+    ]:
+        with pytest.raises(BadResult, match=says):
+            check_gradiented(task, dataclasses.replace(r, gradient=bad), 30, 0)
+    with pytest.raises(BadResult, match="n_samples"):
+        check_gradiented(task, dataclasses.replace(r, n_samples=31), 30, 0)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from stocfl.algorithms.stocfl.representation import Represented
+from stocfl.client.gradient import Gradiented
 from stocfl.client.mixture import MixtureTrained
 from stocfl.client.tasks import ClientsDropped, Evaluated, Trained
 from stocfl.executors import SequentialExecutor
@@ -88,6 +89,13 @@ CASES = {
         MixtureTrained,
         lambda r: MixtureTrained(r.models, torch.tensor([1.5, -0.25, -0.25]), r.label_mass, r.n_samples),
     ),
+    # CFL's gradient variant: the query.gradient reply
+    "a gradient of the wrong length": (
+        "cfl similarity=gradients",
+        Gradiented,
+        lambda r: Gradiented(r.gradient[:-1], r.n_samples),
+    ),
+    "a gradient of inf": ("cfl similarity=gradients", Gradiented, lambda r: Gradiented(r.gradient / 0.0, r.n_samples)),
     "mixture evaluation correct > n_samples": (
         "fedem",
         Evaluated,
@@ -97,7 +105,8 @@ CASES = {
 
 
 def _run(tmp_path, name, algorithm, kind, craft):
-    cfg = configure.load(overrides=[*SMALL, f"algorithm.name={algorithm}"])
+    method, *extra = algorithm.split()  # "NAME KEY=VALUE ...": the algorithm and its parameters
+    cfg = configure.load(overrides=[*SMALL, f"algorithm.name={method}", *(f"algorithm.{e}" for e in extra)])
     probe = Experiment(cfg, tmp_path / "probe")
     ex = LoopbackExecutor(Client(probe.fed, probe.model, kind, craft))
     summary = Experiment.create(cfg, tmp_path / name, ex).run(progress=False)

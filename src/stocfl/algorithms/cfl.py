@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -12,6 +12,7 @@ from pydantic import Field
 from stocfl.algorithms.aggregation import weighted_mean
 from stocfl.algorithms.base import Algorithm, AskClients, Context, Params, Placement, place_by_lowest_loss
 from stocfl.bounds import MAX_COUNT, MAX_WEIGHT
+from stocfl.client.gradient import Gradient
 
 
 class CFLParams(Params):
@@ -24,6 +25,11 @@ class CFLParams(Params):
         le=MAX_COUNT,
         description="rounds the two halves of a split train before either may split again, as "
         "warmup does for the first split (the paper's Algorithm 2 runs FL to a stationary point at every level)",
+    )
+    similarity: Literal["updates", "gradients"] = Field(
+        "updates",
+        description="what the norms and cosines are of: the clients' weight updates dW_i (the authors' code), or "
+        "their full-batch gradients at the cluster's updated model (the paper's Algorithm 2)",
     )
 
 
@@ -51,6 +57,12 @@ class CFL(Algorithm):
     a fresh update this round (partial participation) join the larger half. Splits recur, at
     any depth. mean_norm and max_norm of every cluster are logged every round.
 
+    ``similarity = "gradients"`` is the paper's own Algorithm 2: after c's model is updated,
+    its sampled members send their full-batch gradients nabla r_i(w_c) at it (a
+    :class:`~stocfl.client.gradient.Gradient` query), and the norms (mean_norm of their
+    n_i-weighted mean, nabla R_c; max_norm the largest) and the bipartition's cosines are of
+    those gradients; eps1 and eps2 then bound gradient norms.
+
     Parameters
     ----------
     eps1 : float, default 0.4
@@ -59,6 +71,7 @@ class CFL(Algorithm):
     cluster_warmup : int, default 0
         With warmup = cluster_warmup = 50, the earliest splits are at rounds 51, 102, 153: the
         paper's Fig. 3 (permuted CIFAR-10) splits at rounds 50, 100 and 150.
+    similarity : {"updates", "gradients"}, default "updates"
     """
 
     name = "cfl"
@@ -98,6 +111,12 @@ class CFL(Algorithm):
             self.state.models[c] = w_c + (
                 self.ctx.aggregator(list(dw), n, torch.zeros_like(w_c)) if robust else mean_dw
             )
+            signal = dw
+            if self.params.similarity == "gradients":  # at the model as it now stands
+                grads = ask([Gradient(sampled[k], self.state.models[c]) for k in idx])
+                signal = torch.stack([g.gradient for g in grads])
+                mean_norm = float(weighted_mean(list(signal), n).norm())
+                max_norm = float(signal.norm(dim=1).max())
             norms.append({"cluster": c, "mean_norm": mean_norm, "max_norm": max_norm})
             rested = c not in self.state.opened or round_ - self.state.opened[c] > self.params.cluster_warmup
             if (
@@ -107,14 +126,15 @@ class CFL(Algorithm):
                 and max_norm > self.params.eps2
                 and len(idx) > 2
             ):
-                new = self.split(c, [sampled[k] for k in idx], dw)
+                new = self.split(c, [sampled[k] for k in idx], signal)
                 self.state.opened[c] = self.state.opened[new] = round_
                 splits += 1
         return {"cfl_norms": norms, "splits": splits}
 
-    def split(self, c: int, fresh: list[int], dw: torch.Tensor) -> int:
-        """Moves one half of c to a new cluster, whose id it returns."""
-        halves = bipartition(dw)
+    def split(self, c: int, fresh: list[int], signal: torch.Tensor) -> int:
+        """Moves one half of c to a new cluster, whose id it returns (``signal``: the fresh
+        members' updates or gradients, one row each)."""
+        halves = bipartition(signal)
         ids = np.asarray(fresh)  # sub-matrix row k is client fresh[k]: map back to global ids
         side = {int(i): int(h) for i, h in zip(ids, halves)}
         larger = int(np.bincount(halves, minlength=2).argmax())

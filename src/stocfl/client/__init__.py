@@ -1,5 +1,6 @@
 """What a client computes: task kinds and their messages, local training, optimizers, models."""
 
+from stocfl.client.gradient import Gradient, Gradiented
 from stocfl.client.mixture import EvaluateMixture, Mixture, MixtureTrain, MixtureTrained, evaluation_task
 from stocfl.client.models import FlatModel, build_module, make_model, register_model
 from stocfl.client.optim import Optimizer
@@ -22,6 +23,8 @@ __all__ = [
     "EvaluateMixture",
     "Evaluated",
     "FlatModel",
+    "Gradient",
+    "Gradiented",
     "LocalTraining",
     "Mixture",
     "MixtureTrain",

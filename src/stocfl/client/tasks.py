@@ -234,7 +234,7 @@ class TaskKind:
 KINDS: dict[type, TaskKind] = {}
 MESSAGE_CATEGORIES = ("train", "evaluate", "query")  # Flower's message categories
 # the tasks of the built-in algorithms
-BUILTIN_MESSAGES = ("train", "evaluate", "query.represent", "train.mixture", "evaluate.mixture")
+BUILTIN_MESSAGES = ("train", "evaluate", "query.represent", "train.mixture", "evaluate.mixture", "query.gradient")
 
 
 def register_task(

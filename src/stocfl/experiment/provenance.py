@@ -37,6 +37,7 @@ ADDED_KEYS = {
     "algorithm.cluster_warmup": 0,
     "algorithm.chain": False,
     "scenario.severity": 3,
+    "algorithm.similarity": "updates",
 }
 
 GIVEN = (("custom_data", "federation"), ("custom_model", "model"), ("custom_loss", "loss"))
