@@ -433,6 +433,18 @@ def test_a_malformed_table_gets_one_line(tmp_path):
         load_table("bad", root)
 
 
+def test_a_papers_number_without_a_spread_is_shown_without_one_and_three_numbers_are_refused(tmp_path):
+    root = tiny_root(tmp_path)
+    (root / "tiny.toml").write_text(TABLE.replace("paper = [50.0, 1.0]", "paper = [50.0]"))
+    assert load_table("tiny", root).rows[0].paper == (50.0, None)
+    doc = reproduce("tiny", root=root, progress=False, log=lambda m: None, rows="1")
+    assert doc["rows"][0]["paper"] == {"mean": 50.0, "std": None}
+    assert "| FedAvg | accuracy | 50.00 |" in (root / "tiny.md").read_text()
+    (root / "bad.toml").write_text(TABLE.replace("paper = [50.0, 1.0]", "paper = [50.0, 1.0, 2.0]"))
+    with pytest.raises(UserError, match=r"expected \[mean, std\] or \[mean\]"):
+        load_table("bad", root)
+
+
 def test_the_compare_table_lists_every_finished_run_in_its_directory(tmp_path):
     from stocfl.experiment.compare import compare
 

@@ -68,7 +68,7 @@ AUTHORS = ("group", "pooled")
 class Row:
     name: str
     overrides: tuple[str, ...]
-    paper: tuple[float, float] | None  # the paper's mean and std, in the metric's unit
+    paper: tuple[float, float | None] | None  # the paper's mean and std (None: it gives none), in the metric's unit
     metric: str = "accuracy"
     series: str = ""  # a sweep table's line this row belongs to
     at_round: int | None = None  # read the measure at this round, not the last (FL+HC: "post cluster")
@@ -97,6 +97,14 @@ def tables(root: Path = ROOT) -> dict[str, Path]:
     return {p.stem: p for p in sorted(root.glob("*.toml"))}
 
 
+def _paper(value) -> tuple[float, float | None]:
+    """A row's ``paper``: [mean, std], or [mean] where the paper gives no spread."""
+    numbers = tuple(float(v) for v in value)
+    if len(numbers) not in (1, 2):
+        raise ValueError(f"paper = {list(value)!r}: expected [mean, std] or [mean]")
+    return numbers[0], numbers[1] if len(numbers) == 2 else None
+
+
 def load_table(name: str, root: Path = ROOT) -> Table:
     found = tables(root)
     if name not in found:
@@ -112,7 +120,7 @@ def load_table(name: str, root: Path = ROOT) -> Table:
             Row(
                 str(r["name"]),
                 tuple(str(s) for s in r.get("set", [])),
-                tuple(float(v) for v in r["paper"]) if r.get("paper") else None,
+                _paper(r["paper"]) if r.get("paper") else None,
                 str(r.get("metric", metric)),
                 str(r.get("series", "")),
                 int(r["round"]) if r.get("round") is not None else None,
@@ -327,7 +335,10 @@ def write_table(
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in rows:
-        paper = f"{e['paper']['mean']:.2f} +- {e['paper']['std']:.2f}" if e["paper"] else "-"
+        paper = "-"
+        if e["paper"]:
+            std = e["paper"]["std"]
+            paper = f"{e['paper']['mean']:.2f}" + ("" if std is None else f" +- {std:.2f}")
         diff = f"{e['difference']:+.2f}" if e["difference"] is not None else "-"
         lines.append(
             f"| {e['name']} | {e['metric']} | {paper} | {_cell(e['ours'])} | {diff} | "

@@ -144,7 +144,7 @@ class BatchedExecutor(Executor):
         has_prox = bool((mu != 0).any())
         if has_prox:
             centers = torch.stack([t.prox_center if t.prox_center is not None else t.weights for t in tasks])
-        if self.lowrank is not None and opt.plain and q_pad is None:  # per-sample weights: the vmap path
+        if self.lowrank is not None and opt.plain:
             trained = self.lowrank.train(
                 w,
                 centers if has_prox else None,
@@ -156,6 +156,7 @@ class BatchedExecutor(Executor):
                 batch_size,
                 opt.lr,
                 [t.seed for t in tasks],
+                q_pad,
             )
             return [Trained(trained[i].clone(), sizes[i]) for i in range(c)]
         plans = [batch_plan(sizes[i], epochs, batch_size, t.seed) for i, t in enumerate(tasks)]

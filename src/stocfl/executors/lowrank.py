@@ -85,7 +85,12 @@ class LowRankTrainer:
             per_sample = tail.per_sample_loss(tail.forward(rest, z), y)
             return (per_sample * m).sum() / m.sum().clamp(min=1.0)
 
+        def weighted_loss(z, rest, y, m, q):  # the mixture family's M-step: sum_b q_b l_b / |B|
+            per_sample = tail.per_sample_loss(tail.forward(rest, z), y)
+            return (per_sample * m * q).sum() / m.sum().clamp(min=1.0)
+
         self._grads = vmap(grad(loss, argnums=(0, 1)))
+        self._weighted_grads = vmap(grad(weighted_loss, argnums=(0, 1)))
 
     def train(
         self,
@@ -99,10 +104,13 @@ class LowRankTrainer:
         batch_size: int,
         lr: float,
         seeds: list[int],
+        q: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Trained weights (c x P) from ``w`` (c x P, trained in place and returned); ``x``
         (c x n_max x ...) padded, ``sizes`` the true sizes; ``centers`` (c x P) with weights
-        ``mu`` (c), or None."""
+        ``mu`` (c), or None; ``q`` (c x n_max), each sample's weight in its loss, or None. The
+        weights scale each sample's gradient with respect to its first-layer output, so the
+        first layer's update stays in the span of the samples: the low-rank form holds."""
         c, hd, h, d, dev = len(w), self.hd, self.s.h, self.s.d, w.device
         X = x.reshape(c, x.shape[1], -1).to(w.dtype)
         W0 = w[:, :hd].reshape(c, h, d)
@@ -143,7 +151,10 @@ class LowRankTrainer:
                     z = z + beta[:, None, None] * pick(PC)
                 if nb:
                     z = z + b[:, None, :]
-                gz, grest = self._grads(z, rest, pick(y), mask)
+                if q is None:
+                    gz, grest = self._grads(z, rest, pick(y), mask)
+                else:
+                    gz, grest = self._weighted_grads(z, rest, pick(y), mask, pick(q).to(w.dtype))
                 active = torch.tensor([float(st < k) for k in steps], dtype=w.dtype, device=dev)
                 step = lr * active
                 shrink = 1.0 - step * mu
