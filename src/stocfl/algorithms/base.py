@@ -24,6 +24,7 @@ from stocfl.client.tasks import Evaluate, Reply, Task, Train, Trained, task_seed
 from stocfl.client.training import LocalTraining
 from stocfl.errors import UserError
 from stocfl.storage import state as state_mod
+from stocfl.storage.store import ClientStore
 
 # what an algorithm is handed to ask clients for work: a task list in, one reply a task out (the
 # runner's checked executor; a client that fails drops out of the round)
@@ -70,6 +71,29 @@ def check_models_fit(count: int, ctx: Context, key: str) -> None:
             f"config: algorithm.{key} = {count}: {count} models of {ctx.init_weights.numel():,} parameters "
             f"need {need / 2**30:.1f} GiB, more than the {MAX_MODEL_BYTES / 2**30:.0f} GiB budget; lower it"
         )
+
+
+def mean_model(models: list[torch.Tensor]) -> torch.Tensor:
+    """The plain mean of several models (one model: itself): the stand-in global model of
+    methods that keep several and none global (IFCA, FedEM, FedSoft)."""
+    return models[0] if len(models) == 1 else torch.stack(models).mean(0)
+
+
+def store_shares(store: ClientStore) -> np.ndarray:
+    """A store of per-client weights over clusters (N, K) as float64, NaN for clients it has
+    no row for (:meth:`Algorithm.assignments`)."""
+    rows = np.full((store.n, store.p), np.nan)
+    seen = np.flatnonzero(store.has)
+    rows[seen] = np.asarray(store.rows[seen], dtype=np.float64)
+    return rows
+
+
+def dominant_labels(store: ClientStore) -> np.ndarray:
+    """Each client's cluster as the largest of its weights in ``store`` (-1: no row yet)."""
+    labels = np.full(store.n, -1, dtype=np.int64)
+    seen = np.flatnonzero(store.has)
+    labels[seen] = np.asarray(store.rows[seen]).argmax(1)
+    return labels
 
 
 def train_losses(clients: list[int], models: list[torch.Tensor], ask: AskClients) -> np.ndarray:

@@ -105,18 +105,17 @@ class CFL(Algorithm):
             dw = torch.stack([results[k].weights - w_c for k in idx])
             n = [results[k].n_samples for k in idx]
             mean_dw = weighted_mean(list(dw), n)
-            mean_norm, max_norm = float(mean_dw.norm()), float(dw.norm(dim=1).max())
             # the updates are aggregated (from 0) and added: with the mean rule, FedAvg's w_c + mean dW
             robust = self.ctx.aggregator.rule != "mean"
             self.state.models[c] = w_c + (
                 self.ctx.aggregator(list(dw), n, torch.zeros_like(w_c)) if robust else mean_dw
             )
-            signal = dw
+            signal, mean_signal = dw, mean_dw
             if self.params.similarity == "gradients":  # at the model as it now stands
                 grads = ask([Gradient(sampled[k], self.state.models[c]) for k in idx])
                 signal = torch.stack([g.gradient for g in grads])
-                mean_norm = float(weighted_mean(list(signal), n).norm())
-                max_norm = float(signal.norm(dim=1).max())
+                mean_signal = weighted_mean(list(signal), n)
+            mean_norm, max_norm = float(mean_signal.norm()), float(signal.norm(dim=1).max())
             norms.append({"cluster": c, "mean_norm": mean_norm, "max_norm": max_norm})
             rested = c not in self.state.opened or round_ - self.state.opened[c] > self.params.cluster_warmup
             if (

@@ -10,7 +10,17 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from stocfl.algorithms.base import Algorithm, AskClients, Context, Params, Placement, check_models_fit
+from stocfl.algorithms.base import (
+    Algorithm,
+    AskClients,
+    Context,
+    Params,
+    Placement,
+    check_models_fit,
+    dominant_labels,
+    mean_model,
+    store_shares,
+)
 from stocfl.client.mixture import Mixture, MixtureTrain
 from stocfl.client.tasks import Trained, task_seed
 from stocfl.errors import UserError
@@ -111,25 +121,17 @@ class FedEM(Algorithm):
         self.state.mixture.write({i: r.mixture for i, r in zip(sampled, results)})
 
     def global_model(self) -> torch.Tensor:
-        comps = self.state.components
-        return comps[0] if len(comps) == 1 else torch.stack(comps).mean(0)
+        return mean_model(self.state.components)
 
     def client_models(self, clients, ask):
         stack = torch.stack(self.state.components)
         return [Mixture(stack, self.weights_of(i)) for i in clients]
 
     def cluster_labels(self) -> np.ndarray:
-        labels = np.full(self.ctx.n_clients, -1, dtype=np.int64)
-        seen = np.flatnonzero(self.state.mixture.has)
-        labels[seen] = np.asarray(self.state.mixture.rows[seen]).argmax(1)
-        return labels
+        return dominant_labels(self.state.mixture)
 
     def assignments(self) -> np.ndarray:
-        store = self.state.mixture
-        rows = np.full((self.ctx.n_clients, store.p), np.nan)
-        seen = np.flatnonzero(store.has)
-        rows[seen] = np.asarray(store.rows[seen], dtype=np.float64)
-        return rows
+        return store_shares(self.state.mixture)
 
     def cluster_models(self) -> dict[int, torch.Tensor]:
         return dict(enumerate(self.state.components))

@@ -10,7 +10,17 @@ import numpy as np
 import torch
 from pydantic import ConfigDict, Field
 
-from stocfl.algorithms.base import Algorithm, AskClients, Context, Params, Placement, check_models_fit
+from stocfl.algorithms.base import (
+    Algorithm,
+    AskClients,
+    Context,
+    Params,
+    Placement,
+    check_models_fit,
+    dominant_labels,
+    mean_model,
+    store_shares,
+)
 from stocfl.bounds import MAX_WEIGHT
 from stocfl.client.mixture import MixtureTrain
 from stocfl.client.tasks import Trained, task_seed
@@ -93,7 +103,11 @@ class FedSoft(Algorithm):
     def _own(self, i: int) -> torch.Tensor:
         return self.state.local.get(i) if i in self.state.local else self.ctx.init_weights
 
-    def _task(self, i: int, stack: torch.Tensor, seed: int, local=None, own: bool = True) -> MixtureTrain:
+    def _task(
+        self, i: int, stack: torch.Tensor, seed: int, local=None, own: torch.Tensor | None = None
+    ) -> MixtureTrain:
+        """The client's step: with ``own`` (its local model), the proximal training; without,
+        the estimate of its importance weights alone."""
         return MixtureTrain(
             i,
             stack,
@@ -101,16 +115,17 @@ class FedSoft(Algorithm):
             seed,
             assign="hard",
             smoother=self.params.smoother,
-            personal=self._own(i) if own else None,
-            mu=self.params.lam if own else 0.0,
+            personal=own,
+            mu=self.params.lam if own is not None else 0.0,
         )
 
     def round(self, round_: int, sampled: list[int], ask: AskClients) -> dict[str, Any]:
         stack = torch.stack(self.state.centres)
-        tasks = [self._task(i, stack, task_seed(self.ctx.seed, round_, i)) for i in sampled]
-        results = ask(tasks)
+        starts = [self._own(i) for i in sampled]  # where each local model trains from
+        results = ask(
+            [self._task(i, stack, task_seed(self.ctx.seed, round_, i), own=w) for i, w in zip(sampled, starts)]
+        )
         trained = [Trained(r.models[0], r.n_samples) for r in results]
-        starts = [self._own(i) for i in sampled]  # where each local model trained from
         u = torch.stack([r.mixture for r in results]).double()
         n = torch.tensor([r.n_samples for r in results], dtype=torch.float64)
         for s in range(self.params.n_clusters):
@@ -122,8 +137,7 @@ class FedSoft(Algorithm):
         return {"dominant": np.bincount(u.argmax(1).numpy(), minlength=self.params.n_clusters).tolist()}
 
     def global_model(self) -> torch.Tensor:
-        centres = self.state.centres
-        return centres[0] if len(centres) == 1 else torch.stack(centres).mean(0)
+        return mean_model(self.state.centres)
 
     def _best_centres(self, clients: list[int], ask: AskClients) -> list[int]:
         """For clients FedSoft has not trained: the centre of their largest share (E-step only)."""
@@ -131,7 +145,7 @@ class FedSoft(Algorithm):
             return []
         stack = torch.stack(self.state.centres)
         e_step_only = dataclasses.replace(self.ctx.local, epochs=0)
-        results = ask([self._task(i, stack, 0, e_step_only, own=False) for i in clients])
+        results = ask([self._task(i, stack, 0, e_step_only) for i in clients])
         return [int(r.mixture.argmax()) for r in results]
 
     def client_models(self, clients, ask):
@@ -140,17 +154,10 @@ class FedSoft(Algorithm):
         return [self.state.local.get(i) if i not in best else self.state.centres[best[i]] for i in clients]
 
     def cluster_labels(self) -> np.ndarray:
-        labels = np.full(self.ctx.n_clients, -1, dtype=np.int64)
-        seen = np.flatnonzero(self.state.importance.has)
-        labels[seen] = np.asarray(self.state.importance.rows[seen]).argmax(1)
-        return labels
+        return dominant_labels(self.state.importance)
 
     def assignments(self) -> np.ndarray:
-        store = self.state.importance
-        rows = np.full((self.ctx.n_clients, store.p), np.nan)
-        seen = np.flatnonzero(store.has)
-        rows[seen] = np.asarray(store.rows[seen], dtype=np.float64)
-        return rows
+        return store_shares(self.state.importance)
 
     def cluster_models(self) -> dict[int, torch.Tensor]:
         return dict(enumerate(self.state.centres))

@@ -16,6 +16,7 @@ from stocfl.algorithms.base import (
     Params,
     check_models_fit,
     lowest_train_loss,
+    mean_model,
     place_by_lowest_loss,
     train_losses,
 )
@@ -95,11 +96,8 @@ class IFCA(Algorithm):
         }
 
     def global_model(self) -> torch.Tensor:
-        return self.state.models[0] if len(self.state.models) == 1 else self._mean()
-
-    def _mean(self) -> torch.Tensor:
         # IFCA has no global model; the plain mean of the M models stands in for global_accuracy
-        return torch.stack(self.state.models).mean(0)
+        return mean_model(self.state.models)
 
     def client_models(self, clients, ask):
         return [self.state.models[k] for k in self.choose(clients, ask)]

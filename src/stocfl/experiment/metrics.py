@@ -8,6 +8,14 @@ from typing import Any
 import numpy as np
 
 
+def _placed(labels: np.ndarray, participants: list[int] | None) -> np.ndarray:
+    """The clients placed (label >= 0) among the participants (held-out clients never count)."""
+    placed = labels >= 0
+    if participants is not None:
+        placed &= np.isin(np.arange(len(labels)), participants)
+    return placed
+
+
 def clustering_scores(
     labels: np.ndarray,
     groups: np.ndarray | None,
@@ -20,9 +28,7 @@ def clustering_scores(
     label histograms) :func:`label_cosines`, which needs no true groups."""
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
-    assigned = labels >= 0
-    if participants is not None:
-        assigned &= np.isin(np.arange(len(labels)), participants)
+    assigned = _placed(labels, participants)
     n = len(participants) if participants is not None else len(labels)
     out: dict[str, Any] = {
         "n_clusters": int(len(np.unique(labels[assigned]))),
@@ -52,9 +58,7 @@ def mixture_distance(
     the weights of clusters that stand for one group add up, so a group split in two costs
     nothing and two groups merged in one cluster cost their smaller share. None while no
     participant is placed."""
-    placed = labels >= 0
-    if participants is not None:
-        placed &= np.isin(np.arange(len(labels)), participants)
+    placed = _placed(labels, participants)
     if not placed.any():
         return None
     if weights is None:
@@ -64,9 +68,9 @@ def mixture_distance(
     else:
         w = np.nan_to_num(np.asarray(weights, dtype=np.float64)[placed])
     m = np.asarray(mixtures, dtype=np.float64)[placed]
-    norms = np.linalg.norm(w, axis=0)[:, None] * np.linalg.norm(m, axis=0)[None, :]
-    cosine = np.divide(w.T @ m, norms, out=np.zeros((w.shape[1], m.shape[1])), where=norms > 0)
     mass = w.T @ m
+    norms = np.linalg.norm(w, axis=0)[:, None] * np.linalg.norm(m, axis=0)[None, :]
+    cosine = np.divide(mass, norms, out=np.zeros_like(mass), where=norms > 0)
     # cluster -> group: the most alike; among equally alike (one client: every cosine is 1),
     # the group it holds most weight of
     best = cosine >= cosine.max(1, keepdims=True) - 1e-12
