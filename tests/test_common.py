@@ -42,6 +42,7 @@ PARAMS = {
     "fedem": {"n_components": 2},
     "fedrc": {"n_clusters": 2},
     "fedsoft": {"n_clusters": 2},
+    "pacfl": {"n_clusters": 2},
     # a variant with a task kind of its own: NAME:VARIANT runs NAME with these parameters
     "cfl:gradients": {"warmup": 0, "eps1": 100.0, "eps2": 0.0, "similarity": "gradients"},
 }

@@ -13,6 +13,7 @@ import torch
 from stocfl.algorithms.stocfl.representation import Represented
 from stocfl.client.gradient import Gradiented
 from stocfl.client.mixture import MixtureTrained
+from stocfl.client.subspace import Subspaced
 from stocfl.client.tasks import ClientsDropped, Evaluated, Trained
 from stocfl.executors import SequentialExecutor
 from stocfl.experiment import configure
@@ -96,6 +97,18 @@ CASES = {
         lambda r: Gradiented(r.gradient[:-1], r.n_samples),
     ),
     "a gradient of inf": ("cfl similarity=gradients", Gradiented, lambda r: Gradiented(r.gradient / 0.0, r.n_samples)),
+    # PACFL's query.subspace reply (client 3 answers the clustering query, and later when placed)
+    "a subspace of vectors not of unit length": (
+        "pacfl",
+        Subspaced,
+        lambda r: Subspaced(r.basis * 0.5, r.n_columns, r.n_samples),
+    ),
+    "a subspace of more vectors than asked": (
+        "pacfl",
+        Subspaced,
+        lambda r: Subspaced(torch.cat([r.basis, r.basis]), 2 * r.n_columns, r.n_samples),
+    ),
+    "a subspace of NaN": ("pacfl", Subspaced, lambda r: Subspaced(r.basis * float("nan"), r.n_columns, r.n_samples)),
     "mixture evaluation correct > n_samples": (
         "fedem",
         Evaluated,

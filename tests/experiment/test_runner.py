@@ -88,7 +88,7 @@ def test_same_seed_same_numbers(tmp_path):
 
 
 @pytest.mark.long
-@pytest.mark.parametrize("algorithm", ["stocfl", "fedrc", "fedsoft"])  # fedrc, fedsoft: client stores
+@pytest.mark.parametrize("algorithm", ["stocfl", "fedrc", "fedsoft", "pacfl"])  # fedrc, fedsoft, pacfl: client stores
 def test_resume_after_sigkill_is_identical(tmp_path, algorithm):
     """Kill a real run with SIGKILL part-way, resume it, compare with an uninterrupted run."""
     args = ["run.rounds=40", "run.sample_rate=0.5", "scenario.n_clients=40", "run.engine=sequential"]

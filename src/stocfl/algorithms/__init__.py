@@ -13,11 +13,12 @@ from stocfl.algorithms.fedsoft import FedSoft
 from stocfl.algorithms.fesem import FeSEM
 from stocfl.algorithms.flhc import FLHC
 from stocfl.algorithms.ifca import IFCA
+from stocfl.algorithms.pacfl import PACFL
 from stocfl.algorithms.stocfl.algorithm import StoCFL
 from stocfl.errors import UserError, refuse_builtin
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (FedAvg, FedProx, StoCFL, Ditto, IFCA, CFL, FLHC, FeSEM, FedEM, FedRC, FedSoft)
+    cls.name: cls for cls in (FedAvg, FedProx, StoCFL, Ditto, IFCA, CFL, FLHC, FeSEM, FedEM, FedRC, FedSoft, PACFL)
 }
 BUILTIN_ALGORITHMS = frozenset(ALGORITHMS)
 
@@ -48,6 +49,7 @@ __all__ = [
     "CFL",
     "FLHC",
     "IFCA",
+    "PACFL",
     "Algorithm",
     "Context",
     "Ditto",

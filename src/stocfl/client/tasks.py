@@ -234,7 +234,15 @@ class TaskKind:
 KINDS: dict[type, TaskKind] = {}
 MESSAGE_CATEGORIES = ("train", "evaluate", "query")  # Flower's message categories
 # the tasks of the built-in algorithms
-BUILTIN_MESSAGES = ("train", "evaluate", "query.represent", "train.mixture", "evaluate.mixture", "query.gradient")
+BUILTIN_MESSAGES = (
+    "train",
+    "evaluate",
+    "query.represent",
+    "train.mixture",
+    "evaluate.mixture",
+    "query.gradient",
+    "query.subspace",
+)
 
 
 def register_task(
