@@ -281,3 +281,37 @@ class Algorithm:
         client's true group, when known). The results writer has already drawn what every
         algorithm with per-client :meth:`representations` gets (similarity.png, embedding.png);
         by default there is nothing more."""
+
+
+class OneShotClusters(Algorithm):
+    """What methods that cluster their clients once and then run FedAvg per cluster share (FL+HC,
+    PACFL): ``self.state`` has ``w`` (the model before clustering, the stand-in global model),
+    ``labels`` (every client's cluster, -1 = not placed) and ``models`` (cluster id -> model,
+    empty until the clustering step). A client not placed when it is sampled or evaluated is
+    placed by the subclass's :meth:`place_new`."""
+
+    def train_clusters(self, round_: int, sampled: list[int], ask: AskClients) -> None:
+        """One FedAvg round within each cluster over its sampled members (late clients placed first)."""
+        late = [i for i in sampled if self.state.labels[i] < 0]
+        for p in self.place_new(late, ask):
+            self.state.labels[p.client] = p.cluster
+        results = ask([self.local_training(round_, i, self.state.models[int(self.state.labels[i])]) for i in sampled])
+        for c in self.state.models:
+            mine = [r for i, r in zip(sampled, results) if self.state.labels[i] == c]
+            if mine:
+                self.state.models[c] = self.aggregate(mine, self.state.models[c])
+
+    def global_model(self) -> torch.Tensor:
+        return self.state.w
+
+    def client_models(self, clients, ask):
+        if not self.state.models:
+            return [self.state.w] * len(clients)
+        late = {p.client: p.weights for p in self.place_new([i for i in clients if self.state.labels[i] < 0], ask)}
+        return [late[i] if i in late else self.state.models[int(self.state.labels[i])] for i in clients]
+
+    def cluster_labels(self) -> np.ndarray:
+        return self.state.labels.copy() if self.state.models else super().cluster_labels()
+
+    def cluster_models(self) -> dict[int, torch.Tensor]:
+        return dict(self.state.models)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from stocfl.algorithms.base import Algorithm, AskClients, Context, Params, place_by_lowest_loss
+from stocfl.algorithms.base import AskClients, Context, OneShotClusters, Params, place_by_lowest_loss
 from stocfl.bounds import MAX_COUNT, MAX_EPOCHS
 from stocfl.client.tasks import without_dropped
 
@@ -60,7 +60,7 @@ class FLHCParams(Params):
         return self
 
 
-class FLHC(Algorithm):
+class FLHC(OneShotClusters):
     """FedAvg for n = ``warmup_rounds`` rounds. In round n + 1, the clustering step: EVERY
     client trains the global model w for ``cluster_epochs`` epochs (the paper's own count; the
     batch size and optimizer are ``[train]``'s, as in every other round); agglomerative clustering of
@@ -110,14 +110,7 @@ class FLHC(Algorithm):
             return {}
         if not self.state.models:
             return self.cluster(round_, ask)
-        late = [i for i in sampled if self.state.labels[i] < 0]
-        for p in self.place_new(late, ask):
-            self.state.labels[p.client] = p.cluster
-        results = ask([self.local_training(round_, i, self.state.models[int(self.state.labels[i])]) for i in sampled])
-        for c in self.state.models:
-            mine = [r for i, r in zip(sampled, results) if self.state.labels[i] == c]
-            if mine:
-                self.state.models[c] = self.aggregate(mine, self.state.models[c])
+        self.train_clusters(round_, sampled, ask)
         return {}
 
     def cluster(self, round_: int, ask: AskClients) -> dict[str, Any]:
@@ -168,21 +161,6 @@ class FLHC(Algorithm):
             "clustered_clients": len(everyone),
             "clustering_unanswered": unanswered,
         }
-
-    def global_model(self) -> torch.Tensor:
-        return self.state.w
-
-    def client_models(self, clients, ask):
-        if not self.state.models:
-            return [self.state.w] * len(clients)
-        late = {p.client: p.weights for p in self.place_new([i for i in clients if self.state.labels[i] < 0], ask)}
-        return [late[i] if i in late else self.state.models[int(self.state.labels[i])] for i in clients]
-
-    def cluster_labels(self) -> np.ndarray:
-        return self.state.labels.copy() if self.state.models else super().cluster_labels()
-
-    def cluster_models(self) -> dict[int, torch.Tensor]:
-        return dict(self.state.models)
 
     def place_new(self, clients, ask):
         if not self.state.models:

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from stocfl.algorithms.base import Algorithm, AskClients, Context, Params, Placement
+from stocfl.algorithms.base import AskClients, Context, OneShotClusters, Params, Placement
 from stocfl.bounds import MAX_COUNT
 from stocfl.client.subspace import Subspace, Subspaced
 from stocfl.client.tasks import without_dropped
@@ -87,7 +87,7 @@ def cut_tree(a: np.ndarray, linkage: str, threshold: float, n_clusters: int) -> 
     return np.array([first.setdefault(int(k), len(first)) for k in raw], dtype=np.int64)
 
 
-class PACFL(Algorithm):
+class PACFL(OneShotClusters):
     """Once, before training: every participant sends the first p = ``n_basis`` left singular
     vectors of each label's data (:class:`~stocfl.client.subspace.Subspace`); the server forms
     the proximity matrix A of the angles between the clients' subspaces (:func:`proximity`) and
@@ -150,13 +150,7 @@ class PACFL(Algorithm):
             out = self.cluster(ask)
             if not self.state.models:
                 return out
-        for p in self.place_new([i for i in sampled if self.state.labels[i] < 0], ask):
-            self.state.labels[p.client] = p.cluster
-        results = ask([self.local_training(round_, i, self.state.models[int(self.state.labels[i])]) for i in sampled])
-        for c in self.state.models:
-            mine = [r for i, r in zip(sampled, results) if self.state.labels[i] == c]
-            if mine:
-                self.state.models[c] = self.aggregate(mine, self.state.models[c])
+        self.train_clusters(round_, sampled, ask)
         return out
 
     def query(self, clients: list[int], ask: AskClients) -> list[torch.Tensor]:
@@ -193,21 +187,6 @@ class PACFL(Algorithm):
             # the angles of the closest and farthest pairs, to read a threshold off a run
             "pacfl_angles": [round(float(upper.min()), 3), round(float(upper.max()), 3)] if len(upper) else [],
         }
-
-    def global_model(self) -> torch.Tensor:
-        return self.state.w
-
-    def client_models(self, clients, ask):
-        if not self.state.models:
-            return [self.state.w] * len(clients)
-        late = {p.client: p.weights for p in self.place_new([i for i in clients if self.state.labels[i] < 0], ask)}
-        return [late[i] if i in late else self.state.models[int(self.state.labels[i])] for i in clients]
-
-    def cluster_labels(self) -> np.ndarray:
-        return self.state.labels.copy() if self.state.models else super().cluster_labels()
-
-    def cluster_models(self) -> dict[int, torch.Tensor]:
-        return dict(self.state.models)
 
     def place_new(self, clients: list[int], ask: AskClients) -> list[Placement]:
         if not self.state.models:
