@@ -109,6 +109,12 @@ CASES = {
         lambda r: Subspaced(torch.cat([r.basis, r.basis]), 2 * r.n_columns, r.n_samples),
     ),
     "a subspace of NaN": ("pacfl", Subspaced, lambda r: Subspaced(r.basis * float("nan"), r.n_columns, r.n_samples)),
+    # CLoVE's loss vector: the client's Evaluate replies on the train data of every cluster model
+    "a loss vector holding NaN": (
+        "clove max_models=3",
+        Evaluated,
+        lambda r: Evaluated(float("nan"), r.correct, r.n_samples),
+    ),
     "mixture evaluation correct > n_samples": (
         "fedem",
         Evaluated,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from stocfl.algorithms.base import Algorithm, Context, Params, Placement
 from stocfl.algorithms.cfl import CFL
+from stocfl.algorithms.clove import CLoVE
 from stocfl.algorithms.ditto import Ditto
 from stocfl.algorithms.fedavg import FedAvg
 from stocfl.algorithms.fedem import FedEM
@@ -18,7 +19,8 @@ from stocfl.algorithms.stocfl.algorithm import StoCFL
 from stocfl.errors import UserError, refuse_builtin
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (FedAvg, FedProx, StoCFL, Ditto, IFCA, CFL, FLHC, FeSEM, FedEM, FedRC, FedSoft, PACFL)
+    cls.name: cls
+    for cls in (FedAvg, FedProx, StoCFL, Ditto, IFCA, CFL, FLHC, FeSEM, FedEM, FedRC, FedSoft, PACFL, CLoVE)
 }
 BUILTIN_ALGORITHMS = frozenset(ALGORITHMS)
 
@@ -47,6 +49,7 @@ def algorithm_class(name: str) -> type[Algorithm]:
 __all__ = [
     "ALGORITHMS",
     "CFL",
+    "CLoVE",
     "FLHC",
     "IFCA",
     "PACFL",
