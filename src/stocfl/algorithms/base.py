@@ -257,6 +257,13 @@ class Algorithm:
         :meth:`cluster_labels` one. Scored against a scenario's true mixtures."""
         return None
 
+    def labelled_models(self, clients: list[int], ask: AskClients) -> list[Any]:
+        """For algorithms whose state has ``labels`` (every client's cluster, -1 = not placed) and
+        ``models`` (cluster -> model): each client's cluster model, a client not placed by
+        :meth:`place_new`."""
+        late = {p.client: p.weights for p in self.place_new([i for i in clients if self.state.labels[i] < 0], ask)}
+        return [late[i] if i in late else self.state.models[int(self.state.labels[i])] for i in clients]
+
     placement = "one global model: a new client uses it (cluster 0)"  # what placing a new client means
 
     def place_new(self, clients: list[int], ask: AskClients) -> list[Placement]:
@@ -307,8 +314,7 @@ class OneShotClusters(Algorithm):
     def client_models(self, clients, ask):
         if not self.state.models:
             return [self.state.w] * len(clients)
-        late = {p.client: p.weights for p in self.place_new([i for i in clients if self.state.labels[i] < 0], ask)}
-        return [late[i] if i in late else self.state.models[int(self.state.labels[i])] for i in clients]
+        return self.labelled_models(clients, ask)
 
     def cluster_labels(self) -> np.ndarray:
         return self.state.labels.copy() if self.state.models else super().cluster_labels()

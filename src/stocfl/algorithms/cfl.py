@@ -156,8 +156,7 @@ class CFL(Algorithm):
         return weighted_mean([self.state.models[c] for c in self.state.models], [counts[c] for c in self.state.models])
 
     def client_models(self, clients, ask):
-        late = {p.client: p.weights for p in self.place_new([i for i in clients if self.state.labels[i] < 0], ask)}
-        return [late[i] if i in late else self.state.models[int(self.state.labels[i])] for i in clients]
+        return self.labelled_models(clients, ask)
 
     def cluster_labels(self) -> np.ndarray:
         return self.state.labels.copy()

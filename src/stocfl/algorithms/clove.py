@@ -179,7 +179,6 @@ class CLoVE(Algorithm):
         frozen: bool  # clustering stopped
         centroids: np.ndarray  # (k, K) the last clustering's centroids (0 rows: none yet)
         centroid_model: np.ndarray  # (k,) the model each centroid was matched to
-        started: bool = False  # a round has run (the first one may assign at random)
 
     state: State
 
@@ -217,10 +216,10 @@ class CLoVE(Algorithm):
             self.state.frozen = True
         out: dict[str, Any] = {"frozen": self.state.frozen}
         if self.state.frozen:
-            new = [i for i in sampled if self.state.labels[i] < 0]
-            for pl in self.place_new(new, ask):
-                self.assign([pl.client], np.array([pl.cluster]))
-        elif p.first_round == "random" and not self.state.started:
+            placed = self.place_new([i for i in sampled if self.state.labels[i] < 0], ask)
+            if placed:
+                self.assign([pl.client for pl in placed], np.array([pl.cluster for pl in placed]))
+        elif p.first_round == "random" and not (self.state.labels >= 0).any():  # the first round
             self.assign(sampled, random_assignment(len(sampled), len(self.state.models), round_, self.ctx.seed))
         else:
             x = self.loss_vectors(sampled, ask)
@@ -230,7 +229,6 @@ class CLoVE(Algorithm):
             self.state.centroids, self.state.centroid_model = centroids, to
             self.assign(sampled, to[labels])
             out["clusters"] = len(to)
-        self.state.started = True
         chosen = self.state.labels[sampled]
         results = ask([self.local_training(round_, i, self.state.models[int(m)]) for i, m in zip(sampled, chosen)])
         for m in np.unique(chosen).tolist():
@@ -253,8 +251,7 @@ class CLoVE(Algorithm):
         return mean_model([self.state.models[m] for m in self.used()] or self.state.models)
 
     def client_models(self, clients, ask):
-        late = {pl.client: pl.weights for pl in self.place_new([i for i in clients if self.state.labels[i] < 0], ask)}
-        return [late[i] if i in late else self.state.models[int(self.state.labels[i])] for i in clients]
+        return self.labelled_models(clients, ask)
 
     def cluster_labels(self) -> np.ndarray:
         return self.state.labels.copy()
