@@ -174,7 +174,13 @@ def run(
     for what, section, default in replaced:
         for key, value in getattr(cfg, section).model_dump().items():
             if key != "data_dir" and value != getattr(default, key):
-                how = " (hold clients out with Federation.from_arrays(..., holdout=...))" if key == "holdout" else ""
+                how = {
+                    "holdout": " (hold clients out with Federation.from_arrays(..., holdout=...))",
+                    **dict.fromkeys(
+                        ("present_at_start", "join_rounds", "leave", "leave_rounds"),
+                        " (say who is present when with Federation.with_schedule(joins, leaves))",
+                    ),
+                }.get(key, "")
                 raise UserError(
                     f"config: {section}.{key} = {value!r} has no effect with {what} given in Python, "
                     f"which replaces [{section}]; remove it from the config{how}"

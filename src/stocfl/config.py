@@ -103,6 +103,18 @@ class ScenarioConfig(Section):
     holdout: float = Field(
         0.0, ge=0, lt=1, description="fraction of clients kept out of training and placed as new clients at the end"
     )
+    present_at_start: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="share of the training clients present from round 1 (drawn by the seed); the rest join "
+        "at join_rounds",
+    )
+    join_rounds: list[int] = Field(
+        [], description="rounds (>= 2) at which the clients not present at the start join, in equal parts"
+    )
+    leave: float = Field(0.0, ge=0, lt=1, description="share of the clients present at the start that leave")
+    leave_rounds: list[int] = Field([], description="rounds (>= 2) at which the leaving clients go, in equal parts")
 
     @field_validator("data_dir")
     @classmethod
@@ -281,7 +293,32 @@ def validate(raw: dict[str, Any]) -> Config:
     if not isinstance(name, str):
         raise UserError(f"config: algorithm.name: expected a string, the name of an algorithm (got {name!r})")
     cfg.algorithm = {"name": name, **{k: v for k, v in algo.items() if k != "name"}}
+    check_schedule(cfg)
     return cfg
+
+
+def check_schedule(cfg: Config) -> None:
+    """``[scenario]``'s schedule keys hold together: a share below 1 (or above 0) with its rounds
+    and rounds only with it, each list increasing, every round in 2..run.rounds."""
+    s, rounds = cfg.scenario, cfg.run.rounds
+    for share, key, moving, what in (
+        (s.present_at_start < 1, "join_rounds", s.join_rounds, "present_at_start < 1"),
+        (s.leave > 0, "leave_rounds", s.leave_rounds, "leave > 0"),
+    ):
+        if share and not moving:
+            raise UserError(f"config: scenario.{key}: {what} needs the rounds at which they move (got [])")
+        if moving and not share:
+            raise UserError(
+                f"config: scenario.{key}: rounds given but nobody moves; set scenario."
+                f"{what.split()[0]} ({what}) or drop {key} (got {moving!r})"
+            )
+        if any(b <= a for a, b in zip(moving, moving[1:])):
+            raise UserError(f"config: scenario.{key}: expected increasing rounds, each once (got {moving!r})")
+        if moving and not 2 <= moving[0] <= moving[-1] <= rounds:
+            raise UserError(
+                f"config: scenario.{key}: every round must be in 2..run.rounds = {rounds} (round 1 is the "
+                f"start) (got {moving!r})"
+            )
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

@@ -88,11 +88,17 @@ def test_same_seed_same_numbers(tmp_path):
 
 
 @pytest.mark.long
-@pytest.mark.parametrize("algorithm", ["stocfl", "fedrc", "fedsoft", "pacfl"])  # fedrc, fedsoft, pacfl: client stores
+@pytest.mark.parametrize(  # fedrc, fedsoft, pacfl: client stores; +schedule: clients join and leave
+    "algorithm", ["stocfl", "fedrc", "fedsoft", "pacfl", "stocfl+schedule"]
+)
 def test_resume_after_sigkill_is_identical(tmp_path, algorithm):
     """Kill a real run with SIGKILL part-way, resume it, compare with an uninterrupted run."""
     args = ["run.rounds=40", "run.sample_rate=0.5", "scenario.n_clients=40", "run.engine=sequential"]
+    algorithm, _, schedule = algorithm.partition("+")
     args.append(f"algorithm.name={algorithm}")
+    if schedule:  # arrivals on either side of the kill
+        args += ["scenario.present_at_start=0.5", "scenario.join_rounds=[3, 12, 30]"]
+        args += ["scenario.leave=0.2", "scenario.leave_rounds=[20]"]
     sets = [a for s in args for a in ("--set", s)]
     ref, cut = tmp_path / "ref", tmp_path / "cut"
     assert main(["run", "--quiet", "--out", str(ref), *sets]) == 0
@@ -320,6 +326,8 @@ def test_a_config_key_added_later_leaves_an_older_runs_digest_as_it_was(base, ke
     d["algorithm"].pop("chain", None)
     d["scenario"].pop("severity")
     d["algorithm"].pop("similarity", None)
+    for k in ("present_at_start", "join_rounds", "leave", "leave_rounds"):
+        d["scenario"].pop(k)
     assert config_digest(cfg) == hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
     assert config_digest(configure.load(overrides=[*base, f"{key}={other}"])) != config_digest(cfg)
 

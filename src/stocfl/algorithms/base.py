@@ -228,6 +228,15 @@ class Algorithm:
         """One communication round with the sampled clients; returns diagnostics to log."""
         raise NotImplementedError
 
+    arrival = "a client that joins a running training is met when it is first sampled"  # what arrive() does
+
+    def arrive(self, round_: int, clients: list[int], ask: AskClients) -> dict[str, Any]:
+        """Clients that join a running training at ``round_`` (a federation with a schedule),
+        before that round is played: a method that places a client from a one-off query of
+        its data does it now (StoCFL); by default nothing happens until the client is sampled.
+        Returns diagnostics to log, as :meth:`round` does. :attr:`arrival` says what it does."""
+        return {}
+
     def global_model(self) -> torch.Tensor:
         raise NotImplementedError
 
@@ -307,6 +316,17 @@ class OneShotClusters(Algorithm):
             mine = [r for i, r in zip(sampled, results) if self.state.labels[i] == c]
             if mine:
                 self.state.models[c] = self.aggregate(mine, self.state.models[c])
+
+    arrival = (
+        "a client that joins after the clustering step is placed on arrival, as a client not seen then "
+        "(place_new); before it, it is met when first sampled"
+    )
+
+    def arrive(self, round_: int, clients: list[int], ask: AskClients) -> dict[str, Any]:
+        late = [i for i in clients if self.state.labels[i] < 0] if self.state.models else []
+        for p in self.place_new(late, ask):
+            self.state.labels[p.client] = p.cluster
+        return {"arrivals_placed": len(late)} if late else {}
 
     def global_model(self) -> torch.Tensor:
         return self.state.w

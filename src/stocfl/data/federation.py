@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from stocfl.data.schedule import Schedule
 from stocfl.errors import UserError
 
 
@@ -29,10 +30,14 @@ class Federation:
     notes: list[str] = field(default_factory=list)
     heldout: np.ndarray | None = None  # clients kept out of training (new clients at the end)
     mixtures: np.ndarray | None = None  # each client's true shares of the groups (N x G), where it mixes them
+    schedule: Schedule | None = None  # who is present when (None: every participant, every round)
 
     def __repr__(self) -> str:
         groups = "no true groups" if self.groups is None else f"{len(np.unique(self.groups))} true groups"
         held = f", {int(self.heldout.sum())} held out" if self.heldout is not None and self.heldout.any() else ""
+        if self.schedule is not None:
+            held += f", present from rounds {int(self.schedule.joins[self.participants].min())}.."
+            held += f"{self.schedule.last_change}"
         return (
             f"Federation({self.scenario} on {self.dataset}: {self.n_clients} clients{held}, "
             f"{len(self.y_train)} train / {len(self.y_test)} test samples of shape {self.input_shape}, "
@@ -44,6 +49,21 @@ class Federation:
         if self.heldout is None:
             return list(range(self.n_clients))
         return np.flatnonzero(~self.heldout).tolist()
+
+    def present(self, t: int) -> list[int]:
+        """The participants that take part in round ``t`` (all of them without a schedule)."""
+        return self.participants if self.schedule is None else self.schedule.present(t, self.participants)
+
+    def with_schedule(self, joins=None, leaves=None) -> Federation:
+        """This federation with clients that join a running training and leave it: client i
+        takes part in rounds ``joins[i] <= t < leaves[i]`` (``joins``: N rounds >= 1, default all
+        1; ``leaves``: N rounds, 0 = never, default all 0). Held-out clients stay out whatever
+        their rounds. Refused in one line unless every round has a client
+        (:meth:`~stocfl.data.schedule.Schedule.checked`)."""
+        import dataclasses
+
+        s = Schedule.checked(joins, leaves, self.participants, self.n_clients, "Federation.with_schedule")
+        return dataclasses.replace(self, schedule=s, notes=list(self.notes))
 
     @property
     def heldout_clients(self) -> list[int]:
@@ -76,11 +96,13 @@ class Federation:
 
     def digest(self) -> str:
         """sha256 of what the clients hold (inputs, labels, who holds which, the classes, the
-        held-out clients): a run started on a federation given in Python resumes only on the
+        held-out clients, the schedule): a run started on a federation given in Python resumes only on the
         same one."""
         h = hashlib.sha256(f"{self.n_classes} {self.input_shape}".encode())
         for arr in (self.train_offsets, self.test_offsets, self.heldout):
             h.update(b"-" if arr is None else np.ascontiguousarray(arr, dtype=np.int64).tobytes())
+        if self.schedule is not None:  # a run without one keeps the digest it always had
+            h.update(b"schedule" + self.schedule.digest_bytes())
         for t in (self.y_train, self.y_test, self.x_train, self.x_test):
             for part in t.detach().cpu().reshape(len(t), -1).split(8192):  # a part at a time: no copy of it all
                 h.update(part.contiguous().numpy().tobytes())

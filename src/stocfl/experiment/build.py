@@ -22,6 +22,7 @@ from stocfl.config import Config
 from stocfl.data.datasets import resolve_data_dir
 from stocfl.data.federation import Federation
 from stocfl.data.scenarios import build
+from stocfl.data.schedule import Schedule
 from stocfl.errors import UserError
 from stocfl.executors import make_executor, set_threads
 from stocfl.executors.localbn import LocalBatchNorm
@@ -30,8 +31,9 @@ from stocfl.storage.tensorboard import Scalars
 
 
 def build_federation(cfg: Config) -> Federation:
+    """``[scenario]``'s federation, with its schedule of who is present when, if it has one."""
     s = cfg.scenario
-    return build(
+    fed = build(
         s.name,
         s.dataset,
         s.n_clients,
@@ -43,6 +45,10 @@ def build_federation(cfg: Config) -> Federation:
         holdout=s.holdout,
         severity=s.severity,
     )
+    fed.schedule = Schedule.from_shares(
+        fed.participants, fed.n_clients, s.present_at_start, s.join_rounds, s.leave, s.leave_rounds, cfg.run.seed
+    )
+    return fed
 
 
 def build_model(
@@ -158,9 +164,9 @@ def read_config(out: Path, data_dir: str | None = None) -> dict[str, Any]:
     return raw
 
 
-def sample_size(cfg: Config, fed: Federation) -> int:
-    """m = ceil(rate * N) of the participating clients."""
-    pool = len(fed.participants)
+def sample_size(cfg: Config, fed: Federation, t: int = 1) -> int:
+    """m = ceil(rate * N) of the participating clients present in round ``t``."""
+    pool = len(fed.present(t))
     return min(pool, math.ceil(cfg.run.sample_rate * pool))
 
 

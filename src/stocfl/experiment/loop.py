@@ -181,26 +181,35 @@ class Experiment:
         self.metrics_chain = meta.get("metrics_sha256")  # None: a checkpoint from before checksums
 
     # ---- the loop -----------------------------------------------------------------------
-    def sample_size(self) -> int:
-        return sample_size(self.cfg, self.fed)
+    def sample_size(self, t: int = 1) -> int:
+        return sample_size(self.cfg, self.fed, t)
 
-    def sample(self) -> list[int]:
-        pool = self.fed.participants
-        return sorted(pool[int(k)] for k in self.sampler.choice(len(pool), self.sample_size(), replace=False))
+    def sample(self, t: int = 1) -> list[int]:
+        """m of the clients present in round ``t``, at random."""
+        pool = self.fed.present(t)
+        return sorted(pool[int(k)] for k in self.sampler.choice(len(pool), self.sample_size(t), replace=False))
 
-    def play_round(self, t: int, sampled: list[int]) -> tuple[dict[str, Any], list[int]]:
-        """The algorithm's round with the sampled clients. When clients fail, the round is redone
-        without them from the state of the last checkpoint (the algorithms are deterministic,
-        so the result is the round those clients would have had without them)."""
+    def play_round(self, t: int, sampled: list[int], arriving: list[int] = ()) -> tuple[dict[str, Any], list[int]]:
+        """The algorithm's round with the sampled clients, after it has met the clients
+        ``arriving`` in this round (:meth:`~stocfl.algorithms.Algorithm.arrive`). When clients
+        fail, the round is redone without them from the state of the last checkpoint (the
+        algorithms are deterministic, so the result is the round those clients would have had
+        without them)."""
         dropped: list[int] = []
         while True:
             present = [i for i in sampled if i not in dropped]
-            if not present:
+            joining = [i for i in arriving if i not in dropped]
+            if not present and not joining:
                 return {}, dropped
             try:
-                return self.algorithm.round(t, present, self.ask), dropped
+                arrived = self.algorithm.arrive(t, joining, self.ask) if joining else {}
+                diag = self.algorithm.round(t, present, self.ask) if present else {}
+                if arrived:  # checked as the round's own are, then logged beside them
+                    check_diagnostics(self.algorithm, t, arrived, {})
+                    diag = {**arrived, **diag} if isinstance(diag, dict) else diag
+                return diag, dropped
             except ClientsDropped as err:
-                if not set(err.clients) <= set(present):
+                if not set(err.clients) <= set(present) | set(joining):
                     raise UserError(
                         f"round {t}: clients outside the round failed ({err}); resume with 'stocfl resume {self.out}'"
                     ) from None
@@ -216,7 +225,8 @@ class Experiment:
             self.local.load_state(*self.saved["local_bn"])
 
     def evaluate(self, round_: int | None = None) -> dict[str, Any]:
-        """Accuracy of the participating clients, each with the model it would use, weighted
+        """Accuracy of the participating clients (those present in round ``round_``, where the
+        federation has a schedule), each with the model it would use, weighted
         by test size; and of the global model on the same clients, after round ``round_`` (the
         last one done by default). Clients that fail to answer are left out of this evaluation
         (and logged)."""
@@ -237,13 +247,13 @@ class Experiment:
                 used.update(models_used(part, models, self.algorithm))
             return res, gres, used
 
-        clients, (res, gres, self.last_used) = without_dropped(
-            self.fed.participants, attempt, f"round {round_ or self.round}: evaluation"
-        )
+        t = round_ or self.round
+        asked = self.fed.present(max(1, t))
+        clients, (res, gres, self.last_used) = without_dropped(asked, attempt, f"round {t}: evaluation")
         self.last_eval = dict(zip(clients, res))
         self.last_global = dict(zip(clients, gres))
         out: dict[str, Any] = {"accuracy": _pooled(res), "global_accuracy": _pooled(gres)}
-        left = sorted(set(self.fed.participants) - set(clients))
+        left = sorted(set(asked) - set(clients))
         if left:  # the figures cover the others only: said in the row and the summary, not in the log alone
             out["eval_left_out"] = left
         return out
@@ -278,7 +288,9 @@ class Experiment:
                 return None
             t0 = time.perf_counter()
             t = self.round + 1
-            diag, dropped = self.play_round(t, self.sample())
+            schedule, pool = self.fed.schedule, self.fed.participants
+            arriving = [] if schedule is None else schedule.joining(t, pool)
+            diag, dropped = self.play_round(t, self.sample(t), arriving)
             row: dict[str, Any] = {
                 "round": t,
                 "accuracy": None,
@@ -289,10 +301,13 @@ class Experiment:
             if t % r.eval_every == 0 or t == r.rounds:
                 row.update(self.evaluate(t))
             labels = check_labels(self.algorithm)
-            row.update(metrics.clustering_scores(labels, self.fed.groups, self.fed.participants, self.label_dists))
+            present = self.fed.present(t)
+            row.update(metrics.clustering_scores(labels, self.fed.groups, present, self.label_dists))
             if self.fed.mixtures is not None:  # a scenario of mixed clients: how far the found shares are
                 weights = check_assignments(self.algorithm, labels)
-                row["mixture_tv"] = metrics.mixture_distance(labels, weights, self.fed.mixtures, self.fed.participants)
+                row["mixture_tv"] = metrics.mixture_distance(labels, weights, self.fed.mixtures, present)
+            if schedule is not None:  # who came and went, and where this round's arrivals landed
+                row.update(metrics.arrivals(labels, self.fed.groups, present, arriving, schedule.leaving(t, pool)))
             check_diagnostics(self.algorithm, t, diag, row)
             row.update(diag)
             row["seconds"] = time.perf_counter() - t0

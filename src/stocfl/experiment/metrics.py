@@ -133,3 +133,33 @@ def cluster_table(labels: np.ndarray, groups: np.ndarray | None, evals: dict) ->
             row["true_groups"] = " ".join(f"{g}:{c}" for g, c in enumerate(mix) if c)
         rows.append(row)
     return rows
+
+
+def group_cluster_share(clients: list[int], labels: np.ndarray, groups: np.ndarray, among: list[int]) -> float | None:
+    """The share of ``clients`` in their true group's cluster: the cluster that holds most of
+    that group's placed clients of ``among`` (ties: the lower cluster id). A client not placed,
+    or in a cluster its group does not mostly hold (a singleton of its own, say), is not in it.
+    None for no clients."""
+    if not clients:
+        return None
+    ids = np.asarray(among, dtype=np.int64)
+    ids = ids[labels[ids] >= 0]
+    home: dict[int, int] = {}
+    for g in np.unique(groups[ids]):
+        found, counts = np.unique(labels[ids[groups[ids] == g]], return_counts=True)
+        home[int(g)] = int(found[counts.argmax()])
+    return float(np.mean([labels[i] >= 0 and home.get(int(groups[i])) == int(labels[i]) for i in clients]))
+
+
+def arrivals(
+    labels: np.ndarray, groups: np.ndarray | None, present: list[int], joined: list[int], left: list[int]
+) -> dict[str, Any]:
+    """A round of a federation with a schedule: how many clients are present, who joined and
+    who left at its start, the share of the joined ones placed by the round's end and, with
+    true groups, the share in their group's cluster (:func:`group_cluster_share`)."""
+    out: dict[str, Any] = {"present": len(present), "joined": list(joined), "left": list(left)}
+    if joined:
+        out["joined_placed"] = float(np.mean(labels[joined] >= 0))
+        if groups is not None:
+            out["joined_in_group"] = group_cluster_share(joined, labels, groups, present)
+    return out

@@ -38,6 +38,10 @@ ADDED_KEYS = {
     "algorithm.chain": False,
     "scenario.severity": 3,
     "algorithm.similarity": "updates",
+    "scenario.present_at_start": 1.0,
+    "scenario.join_rounds": [],
+    "scenario.leave": 0.0,
+    "scenario.leave_rounds": [],
 }
 
 GIVEN = (("custom_data", "federation"), ("custom_model", "model"), ("custom_loss", "loss"))

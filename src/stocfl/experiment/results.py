@@ -68,8 +68,35 @@ def summarize(
         summary["eval_left_out"] = last_eval["eval_left_out"]
     if dropped := sum(r.get("dropped", 0) for r in rows):
         summary["dropped_in_training"] = dropped  # client-rounds whose training was left out of the round
+    if fed.schedule is not None:
+        summary["schedule"] = schedule_summary(fed, algorithm.cluster_labels(), rows, rounds_done)
     summary.update(algorithm.summary(rows))
     return summary
+
+
+def schedule_summary(fed: Federation, labels: np.ndarray, rows: list[dict[str, Any]], rounds_done: int) -> dict:
+    """A federation with a schedule: the clients that joined and left in the rounds done, the
+    share of the arrivals placed, and in their true group's cluster, by the end of their
+    arrival round (pooled over the arrivals), and the arrivals still present in their group's
+    cluster at the end (:func:`stocfl.experiment.metrics.group_cluster_share`)."""
+    joined = [i for r in rows for i in r.get("joined", [])]
+
+    def pooled(key):
+        n = [(len(r["joined"]), r[key]) for r in rows if r.get(key) is not None]
+        return sum(k * v for k, v in n) / sum(k for k, _ in n) if n else None
+
+    present = fed.present(max(1, rounds_done))
+    out = {
+        "joined": len(joined),
+        "left": sum(len(r.get("left", [])) for r in rows),
+        "present_at_end": len(present),
+        "joined_placed_on_arrival": pooled("joined_placed"),
+        "joined_in_group_on_arrival": pooled("joined_in_group"),
+    }
+    if fed.groups is not None:
+        still = sorted(set(joined) & set(present))
+        out["joined_in_group_at_end"] = metrics.group_cluster_share(still, labels, fed.groups, present)
+    return out
 
 
 def place_heldout(algorithm: Algorithm, fed: Federation, run) -> tuple[list[dict[str, Any]], list[int]]:

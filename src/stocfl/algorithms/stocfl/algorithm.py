@@ -251,6 +251,19 @@ class StoCFL(Algorithm):
             self.state.tau_note = f"waiting: {len(ids)} of {AUTO_TAU_MIN} representations, no merges yet"
 
     # ---- the round ---------------------------------------------------------------------------
+    arrival = (
+        "a client that joins a running training sends Psi in the round it arrives and is clustered then "
+        "(steps 1-2), before it is ever sampled (paper section 4.4: new clients placed at any time)"
+    )
+
+    def arrive(self, round_: int, clients: list[int], ask: AskClients) -> dict[str, Any]:
+        """Arrivals send Psi now and join the partition as the sampled newcomers do (steps 1-2)."""
+        new = [i for i in clients if self.state.clusters.labels_[i] < 0]
+        if not new:
+            return {}
+        accepted, merges = self.cluster_newcomers(ask([self.represent_task(i) for i in new]), new)
+        return {"arrivals_clustered": len(accepted), "arrival_merges": merges}
+
     def round(self, round_: int, sampled: list[int], ask: AskClients) -> dict[str, Any]:
         labels = self.state.clusters.labels_
         new = [i for i in sampled if labels[i] < 0]
