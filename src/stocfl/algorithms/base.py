@@ -228,13 +228,11 @@ class Algorithm:
         """One communication round with the sampled clients; returns diagnostics to log."""
         raise NotImplementedError
 
-    arrival = "a client that joins a running training is met when it is first sampled"  # what arrive() does
-
     def arrive(self, round_: int, clients: list[int], ask: AskClients) -> dict[str, Any]:
         """Clients that join a running training at ``round_`` (a federation with a schedule),
         before that round is played: a method that places a client from a one-off query of
         its data does it now (StoCFL); by default nothing happens until the client is sampled.
-        Returns diagnostics to log, as :meth:`round` does. :attr:`arrival` says what it does."""
+        Returns diagnostics to log, as :meth:`round` does (docs: living federations, per method)."""
         return {}
 
     def global_model(self) -> torch.Tensor:
@@ -317,12 +315,9 @@ class OneShotClusters(Algorithm):
             if mine:
                 self.state.models[c] = self.aggregate(mine, self.state.models[c])
 
-    arrival = (
-        "a client that joins after the clustering step is placed on arrival, as a client not seen then "
-        "(place_new); before it, it is met when first sampled"
-    )
-
     def arrive(self, round_: int, clients: list[int], ask: AskClients) -> dict[str, Any]:
+        """After the clustering step an arrival is placed now, as a client not seen then
+        (:meth:`place_new`); before it, it is met when first sampled."""
         late = [i for i in clients if self.state.labels[i] < 0] if self.state.models else []
         for p in self.place_new(late, ask):
             self.state.labels[p.client] = p.cluster

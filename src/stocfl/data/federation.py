@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -60,10 +60,8 @@ class Federation:
         1; ``leaves``: N rounds, 0 = never, default all 0). Held-out clients stay out whatever
         their rounds. Refused in one line unless every round has a client
         (:meth:`~stocfl.data.schedule.Schedule.checked`)."""
-        import dataclasses
-
         s = Schedule.checked(joins, leaves, self.participants, self.n_clients, "Federation.with_schedule")
-        return dataclasses.replace(self, schedule=s, notes=list(self.notes))
+        return replace(self, schedule=s, notes=list(self.notes))
 
     @property
     def heldout_clients(self) -> list[int]:

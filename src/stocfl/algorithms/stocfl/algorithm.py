@@ -251,13 +251,10 @@ class StoCFL(Algorithm):
             self.state.tau_note = f"waiting: {len(ids)} of {AUTO_TAU_MIN} representations, no merges yet"
 
     # ---- the round ---------------------------------------------------------------------------
-    arrival = (
-        "a client that joins a running training sends Psi in the round it arrives and is clustered then "
-        "(steps 1-2), before it is ever sampled (paper section 4.4: new clients placed at any time)"
-    )
-
     def arrive(self, round_: int, clients: list[int], ask: AskClients) -> dict[str, Any]:
-        """Arrivals send Psi now and join the partition as the sampled newcomers do (steps 1-2)."""
+        """Arrivals send Psi in the round they arrive and join the partition as sampled newcomers
+        do (steps 1-2), before they are ever sampled (paper section 4.4: new clients placed at
+        any time)."""
         new = [i for i in clients if self.state.clusters.labels_[i] < 0]
         if not new:
             return {}
