@@ -180,6 +180,10 @@ def run(
                         ("present_at_start", "join_rounds", "leave", "leave_rounds"),
                         " (say who is present when with Federation.with_schedule(joins, leaves))",
                     ),
+                    **dict.fromkeys(
+                        ("drift", "drift_rounds", "drift_share", "drift_notice"),
+                        " (a federation given in Python does not drift; build a drifting one from [scenario])",
+                    ),
                 }.get(key, "")
                 raise UserError(
                     f"config: {section}.{key} = {value!r} has no effect with {what} given in Python, "

@@ -115,6 +115,18 @@ class ScenarioConfig(Section):
     )
     leave: float = Field(0.0, ge=0, lt=1, description="share of the clients present at the start that leave")
     leave_rounds: list[int] = Field([], description="rounds (>= 2) at which the leaving clients go, in equal parts")
+    drift: str = Field(
+        "",
+        description="clients whose data change concept during the run: sudden, incremental or recurrent "
+        "('' = none; rotated, shifted, label_swap, permuted_labels, corrupted)",
+    )
+    drift_rounds: list[int] = Field(
+        [], description="rounds (>= 2) of the changes: sudden one, incremental one per part, recurrent away/back"
+    )
+    drift_share: float = Field(0.5, gt=0, le=1, description="share of each group's clients whose data drift")
+    drift_notice: bool = Field(
+        True, description="clients tell the server when their data changed (methods with one-off summaries redo them)"
+    )
 
     @field_validator("data_dir")
     @classmethod
@@ -294,6 +306,7 @@ def validate(raw: dict[str, Any]) -> Config:
         raise UserError(f"config: algorithm.name: expected a string, the name of an algorithm (got {name!r})")
     cfg.algorithm = {"name": name, **{k: v for k, v in algo.items() if k != "name"}}
     check_schedule(cfg)
+    check_drift(cfg)
     return cfg
 
 
@@ -319,6 +332,44 @@ def check_schedule(cfg: Config) -> None:
                 f"config: scenario.{key}: every round must be in 2..run.rounds = {rounds} (round 1 is the "
                 f"start) (got {moving!r})"
             )
+
+
+DRIFT_PATTERNS = ("sudden", "incremental", "recurrent")  # stocfl.data.drift
+
+
+def check_pattern(pattern: str, rounds: list[int], share: float, where: str) -> None:
+    """One line naming what is wrong with a drift pattern's rounds, else nothing."""
+    need = {"sudden": "exactly one round", "incremental": "two rounds or more", "recurrent": "two rounds or more"}
+    if pattern not in DRIFT_PATTERNS:
+        raise UserError(
+            f"config: {where}.drift = {pattern!r}: choose one of {', '.join(DRIFT_PATTERNS)} (or '' for none)"
+        )
+    count_ok = len(rounds) == 1 if pattern == "sudden" else len(rounds) >= 2
+    if not count_ok:
+        raise UserError(f"config: {where}.drift_rounds: drift = {pattern!r} needs {need[pattern]} (got {rounds!r})")
+    if any(b <= a for a, b in zip(rounds, rounds[1:])):
+        raise UserError(f"config: {where}.drift_rounds: expected increasing rounds, each once (got {rounds!r})")
+    if not 0 < share <= 1:
+        raise UserError(f"config: {where}.drift_share = {share!r}: expected a share in (0, 1]")
+
+
+def check_drift(cfg: Config) -> None:
+    """``[scenario]``'s drift keys hold together: a pattern with its rounds, rounds only with one,
+    every round in 2..run.rounds."""
+    s = cfg.scenario
+    if not s.drift:
+        if s.drift_rounds:
+            raise UserError(
+                f"config: scenario.drift_rounds: rounds given but no drift; set scenario.drift (sudden, "
+                f"incremental, recurrent) or drop drift_rounds (got {s.drift_rounds!r})"
+            )
+        return
+    check_pattern(s.drift, s.drift_rounds, s.drift_share, "scenario")
+    if not 2 <= s.drift_rounds[0] <= s.drift_rounds[-1] <= cfg.run.rounds:
+        raise UserError(
+            f"config: scenario.drift_rounds: every round must be in 2..run.rounds = {cfg.run.rounds} (round 1 is "
+            f"the start) (got {s.drift_rounds!r})"
+        )
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

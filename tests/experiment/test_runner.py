@@ -88,17 +88,19 @@ def test_same_seed_same_numbers(tmp_path):
 
 
 @pytest.mark.long
-@pytest.mark.parametrize(  # fedrc, fedsoft, pacfl: client stores; +schedule: clients join and leave
-    "algorithm", ["stocfl", "fedrc", "fedsoft", "pacfl", "stocfl+schedule"]
+@pytest.mark.parametrize(  # fedrc, fedsoft, pacfl: client stores; +schedule: clients join and leave; +drift
+    "algorithm", ["stocfl", "fedrc", "fedsoft", "pacfl", "stocfl+schedule", "stocfl+drift"]
 )
 def test_resume_after_sigkill_is_identical(tmp_path, algorithm):
     """Kill a real run with SIGKILL part-way, resume it, compare with an uninterrupted run."""
     args = ["run.rounds=40", "run.sample_rate=0.5", "scenario.n_clients=40", "run.engine=sequential"]
-    algorithm, _, schedule = algorithm.partition("+")
+    algorithm, _, living = algorithm.partition("+")
     args.append(f"algorithm.name={algorithm}")
-    if schedule:  # arrivals on either side of the kill
+    if living == "schedule":  # arrivals on either side of the kill
         args += ["scenario.present_at_start=0.5", "scenario.join_rounds=[3, 12, 30]"]
         args += ["scenario.leave=0.2", "scenario.leave_rounds=[20]"]
+    if living == "drift":  # changes on either side of the kill
+        args += ["scenario.drift=recurrent", "scenario.drift_rounds=[3, 12, 30]", "run.eval_every=2"]
     sets = [a for s in args for a in ("--set", s)]
     ref, cut = tmp_path / "ref", tmp_path / "cut"
     assert main(["run", "--quiet", "--out", str(ref), *sets]) == 0
@@ -326,7 +328,9 @@ def test_a_config_key_added_later_leaves_an_older_runs_digest_as_it_was(base, ke
     d["algorithm"].pop("chain", None)
     d["scenario"].pop("severity")
     d["algorithm"].pop("similarity", None)
-    for k in ("present_at_start", "join_rounds", "leave", "leave_rounds"):
+    for k in ("present_at_start", "join_rounds", "leave", "leave_rounds", "drift", "drift_rounds"):
+        d["scenario"].pop(k)
+    for k in ("drift_share", "drift_notice"):
         d["scenario"].pop(k)
     assert config_digest(cfg) == hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
     assert config_digest(configure.load(overrides=[*base, f"{key}={other}"])) != config_digest(cfg)

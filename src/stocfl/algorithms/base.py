@@ -56,6 +56,7 @@ class Context:
     participants: tuple[int, ...] | None = None  # clients that may train (None: all); the rest are held out
     sample_size: int = 0  # clients sampled per round, m (0: not known)
     aggregator: Aggregator = Aggregator()  # how trained models are combined ([aggregation])
+    drift_notice: bool = False  # clients' data may change, and they say so (Algorithm.drifted)
 
     @property
     def training_clients(self) -> list[int]:
@@ -235,6 +236,15 @@ class Algorithm:
         Returns diagnostics to log, as :meth:`round` does (docs: living federations, per method)."""
         return {}
 
+    def drifted(self, round_: int, clients: list[int], ask: AskClients) -> dict[str, Any]:
+        """Clients present in ``round_`` whose data changed concept since the last round (a
+        drifting federation whose clients say so, ``scenario.drift_notice``), before the round
+        is played: a method that keeps a one-off summary of a client's data redoes it now
+        (StoCFL, FL+HC, PACFL); by default nothing happens (methods that choose a client's
+        model from its losses every round meet the change when they next ask). Returns
+        diagnostics to log, as :meth:`round` does (docs: living federations, per method)."""
+        return {}
+
     def global_model(self) -> torch.Tensor:
         raise NotImplementedError
 
@@ -322,6 +332,17 @@ class OneShotClusters(Algorithm):
         for p in self.place_new(late, ask):
             self.state.labels[p.client] = p.cluster
         return {"arrivals_placed": len(late)} if late else {}
+
+    def drifted(self, round_: int, clients: list[int], ask: AskClients) -> dict[str, Any]:
+        """After the clustering step a client whose data changed is placed anew, as a client
+        not seen then (:meth:`place_new`, which no longer counts its old place); before it,
+        the clustering step meets its new data."""
+        if not self.state.models or not clients:
+            return {}
+        self.state.labels[clients] = -1
+        for p in self.place_new(list(clients), ask):
+            self.state.labels[p.client] = p.cluster
+        return {"drift_replaced": len(clients)}
 
     def global_model(self) -> torch.Tensor:
         return self.state.w

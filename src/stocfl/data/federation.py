@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
+from stocfl.data.drift import Drift
 from stocfl.data.schedule import Schedule
 from stocfl.errors import UserError
 
@@ -31,6 +32,7 @@ class Federation:
     heldout: np.ndarray | None = None  # clients kept out of training (new clients at the end)
     mixtures: np.ndarray | None = None  # each client's true shares of the groups (N x G), where it mixes them
     schedule: Schedule | None = None  # who is present when (None: every participant, every round)
+    drift: Drift | None = None  # which concept each client's data follow when (None: one, throughout)
 
     def __repr__(self) -> str:
         groups = "no true groups" if self.groups is None else f"{len(np.unique(self.groups))} true groups"
@@ -38,6 +40,8 @@ class Federation:
         if self.schedule is not None:
             held += f", present from rounds {int(self.schedule.joins[self.participants].min())}.."
             held += f"{self.schedule.last_change}"
+        if self.drift is not None:
+            held += f", {self.drift.pattern} drift at rounds {', '.join(map(str, self.drift.rounds))}"
         return (
             f"Federation({self.scenario} on {self.dataset}: {self.n_clients} clients{held}, "
             f"{len(self.y_train)} train / {len(self.y_test)} test samples of shape {self.input_shape}, "
@@ -62,6 +66,33 @@ class Federation:
         (:meth:`~stocfl.data.schedule.Schedule.checked`)."""
         s = Schedule.checked(joins, leaves, self.participants, self.n_clients, "Federation.with_schedule")
         return replace(self, schedule=s, notes=list(self.notes))
+
+    def groups_at(self, t: int) -> np.ndarray | None:
+        """Each client's true group in round ``t``: the concept its data follow then (drift)."""
+        return self.groups if self.drift is None or self.groups is None else self.drift.concepts(t)
+
+    def engine_federation(self) -> Federation:
+        """The data the engine runs tasks on: this federation, and with drift its slots of
+        every client's data under the concepts it moves to (clients N.., see
+        :mod:`stocfl.data.drift`)."""
+        if self.drift is None:
+            return self
+        x = self.drift.extra
+
+        def joined(a, b):
+            return np.concatenate([a, b[1:] + a[-1]])
+
+        return Federation(
+            self.scenario,
+            self.dataset,
+            torch.cat([self.x_train, x.x_train]),
+            torch.cat([self.y_train, x.y_train]),
+            joined(self.train_offsets, x.train_offsets),
+            torch.cat([self.x_test, x.x_test]),
+            torch.cat([self.y_test, x.y_test]),
+            joined(self.test_offsets, x.test_offsets),
+            self.n_classes,
+        )
 
     @property
     def heldout_clients(self) -> list[int]:
@@ -101,6 +132,8 @@ class Federation:
             h.update(b"-" if arr is None else np.ascontiguousarray(arr, dtype=np.int64).tobytes())
         if self.schedule is not None:  # a run without one keeps the digest it always had
             h.update(b"schedule" + self.schedule.digest_bytes())
+        if self.drift is not None:
+            h.update(b"drift" + self.drift.digest_bytes())
         for t in (self.y_train, self.y_test, self.x_train, self.x_test):
             for part in t.detach().cpu().reshape(len(t), -1).split(8192):  # a part at a time: no copy of it all
                 h.update(part.contiguous().numpy().tobytes())

@@ -43,6 +43,7 @@ import torch
 
 from stocfl.data.corruptions import corrupt, corruption_seed
 from stocfl.data.datasets import Dataset, load_dataset
+from stocfl.data.drift import Drift
 from stocfl.data.federation import Federation
 from stocfl.errors import UserError, refuse_builtin
 
@@ -102,6 +103,9 @@ BUILTIN_SCENARIOS = (
     "dirichlet",
     "writers",
 )
+# the scenarios whose groups transform one source the same way for every label: a client's own
+# samples can be put under another group's concept
+DRIFTING = ("rotated", "shifted", "label_swap", "permuted_labels", "corrupted")
 ScenarioBuilder = Callable[..., "Federation"]
 # name -> builder for scenarios registered from user code (the built-ins are in ``build``)
 SCENARIOS: dict[str, ScenarioBuilder | None] = {name: None for name in BUILTIN_SCENARIOS}
@@ -136,6 +140,9 @@ def build(
     data_dir: str | None = None,
     holdout: float = 0.0,
     severity: int = 3,
+    drift: str = "",
+    drift_rounds: tuple[int, ...] = (),
+    drift_share: float = 0.5,
 ) -> Federation:
     """Build scenario ``name`` on ``dataset`` (a name or a loaded :class:`Dataset`).
 
@@ -156,6 +163,9 @@ def build(
         placed as new clients afterwards (the StoCFL paper's 70/30 generalisation study).
     severity : int in 1..5, default 3
         Corruption severity (``corrupted`` and ``corrupted_mixture``).
+    drift : "" | "sudden" | "incremental" | "recurrent", default ""
+        Clients whose data change concept at ``drift_rounds`` (:mod:`stocfl.data.drift`):
+        ``drift_share`` of each group's participants, on the scenarios of :data:`DRIFTING`.
     """
     src = dataset if isinstance(dataset, Dataset) else load_dataset(dataset, data_dir)
     rng = np.random.default_rng(seed)
@@ -177,9 +187,16 @@ def build(
         fed = _mixed(name, src.name, groups, n_clients, samples_per_client, test_per_client, alpha, rng)
     else:
         groups = _groups(name, src, data_dir, severity, seed)
-        fed = _grouped(name, src.name, groups, n_clients, samples_per_client, test_per_client, rng)
+        fed, sources = _grouped(name, src.name, groups, n_clients, samples_per_client, test_per_client, rng)
     if holdout > 0:
         fed.heldout = _holdout(fed, holdout, np.random.default_rng([seed, 2]))
+    if drift:
+        if name not in DRIFTING:
+            raise UserError(
+                f"config: scenario.drift: scenario {name!r} cannot drift; a drifting client keeps its samples "
+                f"under another group's transformation, which needs one of {', '.join(DRIFTING)}"
+            )
+        fed.drift = _drifting(fed, groups, sources, drift, drift_rounds, drift_share, seed)
     return fed
 
 
@@ -247,14 +264,16 @@ def _pool(y: torch.Tensor, labels: tuple[int, ...] | None, rng: np.random.Genera
     return rng.permutation(idx)
 
 
-def _grouped(scenario, dataset, groups, n_clients, per_client, test_per_client, rng) -> Federation:
+def _grouped(scenario, dataset, groups, n_clients, per_client, test_per_client, rng) -> tuple[Federation, list]:
+    """The federation, and each client's source indices (train, test): what its data are made
+    of, under its group's transformation (a drifting client keeps them under another's)."""
     counts = _split_counts(n_clients, len(groups))
     if min(counts) == 0:
         raise UserError(
             f"config: scenario.n_clients = {n_clients} cannot fill the {len(groups)} groups of scenario {scenario}; "
             f"use n_clients >= {len(groups)}"
         )
-    xs_tr, ys_tr, xs_te, ys_te, sizes_te = [], [], [], [], []
+    xs_tr, ys_tr, xs_te, ys_te, sizes_te, sources = [], [], [], [], [], []
     for g, (grp, n_g) in enumerate(zip(groups, counts)):
         tr, te = _pool(grp.source.y_train, grp.labels, rng), _pool(grp.source.y_test, grp.labels, rng)
         need = n_g * per_client
@@ -281,10 +300,11 @@ def _grouped(scenario, dataset, groups, n_clients, per_client, test_per_client, 
         xs_te.append(grp.inputs(grp.source.x_test[te_idx], "test"))
         ys_te.append(grp.label(grp.source.y_test[te_idx]))
         sizes_te += [t] * n_g
+        sources += [(tr_idx[j * per_client : (j + 1) * per_client], te_idx[j * t : (j + 1) * t]) for j in range(n_g)]
     shape = {tuple(x.shape[1:]) for x in xs_tr}
     if len(shape) > 1:
         raise UserError(f"scenario {scenario}: groups have different image shapes {shape}")
-    return Federation(
+    fed = Federation(
         scenario,
         dataset,
         torch.cat(xs_tr).contiguous(),
@@ -298,6 +318,29 @@ def _grouped(scenario, dataset, groups, n_clients, per_client, test_per_client, 
         notes=[f"group {g}: {grp.name}" for g, grp in enumerate(groups)]
         + sorted({grp.source.note for grp in groups if grp.source.note}),
     )
+    return fed, sources
+
+
+def _drifting(fed: Federation, groups: list[_Group], sources: list, pattern, rounds, share, seed) -> Drift:
+    """``fed``'s drift: the changes of ``pattern`` and, for every (client, concept) pair a client
+    moves to, its own source samples under that concept's transformation."""
+    changes = Drift.plan(pattern, list(rounds), share, fed.groups, fed.participants, seed)
+    start = fed.groups.copy()
+    pairs = np.unique(changes[changes[:, 2] != start[changes[:, 1]]][:, 1:], axis=0).reshape(-1, 2)
+    parts: dict[str, list] = {"train": [], "test": []}
+    for i, k in pairs:
+        grp = groups[int(k)]
+        for split, idx in zip(("train", "test"), sources[int(i)]):
+            x = grp.source.x_train if split == "train" else grp.source.x_test
+            y = grp.source.y_train if split == "train" else grp.source.y_test
+            parts[split].append((grp.inputs(x[idx], split), grp.label(y[idx])))
+    if not len(pairs):
+        raise UserError(
+            f"config: scenario.drift_share = {share}: no client drifts (it rounds to 0 of each group's clients); "
+            f"raise it, or give each group more clients"
+        )
+    extra = Federation.from_arrays(parts["train"], parts["test"], pairs[:, 1], fed.n_classes, f"{fed.dataset} drifted")
+    return Drift(start, changes, pairs.astype(np.int64), extra, pattern)
 
 
 def apportion(shares: np.ndarray, total: int) -> np.ndarray:

@@ -3,6 +3,7 @@
 
 from stocfl.executors.base import Executor
 from stocfl.executors.batched import BatchedExecutor
+from stocfl.executors.drifting import Drifting
 from stocfl.executors.lowrank import Structure, structure
 from stocfl.executors.parallel import ParallelExecutor
 from stocfl.executors.registry import (
@@ -25,6 +26,7 @@ __all__ = [
     "BUILTIN_ENGINES",
     "ENGINES",
     "BatchedExecutor",
+    "Drifting",
     "Engine",
     "Executor",
     "ParallelExecutor",

@@ -25,6 +25,7 @@ from stocfl.data.scenarios import build
 from stocfl.data.schedule import Schedule
 from stocfl.errors import UserError
 from stocfl.executors import make_executor, set_threads
+from stocfl.executors.drifting import Drifting
 from stocfl.executors.localbn import LocalBatchNorm
 from stocfl.experiment import configure
 from stocfl.storage.tensorboard import Scalars
@@ -44,6 +45,9 @@ def build_federation(cfg: Config) -> Federation:
         data_dir=s.data_dir or None,
         holdout=s.holdout,
         severity=s.severity,
+        drift=s.drift,
+        drift_rounds=tuple(s.drift_rounds),
+        drift_share=s.drift_share,
     )
     fed.schedule = Schedule.from_shares(
         fed.participants, fed.n_clients, s.present_at_start, s.join_rounds, s.leave, s.leave_rounds, cfg.run.seed
@@ -188,6 +192,7 @@ def build_context(
         participants=tuple(fed.participants),
         sample_size=sample_size(cfg, fed),
         aggregator=Aggregator(**cfg.aggregation.model_dump()),
+        drift_notice=fed.drift is not None and cfg.scenario.drift_notice,
     )
 
 
@@ -205,6 +210,7 @@ class Built:
     local: LocalBatchNorm | None  # the clients' own BatchNorm entries (train.local_bn)
     algorithm: Algorithm
     threads: int  # the torch threads in use
+    drifting: Drifting | None = None  # with drift: sets the round whose data the tasks run on
 
 
 def build_run(
@@ -227,9 +233,17 @@ def build_run(
     model, w0, module = build_model(cfg, fed, module, loss)
     engine = cfg.run.engine  # given an executor (Flower's): the engine it serves
     if executor is None:
-        executor = make_executor(cfg.run.engine, fed, model, cfg)
+        executor = make_executor(cfg.run.engine, fed.engine_federation(), model, cfg)
         engine = executor.name  # auto: the one it chose
-    ask = checked(executor.execute, fed)
+    elif fed.drift is not None:
+        raise UserError(
+            f"config: scenario.drift = {cfg.scenario.drift!r} runs on the in-process engines; run.engine = "
+            f"{engine!r} does not carry a client's data changing yet; choose auto, sequential, batched or parallel"
+        )
+    execute, drifting = executor.execute, None
+    if fed.drift is not None:
+        drifting = execute = Drifting(executor.execute, fed.drift, cfg.run.rounds)
+    ask = checked(execute, fed)
     local = None
     if cfg.train.local_bn:
         entries = model.batchnorm_entries()
@@ -242,4 +256,4 @@ def build_run(
         ask = local.wrap(ask)
     ctx = build_context(cfg, fed, model, w0, module, out)
     algorithm = algorithm_class(cfg.algorithm["name"])(cfg.params, ctx)
-    return Built(fed, label_dists, model, module, executor, engine, ask, local, algorithm, threads)
+    return Built(fed, label_dists, model, module, executor, engine, ask, local, algorithm, threads, drifting)

@@ -3,7 +3,10 @@
 Each (algorithm, seed) is an ordinary run in its own sub-directory, so an interrupted
 comparison picks up where it stopped (finished runs are read, unfinished ones resumed).
 Writes ``compare.md``, ``compare.csv`` (mean +- std over seeds of final accuracy, global
-accuracy, ARI, clusters, seconds) and ``compare.png`` (mean accuracy per round).
+accuracy, ARI, clusters, seconds) and ``compare.png`` (mean accuracy per round). On a drifting
+scenario also, per change round r, the drifted clients' recovery (``drift_r_*`` columns: their
+accuracy before the change, at it, the lowest after it, the rounds until they are back) and
+``compare_drift.png`` (their accuracy per round, one panel per change round).
 """
 
 from __future__ import annotations
@@ -155,12 +158,25 @@ def compare(
     return rows
 
 
+DRIFT_FIGURES = ("before", "at_change", "lowest", "recovered_in")  # of each change (summary.json's drift)
+
+
 def write_table(out: Path, rows: list[dict[str, Any]], curves: dict, title: str) -> None:
-    """A comparison's files: compare.csv, compare.md and compare.png in ``out``."""
+    """A comparison's files: compare.csv, compare.md and compare.png in ``out`` (and
+    compare_drift.png on a drifting scenario)."""
     out.mkdir(parents=True, exist_ok=True)
     formats.write_csv(out / "compare.csv", rows)
     write_atomic(out / "compare.md", markdown(rows))
-    plot(curves, out / "compare.png", title)
+    plot({k: v for k, v in curves.items() if not k.startswith("drift ")}, out / "compare.png", title)
+    drifting = {k: v for k, v in curves.items() if k.startswith("drift ")}
+    if drifting:
+        plot_drift(drifting, out / "compare_drift.png", title)
+
+
+def _mean_row(row: dict[str, Any], col: str, vals: list[float]) -> None:
+    row[f"{col}_mean"] = float(np.mean(vals)) if vals else None
+    row[f"{col}_std"] = float(np.std(vals)) if vals else None
+    row[f"{col}_n"] = len(vals)
 
 
 def table(runs: dict[str, list[tuple[dict[str, Any], list[dict[str, Any]]]]]) -> tuple[list[dict[str, Any]], dict]:
@@ -180,10 +196,20 @@ def table(runs: dict[str, list[tuple[dict[str, Any], list[dict[str, Any]]]]]) ->
             "runs_with_clients_left_out": sum(bool(s.get("eval_left_out")) for s in summaries),
         }
         for col in COLUMNS:
-            vals = [s[col] for s in summaries if s.get(col) is not None]
-            row[f"{col}_mean"] = float(np.mean(vals)) if vals else None
-            row[f"{col}_std"] = float(np.std(vals)) if vals else None
-            row[f"{col}_n"] = len(vals)
+            _mean_row(row, col, [s[col] for s in summaries if s.get(col) is not None])
+        changes = sorted({int(r) for s in summaries for r in s.get("drift", {}).get("changes", {})})
+        for r in changes:  # each change round of a drifting scenario: its cohort's recovery and curve
+            for fig in DRIFT_FIGURES:
+                got = [s["drift"]["changes"].get(str(r), {}).get(fig) for s in summaries if "drift" in s]
+                _mean_row(row, f"drift_{r}_{fig}", [v for v in got if v is not None])
+            key = f"accuracy_drift_{r}"
+            curves.setdefault(f"drift {r}", {})[label] = [
+                (
+                    [x["round"] for x in per_round if x.get(key) is not None],
+                    [x[key] for x in per_round if x.get(key) is not None],
+                )
+                for _, per_round in found
+            ]
         rows.append(row)
     return rows, curves
 
@@ -206,6 +232,21 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         for r in rows
         if r.get("runs_with_clients_left_out")
     )
+    changes = sorted({int(k.split("_")[1]) for r in rows for k in r if k.startswith("drift_") and k.endswith("_n")})
+    drift = ""
+    for c in changes:
+        drift += (
+            f"\nClients whose data changed at round {c}: their accuracy (%) on the data they hold, and the rounds "
+            f"until they were back within one point of it\n\n"
+            "| algorithm | before | at the change | lowest after | rounds to recover |\n|---|---|---|---|---|\n"
+            + "".join(
+                f"| {r['algorithm']} | {cell(r, f'drift_{c}_before', True)} | "
+                f"{cell(r, f'drift_{c}_at_change', True)} | {cell(r, f'drift_{c}_lowest', True)} | "
+                f"{recovered(r, c)} |\n"
+                for r in rows
+                if f"drift_{c}_before_n" in r
+            )
+        )
     return (
         head
         + "".join(
@@ -214,7 +255,18 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             for r in rows
         )
         + notes
+        + drift
     )
+
+
+def recovered(row: dict[str, Any], change: int) -> str:
+    """Rounds to recover, mean +- std over the seeds that recovered, and how many did not."""
+    col = f"drift_{change}_recovered_in"
+    n, seeds = row.get(f"{col}_n", 0), row["seeds"]
+    if not n:
+        return f"not recovered ({seeds} of {seeds})"
+    said = f"{row[f'{col}_mean']:.1f} +- {row[f'{col}_std']:.1f}"
+    return said + (f"; not recovered in {seeds - n} of {seeds}" if n < seeds else "")
 
 
 def setting(cfg: config.Config) -> str:
@@ -226,15 +278,36 @@ def setting(cfg: config.Config) -> str:
     )
 
 
-def plot(curves: dict[str, list], path: Path, title: str = "") -> None:
-    """Mean accuracy per evaluated round of each algorithm (band: +- one std over seeds);
-    every evaluated round is marked, so that a curve of one or two points still shows."""
+def plot_drift(panels: dict[str, dict[str, list]], path: Path, title: str = "") -> None:
+    """One panel per change round: the accuracy per round of the clients that changed then,
+    each algorithm's mean over seeds, the change marked."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.6))
+    fig, axes = plt.subplots(1, len(panels), figsize=(8 * min(len(panels), 2), 4.6), squeeze=False)
+    for ax, (name, curves) in zip(axes[0], sorted(panels.items(), key=lambda kv: int(kv[0].split()[1]))):
+        change = int(name.split()[1])
+        _curves(ax, curves)
+        ax.axvline(change, color="grey", ls="--", lw=1)
+        ax.set(
+            xlabel="round",
+            ylabel="test accuracy of the drifted clients",
+            ylim=(0, 1),
+            title=f"clients whose data change at round {change}",
+        )
+        plots.integer_rounds(ax)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8, loc="lower right", frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def _curves(ax, curves: dict[str, list]) -> None:
     for n, (label, runs) in enumerate(curves.items()):
         if not runs:
             continue
@@ -246,6 +319,18 @@ def plot(curves: dict[str, list], path: Path, title: str = "") -> None:
         )
         if len(acc) > 1:
             ax.fill_between(rounds, acc.mean(0) - acc.std(0), acc.mean(0) + acc.std(0), alpha=0.2)
+
+
+def plot(curves: dict[str, list], path: Path, title: str = "") -> None:
+    """Mean accuracy per evaluated round of each algorithm (band: +- one std over seeds);
+    every evaluated round is marked, so that a curve of one or two points still shows."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.6))
+    _curves(ax, curves)
     ax.set(xlabel="round", ylabel="test accuracy (own model)", ylim=(0, 1), title=title)
     plots.integer_rounds(ax)
     ax.grid(alpha=0.3)

@@ -21,7 +21,7 @@ import json
 import logging
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +88,7 @@ class Experiment:
         b = build_run(self.cfg, self.out, self.executor, self.federation, self.module, self.loss)
         self.fed, self.label_dists, self.model = b.fed, b.label_dists, b.model
         self.executor, self.engine, self.ask, self.local = b.executor, b.engine, b.ask, b.local
-        self.algorithm, self.threads = b.algorithm, b.threads
+        self.algorithm, self.threads, self.drifting = b.algorithm, b.threads, b.drifting
         self.sampler = np.random.default_rng([self.cfg.run.seed, 1])
         self.round = 0
         self.elapsed = 0.0
@@ -189,27 +189,34 @@ class Experiment:
         pool = self.fed.present(t)
         return sorted(pool[int(k)] for k in self.sampler.choice(len(pool), self.sample_size(t), replace=False))
 
-    def play_round(self, t: int, sampled: list[int], arriving: list[int] = ()) -> tuple[dict[str, Any], list[int]]:
-        """The algorithm's round with the sampled clients, after it has met the clients
-        ``arriving`` in this round (:meth:`~stocfl.algorithms.Algorithm.arrive`). When clients
-        fail, the round is redone without them from the state of the last checkpoint (the
-        algorithms are deterministic, so the result is the round those clients would have had
-        without them)."""
+    def play_round(
+        self, t: int, sampled: list[int], arriving: list[int] = (), changed: list[int] = ()
+    ) -> tuple[dict[str, Any], list[int]]:
+        """The algorithm's round with the sampled clients, after it has met the clients whose
+        data changed (:meth:`~stocfl.algorithms.Algorithm.drifted`) and those ``arriving`` in
+        this round (:meth:`~stocfl.algorithms.Algorithm.arrive`). When clients fail, the round
+        is redone without them from the state of the last checkpoint (the algorithms are
+        deterministic, so the result is the round those clients would have had without them)."""
         dropped: list[int] = []
         while True:
             present = [i for i in sampled if i not in dropped]
             joining = [i for i in arriving if i not in dropped]
-            if not present and not joining:
+            moved = [i for i in changed if i not in dropped]
+            if not present and not joining and not moved:
                 return {}, dropped
             try:
-                arrived = self.algorithm.arrive(t, joining, self.ask) if joining else {}
+                before = {}
+                if moved:
+                    before.update(self.algorithm.drifted(t, moved, self.ask))
+                if joining:
+                    before.update(self.algorithm.arrive(t, joining, self.ask))
                 diag = self.algorithm.round(t, present, self.ask) if present else {}
-                if arrived:  # checked as the round's own are, then logged beside them
-                    check_diagnostics(self.algorithm, t, arrived, {})
-                    diag = {**arrived, **diag} if isinstance(diag, dict) else diag
+                if before:  # checked as the round's own are, then logged beside them
+                    check_diagnostics(self.algorithm, t, before, {})
+                    diag = {**before, **diag} if isinstance(diag, dict) else diag
                 return diag, dropped
             except ClientsDropped as err:
-                if not set(err.clients) <= set(present) | set(joining):
+                if not set(err.clients) <= set(present) | set(joining) | set(moved):
                     raise UserError(
                         f"round {t}: clients outside the round failed ({err}); resume with 'stocfl resume {self.out}'"
                     ) from None
@@ -248,6 +255,8 @@ class Experiment:
             return res, gres, used
 
         t = round_ or self.round
+        if self.drifting is not None:  # each client on the data it holds after round t
+            self.drifting.at(max(1, t))
         asked = self.fed.present(max(1, t))
         clients, (res, gres, self.last_used) = without_dropped(asked, attempt, f"round {t}: evaluation")
         self.last_eval = dict(zip(clients, res))
@@ -288,9 +297,13 @@ class Experiment:
                 return None
             t0 = time.perf_counter()
             t = self.round + 1
-            schedule, pool = self.fed.schedule, self.fed.participants
+            schedule, pool, drift = self.fed.schedule, self.fed.participants, self.fed.drift
             arriving = [] if schedule is None else schedule.joining(t, pool)
-            diag, dropped = self.play_round(t, self.sample(t), arriving)
+            changed = [] if drift is None else drift.changing(t, self.fed.present(t))
+            if self.drifting is not None:
+                self.drifting.at(t)
+            told = [i for i in changed if i not in arriving] if self.algorithm.ctx.drift_notice else []
+            diag, dropped = self.play_round(t, self.sample(t), arriving, told)
             row: dict[str, Any] = {
                 "round": t,
                 "accuracy": None,
@@ -300,14 +313,19 @@ class Experiment:
             }
             if t % r.eval_every == 0 or t == r.rounds:
                 row.update(self.evaluate(t))
+                if drift is not None:  # each drift cohort's accuracy on the data it holds now
+                    row.update(metrics.cohort_accuracy(self.last_eval, drift))
             labels = check_labels(self.algorithm)
             present = self.fed.present(t)
-            row.update(metrics.clustering_scores(labels, self.fed.groups, present, self.label_dists))
+            groups = self.fed.groups_at(t)
+            row.update(metrics.clustering_scores(labels, groups, present, self.label_dists))
             if self.fed.mixtures is not None:  # a scenario of mixed clients: how far the found shares are
                 weights = check_assignments(self.algorithm, labels)
                 row["mixture_tv"] = metrics.mixture_distance(labels, weights, self.fed.mixtures, present)
             if schedule is not None:  # who came and went, and where this round's arrivals landed
-                row.update(metrics.arrivals(labels, self.fed.groups, present, arriving, schedule.leaving(t, pool)))
+                row.update(metrics.arrivals(labels, groups, present, arriving, schedule.leaving(t, pool)))
+            if drift is not None:
+                row["drifted"] = changed
             check_diagnostics(self.algorithm, t, diag, row)
             row.update(diag)
             row["seconds"] = time.perf_counter() - t0
@@ -334,9 +352,11 @@ class Experiment:
         """The summary of a finished run; with a results directory, every results file too."""
         if not hasattr(self, "last_eval"):
             self.evaluate()
+        # the true groups the results are scored against: with drift, the concepts at the end
+        fed = self.fed if self.fed.drift is None else replace(self.fed, groups=self.fed.groups_at(self.round))
         summary = summarize(
             self.cfg,
-            self.fed,
+            fed,
             self.federation is not None,
             self.algorithm,
             self.rows,
@@ -346,7 +366,7 @@ class Experiment:
             self.elapsed,
         )
         summary.update(client_spread(self.last_eval))
-        heldout, heldout_left = place_heldout(self.algorithm, self.fed, self.ask)
+        heldout, heldout_left = place_heldout(self.algorithm, fed, self.ask)
         if heldout or heldout_left:
             summary["heldout"] = summarize_placements(heldout, self.algorithm.placement, heldout_left)
         if self.out is not None:
@@ -355,7 +375,7 @@ class Experiment:
                 summary,
                 self.rows,
                 self.algorithm,
-                self.fed,
+                fed,
                 self.last_eval,
                 heldout,
                 self.last_global,

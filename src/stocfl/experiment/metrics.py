@@ -163,3 +163,49 @@ def arrivals(
         if groups is not None:
             out["joined_in_group"] = group_cluster_share(joined, labels, groups, present)
     return out
+
+
+def drift_cohorts(drift) -> dict[str, list[int]]:
+    """The clients that change concept at each drift round (key ``"<round>"``) and those that never
+    do (``"steady"``)."""
+    out = {str(r): sorted({int(i) for rr, i, _ in drift.changes if rr == r}) for r in drift.rounds}
+    moving = {int(i) for i in drift.changes[:, 1]}
+    out["steady"] = [i for i in range(len(drift.start)) if i not in moving]
+    return out
+
+
+def cohort_accuracy(evals: dict, drift) -> dict[str, float | None]:
+    """Accuracy pooled over samples of each drift cohort (:func:`drift_cohorts`) among the
+    clients evaluated, each on the data it holds in the round: ``accuracy_drift_<r>`` for the
+    clients that change at round r, ``accuracy_steady`` for those that never change (None: none
+    of them evaluated)."""
+    out = {}
+    for key, clients in drift_cohorts(drift).items():
+        res = [evals[i] for i in clients if i in evals]
+        n = sum(r.n_samples for r in res)
+        out["accuracy_steady" if key == "steady" else f"accuracy_drift_{key}"] = (
+            sum(r.correct for r in res) / n if n else None
+        )
+    return out
+
+
+def recovery(rows: list[dict[str, Any]], key: str, change: int, until: int | None, tolerance: float) -> dict:
+    """How a cohort's accuracy (``key`` in the rows) came through the change at round
+    ``change``: its level in the last evaluated round before it (``before``), in the round of
+    the change (after that round's training, ``at_change``), the lowest until the next change
+    (``until``, exclusive; None: the end), and ``recovered_in``: the rounds after ``change``
+    until it is back within ``tolerance`` of ``before`` (0: it never fell below that; None: not
+    by ``until`` or the end)."""
+    before = [r[key] for r in rows if r["round"] < change and r.get(key) is not None]
+    after = [(r["round"], r.get(key)) for r in rows if r["round"] >= change and (until is None or r["round"] < until)]
+    after = [(t, v) for t, v in after if v is not None]
+    out: dict[str, Any] = {"before": before[-1] if before else None, "at_change": None, "lowest": None}
+    out["recovered_in"] = None
+    if not after:
+        return out
+    out["at_change"] = after[0][1] if after[0][0] == change else None
+    out["lowest"] = min(v for _, v in after)
+    if out["before"] is not None:
+        back = next((t for t, v in after if v >= out["before"] - tolerance), None)
+        out["recovered_in"] = None if back is None else back - change
+    return out

@@ -42,6 +42,10 @@ ADDED_KEYS = {
     "scenario.join_rounds": [],
     "scenario.leave": 0.0,
     "scenario.leave_rounds": [],
+    "scenario.drift": "",
+    "scenario.drift_rounds": [],
+    "scenario.drift_share": 0.5,
+    "scenario.drift_notice": True,
 }
 
 GIVEN = (("custom_data", "federation"), ("custom_model", "model"), ("custom_loss", "loss"))

@@ -70,8 +70,36 @@ def summarize(
         summary["dropped_in_training"] = dropped  # client-rounds whose training was left out of the round
     if fed.schedule is not None:
         summary["schedule"] = schedule_summary(fed, algorithm.cluster_labels(), rows, rounds_done)
+    if fed.drift is not None:
+        summary["drift"] = drift_summary(fed.drift, rows)
     summary.update(algorithm.summary(rows))
     return summary
+
+
+RECOVERY_TOLERANCE = 0.01  # back within one point of the level before the change
+
+
+def drift_summary(drift, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A drifting federation: per change round, the clients that changed and how their accuracy
+    came through it (:func:`stocfl.experiment.metrics.recovery`, within RECOVERY_TOLERANCE),
+    and the clients that never changed at the end."""
+    cohorts = metrics.drift_cohorts(drift)
+    rounds = drift.rounds
+    changes = {}
+    for k, r in enumerate(rounds):  # until the same clients change again (recurrent: back)
+        mine = set(cohorts[str(r)])
+        until = next((q for q in rounds[k + 1 :] if mine & set(cohorts[str(q)])), None)
+        changes[str(r)] = {
+            "clients": len(cohorts[str(r)]),
+            **metrics.recovery(rows, f"accuracy_drift_{r}", r, until, RECOVERY_TOLERANCE),
+        }
+    steady = [r["accuracy_steady"] for r in rows if r.get("accuracy_steady") is not None]
+    return {
+        "pattern": drift.pattern,
+        "changes": changes,
+        "steady_clients": len(cohorts["steady"]),
+        "steady_accuracy_at_end": steady[-1] if steady else None,
+    }
 
 
 def schedule_summary(fed: Federation, labels: np.ndarray, rows: list[dict[str, Any]], rounds_done: int) -> dict:

@@ -24,6 +24,7 @@ tau = -1 and lambda = 0 is FedAvg, number for number.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -157,7 +158,7 @@ class StoCFL(Algorithm):
             anchor = ctx.init_weights.clone()
         self.state = self.State(
             w=ctx.init_weights.clone(),
-            clusters=ClusterSet(ctx.n_clients, keep_vectors=params.leave_out > 0),
+            clusters=ClusterSet(ctx.n_clients, keep_vectors=params.leave_out > 0 or ctx.drift_notice),
             theta={},
             trained={},
             reps={},
@@ -202,9 +203,12 @@ class StoCFL(Algorithm):
         sims = self.state.clusters.units(trained) @ self.state.clusters.unit(cid)
         return self.state.theta[trained[int(torch.argmax(sims))]]
 
-    def cluster_newcomers(self, results: list[Represented], clients: list[int]) -> tuple[list[int], int]:
-        """Add valid representations as singletons, then merge; returns (accepted, merges)."""
-        accepted, fresh = [], []
+    def cluster_newcomers(
+        self, results: list[Represented], clients: list[int], changed: Sequence[int] = ()
+    ) -> tuple[list[int], int]:
+        """Add valid representations as singletons, then merge (the clusters ``changed`` are
+        candidates too); returns (accepted, merges)."""
+        accepted, fresh = [], list(changed)
         for i, r in zip(clients, results):
             if not valid_representation(r.psi):
                 continue  # rejected
@@ -260,6 +264,28 @@ class StoCFL(Algorithm):
             return {}
         accepted, merges = self.cluster_newcomers(ask([self.represent_task(i) for i in new]), new)
         return {"arrivals_clustered": len(accepted), "arrival_merges": merges}
+
+    def drifted(self, round_: int, clients: list[int], ask: AskClients) -> dict[str, Any]:
+        """A client whose data changed is a new client: its old Psi leaves its cluster (a
+        cluster left empty goes, with its model), and its new Psi is clustered as an
+        arrival's is (the representation is of the client's data, so it is redone when they
+        change). A client never represented is met when it is sampled, as before."""
+        known = [i for i in clients if self.state.clusters.labels_[i] >= 0]
+        if not known:
+            return {}
+        changed = []
+        for i in known:
+            k = int(self.state.clusters.labels_[i])
+            kept = self.state.clusters.remove(i)
+            if kept is None:
+                self.state.theta.pop(k, None)
+                self.state.trained.pop(k, None)
+            elif kept not in changed:
+                changed.append(kept)
+            self.state.reps.pop(i, None)
+        changed = [k for k in changed if k in self.state.clusters.sums_]
+        accepted, merges = self.cluster_newcomers(ask([self.represent_task(i) for i in known]), known, changed)
+        return {"drift_reclustered": len(accepted), "drift_merges": merges}
 
     def round(self, round_: int, sampled: list[int], ask: AskClients) -> dict[str, Any]:
         labels = self.state.clusters.labels_

@@ -122,6 +122,27 @@ class ClusterSet:
             self.vectors_[client] = psi.detach().clone()
         return cid
 
+    def remove(self, client: int) -> int | None:
+        """Client ``client`` leaves its cluster (its data changed): its Psi is taken out of the
+        cluster's sum, and a cluster left empty is gone. Returns the cluster it left if that
+        remains (its representation changed: a merge candidate again), else None. Needs
+        ``keep_vectors``."""
+        cid = int(self.labels_[client])
+        if cid < 0:
+            raise ValueError(f"client {client} is in no cluster")
+        if client not in self.vectors_:
+            raise ValueError("taking a client out needs ClusterSet(keep_vectors=True)")
+        v = self.vectors_.pop(client)
+        self.labels_[client] = -1
+        self.members_[cid].remove(client)
+        self.counts_[cid] -= 1
+        if not self.counts_[cid]:
+            for d in (self.sums_, self.counts_, self.members_):
+                d.pop(cid)
+            return None
+        self.sums_[cid] = self.sums_[cid].double() - v.double()  # a new tensor: a singleton's Psi stays as given
+        return cid
+
     def similarities(self, psi: torch.Tensor) -> tuple[list[int], torch.Tensor]:
         """Cosine of ``psi`` to every cluster representation."""
         ids = self.ids
