@@ -105,6 +105,11 @@ def _parser() -> argparse.ArgumentParser:
         help="build new clients: scenario.* keys or run.seed",
     )
     new.add_argument("--clients", help="comma-separated client ids (default: all held-out / all new)")
+    new.add_argument(
+        "--unlabeled",
+        action="store_true",
+        help="the new clients hold no labels: placed from what they compute without them (flux)",
+    )
     new.add_argument("--data-dir", type=path_arg, help="directory of the data sets")
     new.add_argument("--out", type=path_arg, help="CSV of the placements (default: DIR/new_clients.csv)")
 
@@ -244,7 +249,7 @@ def _assign(args) -> int:
             clients = [int(c) for c in args.clients.split(",")]
         except ValueError:
             raise UserError(f"--clients {args.clients!r}: expected comma-separated integers, e.g. 0,5,7") from None
-    rows, summary = place_clients(args.dir, args.overrides, clients, args.data_dir)
+    rows, summary = place_clients(args.dir, args.overrides, clients, args.data_dir, args.unlabeled)
     out = Path(args.out) if args.out else Path(args.dir) / "new_clients.csv"
     formats.write_csv(out, rows)
     print(json.dumps(summary))

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from stocfl.algorithms.stocfl.representation import Represented
+from stocfl.client.descriptor import Described
 from stocfl.client.gradient import Gradiented
 from stocfl.client.mixture import MixtureTrained
 from stocfl.client.subspace import Subspaced
@@ -109,6 +110,27 @@ CASES = {
         lambda r: Subspaced(torch.cat([r.basis, r.basis]), 2 * r.n_columns, r.n_samples),
     ),
     "a subspace of NaN": ("pacfl", Subspaced, lambda r: Subspaced(r.basis * float("nan"), r.n_columns, r.n_samples)),
+    # FLUX's query.describe reply (client 3 answers in the clustering round or when placed)
+    "a descriptor of the wrong length": (
+        "flux warmup_rounds=1",
+        Described,
+        lambda r: Described(r.descriptor[:-1], r.n_samples),
+    ),
+    "a descriptor of NaN": (
+        "flux warmup_rounds=1",
+        Described,
+        lambda r: Described(r.descriptor * float("nan"), r.n_samples),
+    ),
+    "a descriptor with negative deviations": (
+        "flux warmup_rounds=1",
+        Described,
+        lambda r: Described(r.descriptor - 1e3, r.n_samples),
+    ),
+    "a descriptor of 1e30 to own a cluster": (
+        "flux warmup_rounds=1",
+        Described,
+        lambda r: Described(r.descriptor * 1e30, r.n_samples),
+    ),
     # CLoVE's loss vector: the client's Evaluate replies on the train data of every cluster model
     "a loss vector holding NaN": (
         "clove max_models=3",

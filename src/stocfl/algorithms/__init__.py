@@ -13,6 +13,7 @@ from stocfl.algorithms.fedrc import FedRC
 from stocfl.algorithms.fedsoft import FedSoft
 from stocfl.algorithms.fesem import FeSEM
 from stocfl.algorithms.flhc import FLHC
+from stocfl.algorithms.flux import FLUX
 from stocfl.algorithms.ifca import IFCA
 from stocfl.algorithms.pacfl import PACFL
 from stocfl.algorithms.stocfl.algorithm import StoCFL
@@ -20,7 +21,7 @@ from stocfl.errors import UserError, refuse_builtin
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls
-    for cls in (FedAvg, FedProx, StoCFL, Ditto, IFCA, CFL, FLHC, FeSEM, FedEM, FedRC, FedSoft, PACFL, CLoVE)
+    for cls in (FedAvg, FedProx, StoCFL, Ditto, IFCA, CFL, FLHC, FeSEM, FedEM, FedRC, FedSoft, PACFL, CLoVE, FLUX)
 }
 BUILTIN_ALGORITHMS = frozenset(ALGORITHMS)
 
@@ -51,6 +52,7 @@ __all__ = [
     "CFL",
     "CLoVE",
     "FLHC",
+    "FLUX",
     "IFCA",
     "PACFL",
     "Algorithm",

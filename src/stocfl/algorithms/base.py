@@ -57,11 +57,17 @@ class Context:
     sample_size: int = 0  # clients sampled per round, m (0: not known)
     aggregator: Aggregator = Aggregator()  # how trained models are combined ([aggregation])
     drift_notice: bool = False  # clients' data may change, and they say so (Algorithm.drifted)
+    present: Callable[[int], list[int]] | None = None  # round -> the participants present (None: all, always)
 
     @property
     def training_clients(self) -> list[int]:
         """The clients that take part in training: never a held-out one."""
         return list(range(self.n_clients)) if self.participants is None else list(self.participants)
+
+    def present_at(self, round_: int) -> list[int]:
+        """The training clients present in round ``round_`` (a federation with a schedule), the
+        only ones a method that queries every client at once may ask."""
+        return self.training_clients if self.present is None else list(self.present(round_))
 
 
 def check_models_fit(count: int, ctx: Context, key: str) -> None:
@@ -282,6 +288,15 @@ class Algorithm:
         return [late[i] if i in late else self.state.models[int(self.state.labels[i])] for i in clients]
 
     placement = "one global model: a new client uses it (cluster 0)"  # what placing a new client means
+    places_unlabeled = False  # whether place_unlabeled places a new client without its labels
+    placement_unlabeled = ""  # what that means
+
+    def place_unlabeled(self, clients: list[int], ask: AskClients) -> list[Placement]:
+        """New clients that hold no labels (test time): which model each would use, from what
+        it can compute without labels. Only methods with ``places_unlabeled`` implement it
+        (FLUX); the runner then reports a second placement of the held-out clients
+        (``heldout_unlabeled`` in summary.json)."""
+        raise NotImplementedError(f"{self.name} places new clients from their labels only")
 
     def place_new(self, clients: list[int], ask: AskClients) -> list[Placement]:
         """Clients that never took part in training: which model each would use.

@@ -117,16 +117,17 @@ class FLHC(OneShotClusters):
         from sklearn.cluster import AgglomerativeClustering
 
         c, p = self.ctx, self.params
-        # every participant (never a held-out client); clients that fail here are clustered
-        # later, by lowest loss, like new clients
+        # every participant present (never a held-out client); clients that fail here are
+        # clustered later, by lowest loss, like new clients
+        asked = c.present_at(round_)
         everyone, results = without_dropped(
-            c.training_clients,
+            asked,
             lambda clients: ask(
                 [self.local_training(round_, i, self.state.w, epochs=p.cluster_epochs) for i in clients]
             ),
             f"round {round_}: FL+HC's clustering",
         )
-        unanswered = sorted(set(c.training_clients) - set(everyone))
+        unanswered = sorted(set(asked) - set(everyone))
         if not everyone:  # nobody answered: the clustering step is tried again next round
             return {"clustered": 0, "clustering_unanswered": unanswered}
         self.state.labels = np.full(c.n_clients, -1, dtype=np.int64)

@@ -147,7 +147,7 @@ class PACFL(OneShotClusters):
     def round(self, round_: int, sampled: list[int], ask: AskClients) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if not self.state.models:
-            out = self.cluster(ask)
+            out = self.cluster(round_, ask)
             if not self.state.models:
                 return out
         self.train_clusters(round_, sampled, ask)
@@ -169,11 +169,11 @@ class PACFL(OneShotClusters):
         k = int(self.state.columns[i])
         return self.state.bases.get(i)[: k * self.dim].reshape(k, self.dim).double()
 
-    def cluster(self, ask: AskClients) -> dict[str, Any]:
-        """The one clustering step over every participant that answers."""
+    def cluster(self, round_: int, ask: AskClients) -> dict[str, Any]:
+        """The one clustering step over every participant present that answers."""
         p = self.params
         everyone, bases = without_dropped(
-            self.ctx.training_clients, lambda clients: self.query(clients, ask), "PACFL's subspace query"
+            self.ctx.present_at(round_), lambda clients: self.query(clients, ask), "PACFL's subspace query"
         )
         if not everyone:  # nobody answered: tried again next round
             return {"clustered": 0}

@@ -1,5 +1,6 @@
 """What a client computes: task kinds and their messages, local training, optimizers, models."""
 
+from stocfl.client.descriptor import Describe, Described
 from stocfl.client.gradient import Gradient, Gradiented
 from stocfl.client.mixture import EvaluateMixture, Mixture, MixtureTrain, MixtureTrained, evaluation_task
 from stocfl.client.models import FlatModel, build_module, make_model, register_model
@@ -20,6 +21,8 @@ from stocfl.client.training import LocalTraining, local_sgd
 
 __all__ = [
     "ClientData",
+    "Describe",
+    "Described",
     "Evaluate",
     "EvaluateMixture",
     "Evaluated",

@@ -242,6 +242,7 @@ BUILTIN_MESSAGES = (
     "evaluate.mixture",
     "query.gradient",
     "query.subspace",
+    "query.describe",
 )
 
 

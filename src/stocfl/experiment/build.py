@@ -193,6 +193,7 @@ def build_context(
         sample_size=sample_size(cfg, fed),
         aggregator=Aggregator(**cfg.aggregation.model_dump()),
         drift_notice=fed.drift is not None and cfg.scenario.drift_notice,
+        present=None if fed.schedule is None else fed.present,
     )
 
 

@@ -369,6 +369,9 @@ class Experiment:
         heldout, heldout_left = place_heldout(self.algorithm, fed, self.ask)
         if heldout or heldout_left:
             summary["heldout"] = summarize_placements(heldout, self.algorithm.placement, heldout_left)
+        if self.algorithm.places_unlabeled and (heldout or heldout_left):  # test time: no labels (FLUX)
+            rows, left = place_heldout(self.algorithm, fed, self.ask, unlabeled=True)
+            summary["heldout_unlabeled"] = summarize_placements(rows, self.algorithm.placement_unlabeled, left)
         if self.out is not None:
             write_results(
                 self.out,

@@ -28,16 +28,29 @@ NEW_DATA_KEYS = ("scenario.", "run.seed")
 
 
 def place_clients(
-    run_dir: str | Path, overrides: list[str] = (), clients: list[int] | None = None, data_dir: str | None = None
+    run_dir: str | Path,
+    overrides: list[str] = (),
+    clients: list[int] | None = None,
+    data_dir: str | None = None,
+    unlabeled: bool = False,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Place clients on the saved run in ``run_dir``.
 
     Without ``overrides`` the clients are the run's held-out clients (``scenario.holdout``);
     with ``overrides`` (``scenario.*`` keys or ``run.seed``) a new federation is built from the
-    run's scenario so changed and all its clients (or ``clients``) are placed.
-    Returns one row per client and a summary."""
+    run's scenario so changed and all its clients (or ``clients``) are placed. ``unlabeled``:
+    the clients hold no labels (:meth:`~stocfl.algorithms.Algorithm.place_unlabeled`; only
+    for methods that can, FLUX). Returns one row per client and a summary."""
     out = Path(run_dir)
     exp = Experiment.open(out, data_dir)
+    if unlabeled and not exp.algorithm.places_unlabeled:
+        from stocfl.algorithms import ALGORITHMS
+
+        can = ", ".join(n for n, c in ALGORITHMS.items() if c.places_unlabeled)
+        raise UserError(
+            f"--unlabeled: {exp.algorithm.name} places a new client from its labels ({exp.algorithm.placement}); "
+            f"without labels only {can} can place one"
+        )
     fed, executor = exp.fed, exp.executor
     if overrides:
         bad = [o for o in overrides if not o.split("=", 1)[0].startswith(NEW_DATA_KEYS)]
@@ -82,11 +95,12 @@ def place_clients(
     if (k := first_repeated(chosen)) is not None:
         raise UserError(f"client {chosen[k]} is given twice; give each client once (each counts once in the accuracy)")
     ask = checked(executor.execute, fed)
-    placed = exp.algorithm.place_new(list(chosen), ask)
-    check_placements(exp.algorithm, list(chosen), placed)
+    alg = exp.algorithm
+    placed = (alg.place_unlabeled if unlabeled else alg.place_new)(list(chosen), ask)
+    check_placements(alg, list(chosen), placed)
     results = ask([evaluation_task(p.client, p.weights) for p in placed])
-    rows = placement_rows(placed, results, fed.groups, exp.algorithm)
-    return rows, summarize_placements(rows, exp.algorithm.placement)
+    rows = placement_rows(placed, results, fed.groups, alg)
+    return rows, summarize_placements(rows, alg.placement_unlabeled if unlabeled else alg.placement)
 
 
 def _ids(ids: list[int], shown: int = 10) -> str:

@@ -127,14 +127,17 @@ def schedule_summary(fed: Federation, labels: np.ndarray, rows: list[dict[str, A
     return out
 
 
-def place_heldout(algorithm: Algorithm, fed: Federation, run) -> tuple[list[dict[str, Any]], list[int]]:
+def place_heldout(
+    algorithm: Algorithm, fed: Federation, run, unlabeled: bool = False
+) -> tuple[list[dict[str, Any]], list[int]]:
     """Held-out clients as new clients: placement and test accuracy with the chosen model; and
-    the held-out clients that failed to answer (left out)."""
+    the held-out clients that failed to answer (left out). ``unlabeled``: placed without their
+    labels (:meth:`~stocfl.algorithms.Algorithm.place_unlabeled`, for the methods that can)."""
     if not fed.heldout_clients:
         return [], []
 
     def attempt(clients):
-        placed = algorithm.place_new(clients, run)
+        placed = (algorithm.place_unlabeled if unlabeled else algorithm.place_new)(clients, run)
         check_placements(algorithm, clients, placed)
         return placed, run([evaluation_task(p.client, p.weights) for p in placed])
 
