@@ -45,6 +45,7 @@ PARAMS = {
     "pacfl": {"n_clusters": 2},
     "clove": {"max_models": 3},
     "flux": {"warmup_rounds": 1},
+    "cflgp": {"n_models": 2, "period": 1},
     # a variant with a task kind of its own: NAME:VARIANT runs NAME with these parameters
     "cfl:gradients": {"warmup": 0, "eps1": 100.0, "eps2": 0.0, "similarity": "gradients"},
 }

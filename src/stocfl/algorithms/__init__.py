@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from stocfl.algorithms.base import Algorithm, Context, Params, Placement
 from stocfl.algorithms.cfl import CFL
+from stocfl.algorithms.cflgp import CFLGP
 from stocfl.algorithms.clove import CLoVE
 from stocfl.algorithms.ditto import Ditto
 from stocfl.algorithms.fedavg import FedAvg
@@ -21,7 +22,23 @@ from stocfl.errors import UserError, refuse_builtin
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls
-    for cls in (FedAvg, FedProx, StoCFL, Ditto, IFCA, CFL, FLHC, FeSEM, FedEM, FedRC, FedSoft, PACFL, CLoVE, FLUX)
+    for cls in (
+        FedAvg,
+        FedProx,
+        StoCFL,
+        Ditto,
+        IFCA,
+        CFL,
+        FLHC,
+        FeSEM,
+        FedEM,
+        FedRC,
+        FedSoft,
+        PACFL,
+        CLoVE,
+        FLUX,
+        CFLGP,
+    )
 }
 BUILTIN_ALGORITHMS = frozenset(ALGORITHMS)
 
@@ -50,6 +67,7 @@ def algorithm_class(name: str) -> type[Algorithm]:
 __all__ = [
     "ALGORITHMS",
     "CFL",
+    "CFLGP",
     "CLoVE",
     "FLHC",
     "FLUX",
