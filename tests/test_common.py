@@ -50,6 +50,13 @@ PARAMS = {
     "cfl:gradients": {"warmup": 0, "eps1": 100.0, "eps2": 0.0, "similarity": "gradients"},
 }
 VARIANTS = [name for name in PARAMS if ":" in name]
+
+
+def small_settings(name: str) -> list[str]:
+    """``--set`` overrides that run algorithm ``name`` with its PARAMS."""
+    return [f"algorithm.name={name}"] + [f"algorithm.{k}={json.dumps(v)}" for k, v in PARAMS.get(name, {}).items()]
+
+
 SAMPLES = [PARTICIPANTS[0:6], PARTICIPANTS[3:9], PARTICIPANTS[6:12]]
 
 

@@ -25,7 +25,8 @@ from stocfl.experiment import configure, metrics
 from stocfl.experiment.build import build_federation
 from stocfl.experiment.loop import Experiment
 from stocfl.experiment.provenance import config_digest
-from tests.test_common import PARAMS
+from tests.helpers import watch
+from tests.test_common import small_settings
 
 SMALL = ["run.rounds=8", "run.sample_rate=0.25", "scenario.n_clients=24", "scenario.samples_per_client=20"]
 SUDDEN = ["scenario.drift=sudden", "scenario.drift_rounds=[4]"]
@@ -171,20 +172,7 @@ def test_cluster_removal_keeps_every_sum_the_sum_of_its_members():
 
 
 def watched(exp):
-    """Record the clients each round samples and those the algorithm is told changed."""
-    seen: dict[int, dict[str, list[int]]] = {}
-    play, drifted = exp.algorithm.round, exp.algorithm.drifted
-
-    def round_(t, sampled, ask):
-        seen.setdefault(t, {})["sampled"] = list(sampled)
-        return play(t, sampled, ask)
-
-    def drifted_(t, clients, ask):
-        seen.setdefault(t, {})["drifted"] = list(clients)
-        return drifted(t, clients, ask)
-
-    exp.algorithm.round, exp.algorithm.drifted = round_, drifted_
-    return seen
+    return watch(exp, "drifted", "drifted")
 
 
 def evaluated_directly(exp, t):
@@ -206,8 +194,7 @@ def evaluated_directly(exp, t):
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_every_algorithm_runs_on_the_data_each_client_holds_in_the_round(name):
-    sets = [*SMALL, *SUDDEN, f"algorithm.name={name}", "run.eval_every=1"]
-    sets += [f"algorithm.{k}={json.dumps(v)}" for k, v in PARAMS.get(name, {}).items()]
+    sets = [*SMALL, *SUDDEN, *small_settings(name), "run.eval_every=1"]
     exp = Experiment.create(configure.load(overrides=sets), None)
     seen = watched(exp)
     summary = exp.run(progress=False)
@@ -272,8 +259,7 @@ def test_without_the_notice_stocfl_keeps_a_drifted_client_where_it_was():
 
 @pytest.mark.parametrize("name", ["stocfl", "flhc"])
 def test_a_stopped_drifting_run_resumes_to_the_numbers_of_one_in_one_go(tmp_path, name):
-    cfg = [*SMALL, "scenario.drift=recurrent", "scenario.drift_rounds=[3, 6]", f"algorithm.name={name}"]
-    cfg += [f"algorithm.{k}={json.dumps(v)}" for k, v in PARAMS.get(name, {}).items()]
+    cfg = [*SMALL, "scenario.drift=recurrent", "scenario.drift_rounds=[3, 6]", *small_settings(name)]
     one = Experiment.create(configure.load(overrides=cfg), tmp_path / "one")
     one.run(progress=False)
     cut = Experiment.create(configure.load(overrides=cfg), tmp_path / "cut")

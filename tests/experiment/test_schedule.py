@@ -20,7 +20,8 @@ from stocfl.experiment import configure, metrics
 from stocfl.experiment.build import build_federation
 from stocfl.experiment.loop import Experiment
 from stocfl.experiment.provenance import config_digest
-from tests.test_common import PARAMS
+from tests.helpers import watch
+from tests.test_common import small_settings
 
 SCHEDULE = [
     "scenario.present_at_start=0.5",
@@ -115,26 +116,12 @@ def test_a_schedule_changes_the_configs_digest_and_is_refused_beside_a_given_fed
 
 
 def recorded(exp):
-    """Record the clients each round samples and the arrivals the algorithm is told of."""
-    seen: dict[int, dict[str, list[int]]] = {}
-    play, arrive = exp.algorithm.round, exp.algorithm.arrive
-
-    def round_(t, sampled, ask):
-        seen.setdefault(t, {})["sampled"] = list(sampled)
-        return play(t, sampled, ask)
-
-    def arrive_(t, clients, ask):
-        seen.setdefault(t, {})["arrived"] = list(clients)
-        return arrive(t, clients, ask)
-
-    exp.algorithm.round, exp.algorithm.arrive = round_, arrive_
-    return seen
+    return watch(exp, "arrive", "arrived")
 
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_every_algorithm_trains_and_is_scored_over_the_clients_present(name):
-    sets = [*SMALL, *SCHEDULE, f"algorithm.name={name}", "run.eval_every=2"]
-    sets += [f"algorithm.{k}={json.dumps(v)}" for k, v in PARAMS.get(name, {}).items()]
+    sets = [*SMALL, *SCHEDULE, *small_settings(name), "run.eval_every=2"]
     exp = Experiment.create(configure.load(overrides=sets), None)
     seen = recorded(exp)
     summary = exp.run(progress=False)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from stocfl.client.tasks import MAX_ABS, BadResult, ClientData, _count, check_vector, register_task
+from stocfl.client.tasks import MAX_ABS, BadResult, ClientData, _count, check_vector, check_weights, register_task
 from stocfl.errors import UserError
 
 RANDOM_POINTS = 200  # the authors' PCA is fitted on 200 random points
@@ -106,11 +106,7 @@ def projection(d: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 def describe(c: ClientData, t: Describe) -> Described:
     """The reference: one forward pass to the latent over the client's train data, a chunk at a time."""
     model = c.model
-    if t.weights.shape != (model.n_params,):
-        raise UserError(
-            f"describe task for client {t.client}: weights have shape {tuple(t.weights.shape)}, "
-            f"the model has {model.n_params} parameters"
-        )
+    check_weights("describe", t, model.n_params)
     n = len(c.y)
     with torch.no_grad():
         x = model.layout(c.x)

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from stocfl.client.tasks import MAX_ABS, BadResult, ClientData, _count, check_vector, register_task
-from stocfl.errors import UserError
+from stocfl.client.tasks import MAX_ABS, BadResult, ClientData, _count, check_vector, check_weights, register_task
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,11 +34,7 @@ def full_gradient(c: ClientData, t: Gradient) -> Gradiented:
     """The reference: autograd through the model, a chunk of samples at a time, each chunk's
     summed loss so that the chunks add up to the mean."""
     model = c.model
-    if t.weights.shape != (model.n_params,):
-        raise UserError(
-            f"gradient task for client {t.client}: weights have shape {tuple(t.weights.shape)}, "
-            f"the model has {model.n_params} parameters"
-        )
+    check_weights("gradient", t, model.n_params)
     n = len(c.y)
     total = torch.zeros(model.n_params, dtype=torch.float64, device=t.weights.device)
     if n:

@@ -295,12 +295,18 @@ def kind_by_message(message: str) -> TaskKind:
     raise ValueError(f"unknown message type {message!r}")
 
 
-def check_train_task(t: Train, n_params: int) -> None:
+def check_weights(what: str, t, n_params: int) -> None:
+    """A task's ``weights`` must be one flat vector of the model's size: one line naming the task
+    kind (``what``) and the client otherwise."""
     if t.weights.shape != (n_params,):
         raise UserError(
-            f"train task for client {t.client}: weights have shape {tuple(t.weights.shape)}, "
+            f"{what} task for client {t.client}: weights have shape {tuple(t.weights.shape)}, "
             f"the model has {n_params} parameters"
         )
+
+
+def check_train_task(t: Train, n_params: int) -> None:
+    check_weights("train", t, n_params)
 
 
 def train_one(c: ClientData, t: Train) -> Trained:
