@@ -46,6 +46,7 @@ PARAMS = {
     "clove": {"max_models": 3},
     "flux": {"warmup_rounds": 1},
     "cflgp": {"n_models": 2, "period": 1},
+    "srfca": {"init_epochs": 1, "refine_rounds": 1, "size_threshold": 0},
     # a variant with a task kind of its own: NAME:VARIANT runs NAME with these parameters
     "cfl:gradients": {"warmup": 0, "eps1": 100.0, "eps2": 0.0, "similarity": "gradients"},
 }
@@ -226,7 +227,9 @@ def test_every_training_task_carries_the_runs_optimizer(name):
     play(alg, asked)
     trains = [t for t in asked.tasks if isinstance(t, (Train, MixtureTrain))]
     assert trains, f"{name} asked for no training"
-    own = alg.params.cluster_epochs if name == "flhc" else None
+    # a method's own count for one step: FL+HC's clustering step, SR-FCA's INIT
+    own = {"flhc": "cluster_epochs", "srfca": "init_epochs"}.get(name)
+    own = getattr(alg.params, own) if own else None
     for t in trains:
         assert t.local.optimizer == local.optimizer and t.local.batch_size == local.batch_size, (name, t.local)
         assert t.local.epochs in {local.epochs, own}, (name, t.local)

@@ -17,6 +17,7 @@ from stocfl.algorithms.flhc import FLHC
 from stocfl.algorithms.flux import FLUX
 from stocfl.algorithms.ifca import IFCA
 from stocfl.algorithms.pacfl import PACFL
+from stocfl.algorithms.srfca import SRFCA
 from stocfl.algorithms.stocfl.algorithm import StoCFL
 from stocfl.errors import UserError, refuse_builtin
 
@@ -38,6 +39,7 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
         CLoVE,
         FLUX,
         CFLGP,
+        SRFCA,
     )
 }
 BUILTIN_ALGORITHMS = frozenset(ALGORITHMS)
@@ -73,6 +75,7 @@ __all__ = [
     "FLUX",
     "IFCA",
     "PACFL",
+    "SRFCA",
     "Algorithm",
     "Context",
     "Ditto",
