@@ -39,7 +39,11 @@ class SRFCAParams(Params):
         0.0, ge=0, le=1e12, description="lambda: models this close are linked; 0 = the dist_fraction quantile"
     )
     dist_fraction: float = Field(
-        0.3, gt=0, lt=1, description="with threshold 0: lambda is this quantile of the INIT pairwise distances"
+        0.1,
+        gt=0,
+        lt=1,
+        description="with threshold 0: lambda is this quantile of the INIT pairwise distances (below the share "
+        "of pairs within one group: 1/K for K equal groups)",
     )
     size_threshold: int = Field(2, ge=0, le=MAX_COUNT, description="t: clusters of at most t clients are dropped")
     refine_rounds: int = Field(10, ge=1, le=MAX_COUNT, description="FedAvg rounds within clusters per REFINE step")
@@ -87,7 +91,7 @@ class SRFCA(Algorithm):
     init_epochs : int, default 20
     metric : {"cross_entropy", "euclidean"}, default "cross_entropy"
     threshold : float, default 0.0 (the dist_fraction quantile)
-    dist_fraction : float, default 0.3
+    dist_fraction : float, default 0.1
     size_threshold : int, default 2
     refine_rounds : int, default 10
     refine_steps : int, default 2
