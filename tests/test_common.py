@@ -46,7 +46,7 @@ PARAMS = {
     "clove": {"max_models": 3},
     "flux": {"warmup_rounds": 1},
     "cflgp": {"n_models": 2, "period": 1},
-    "srfca": {"init_epochs": 1, "refine_rounds": 1, "size_threshold": 0},
+    "srfca": {"init_epochs": 1, "refine_rounds": 1, "size_threshold": 0, "dist_fraction": 0.5},
     # a variant with a task kind of its own: NAME:VARIANT runs NAME with these parameters
     "cfl:gradients": {"warmup": 0, "eps1": 100.0, "eps2": 0.0, "similarity": "gradients"},
 }

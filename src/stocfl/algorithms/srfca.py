@@ -93,6 +93,7 @@ class SRFCA(Algorithm):
     threshold : float, default 0.0 (the dist_fraction quantile)
     dist_fraction : float, default 0.1
     size_threshold : int, default 2
+        Where INIT leaves no cluster larger than t, none is dropped.
     refine_rounds : int, default 10
     refine_steps : int, default 2
     """
@@ -108,7 +109,7 @@ class SRFCA(Algorithm):
         labels: np.ndarray  # cluster of every client; -1: in none
         models: dict[int, torch.Tensor]  # cluster id -> theta_k (empty until INIT)
         local: ClientStore  # every client's own model from INIT
-        cross: np.ndarray  # (N, N): loss of client j's own model on client i's data (cross_entropy)
+        cross: ClientStore  # row i: the loss of every client's own model on client i's data (cross_entropy)
         threshold: float  # lambda in use
         steps: int  # REFINE steps done
         since: int  # rounds of FedAvg since INIT or the last step
@@ -119,14 +120,16 @@ class SRFCA(Algorithm):
     def __init__(self, params: SRFCAParams, ctx: Context):
         super().__init__(params, ctx)
         n, p = ctx.n_clients, len(ctx.init_weights)
-        if n * p * 4 > 64 << 30:
-            raise UserError(f"srfca keeps every client's own model: {n} x {p} floats need more than 64 GiB")
+        if n * (p + n) * 4 > 64 << 30:
+            raise UserError(
+                f"srfca keeps every client's own model and cross losses: {n} x {p + n} floats need more than 64 GiB"
+            )
         self.state = self.State(
             ctx.init_weights.clone(),
             np.full(n, -1, dtype=np.int64),
             {},
             ClientStore(n, p, ctx.workdir, "srfca_local"),
-            np.zeros((n, n) if params.metric == "cross_entropy" else (0, 0)),  # read only where both own a model
+            ClientStore(n, n if params.metric == "cross_entropy" else 1, ctx.workdir, "srfca_cross"),
             0.0,
             0,
             0,
@@ -142,7 +145,7 @@ class SRFCA(Algorithm):
         if self.params.metric == "euclidean":
             w = torch.stack([self.state.local.get(i) for i in who]).double()
             return torch.cdist(w, w).numpy()
-        c = self.state.cross[np.ix_(who, who)]
+        c = self.cross_losses(who, who)
         return (c + c.T) / 2
 
     def to_clusters(self, who: list[int], ask: AskClients) -> tuple[list[int], np.ndarray]:
@@ -158,7 +161,7 @@ class SRFCA(Algorithm):
             mine = set(who)
             members = np.array([j for j in np.flatnonzero(self.state.labels == k) if j in mine], dtype=np.int64)
             cols = np.asarray(who, dtype=np.int64)
-            own_on_members = self.state.cross[np.ix_(members, cols)].mean(0) if len(members) else theta_on_i[:, c]
+            own_on_members = self.cross_losses(members, cols).mean(0) if len(members) else theta_on_i[:, c]
             out[:, c] = (theta_on_i[:, c] + own_on_members) / 2
         return ids, out
 
@@ -172,6 +175,13 @@ class SRFCA(Algorithm):
         lab = self.state.labels[who]
         on = np.stack([loss[lab == k].mean(0) for k in ids])  # on[a, b]: model b on cluster a's clients
         return (on + on.T) / 2
+
+    def cross_losses(self, rows, cols) -> np.ndarray:
+        """cross[i, j] for i in ``rows``, j in ``cols``: client j's own model's loss on client i's data."""
+        cols = np.asarray(cols, dtype=np.int64)
+        return np.stack([self.state.cross.get(int(i)).double().numpy()[cols] for i in rows]).reshape(
+            len(rows), len(cols)
+        )
 
     def order(self, n: int, salt: int) -> np.ndarray:
         return np.random.default_rng([self.ctx.seed, 11, salt]).permutation(n)
@@ -189,11 +199,16 @@ class SRFCA(Algorithm):
             return {"clustered": 0}
         s.local.write({i: r.weights for i, r in zip(who, trained)})
         if p.metric == "cross_entropy":
-            s.cross[np.ix_(who, who)] = train_losses(who, [r.weights for r in trained], ask)
+            losses = train_losses(who, [r.weights for r in trained], ask)  # (i, j): model of who[j] on who[i]
+            rows = np.zeros((len(who), self.ctx.n_clients), dtype=np.float32)
+            rows[:, who] = losses
+            s.cross.write({i: torch.from_numpy(row) for i, row in zip(who, rows)})
         d = self.client_distances(who)
         upper = d[np.triu_indices(len(who), 1)]
         s.threshold = p.threshold or (float(np.quantile(upper, p.dist_fraction)) if len(upper) else 0.0)
         clusters = pivot_clusters(d <= s.threshold, self.order(len(who), 0), p.size_threshold)
+        if not clusters:  # every cluster at most t clients: none dropped (the authors' code stops here)
+            clusters = pivot_clusters(d <= s.threshold, self.order(len(who), 0), 0)
         for members in clusters:
             k, s.next_id = s.next_id, s.next_id + 1
             ids = [who[m] for m in members]
