@@ -19,7 +19,7 @@ from pathlib import Path
 
 from stocfl.experiment.compare import compare
 
-METHODS = ["stocfl", "ifca n_models=4", "ditto", "cfl", "fedavg", "flhc", "clove"]
+METHODS = ["stocfl", "ifca n_models=4", "ditto", "cfl", "fedavg", "flhc", "clove", "cflgp", "srfca", "flux"]
 STUDIES = {
     # name: (overrides, methods, seeds)
     "rotated-sudden": ([], METHODS, [0, 1, 2]),
