@@ -90,3 +90,21 @@ def test_a_merge_keeps_every_member_and_weights_models_by_members():
     assert sorted(s.models) == [0, 7]
     assert torch.allclose(s.models[0], (3 * a + 1 * b) / 4)
     assert s.labels[:6].tolist() == [0, 0, 0, 0, 7, 7] and (s.labels[6:] == -1).all()
+
+
+def test_a_client_whose_data_changed_trains_its_own_model_anew():
+    sets = [*SETTING, "run.rounds=6", "scenario.drift=sudden", "scenario.drift_rounds=[4]"]
+    exp = Experiment.create(configure.load(overrides=sets), None)
+    s = exp.algorithm.state
+    exp.run(progress=False, stop_after=3)
+    before = {i: s.local.get(i).clone() for i in range(16)}
+    exp.run(progress=False)
+    moved = exp.rows[3]["drifted"]
+    assert moved and exp.rows[3]["own_models_retrained"] == len(moved)
+    for i in range(16):
+        assert torch.equal(s.local.get(i), before[i]) == (i not in moved)
+    alg, ask = exp.algorithm, exp.ask
+    i, j = moved[0], next(k for k in range(16) if k not in moved)
+    (li,) = ask([Evaluate(i, s.local.get(j), "train")])  # j's model on i's new data
+    (lj,) = ask([Evaluate(j, s.local.get(i), "train")])  # i's new model on j's data
+    assert abs(alg.client_distances([i, j])[0, 1] - (li.loss + lj.loss) / 2) < 1e-5

@@ -263,6 +263,33 @@ class SRFCA(Algorithm):
             merges += len(parts) - 1
         return merges
 
+    def drifted(self, round_: int, clients: list[int], ask: AskClients) -> dict[str, Any]:
+        """A client whose data changed trains its own model anew (INIT for it alone), its cross
+        losses with the clients present are taken again, and it joins the cluster model of
+        lowest train loss; later reclusterings use the new own model."""
+        p, s = self.params, self.state
+        if not s.models:
+            return {}  # INIT has not run: it will meet the new data
+        mine = [i for i in clients if i in s.local]
+        if not mine:
+            return {}
+        trained = ask([self.local_training(round_, i, s.w, purpose=7, epochs=p.init_epochs) for i in mine])
+        s.local.write({i: r.weights for i, r in zip(mine, trained)})
+        if p.metric == "cross_entropy":
+            who = [i for i in self.ctx.present_at(round_) if i in s.local]
+            models = [s.local.get(j) for j in who]
+            on_new = train_losses(mine, models, ask)  # (mine, who): every own model on the new data
+            new_on = train_losses(who, [r.weights for r in trained], ask)  # (who, mine): new models on theirs
+            rows = {i: s.cross.get(i).clone() for i in set(who) | set(mine)}
+            for a, i in enumerate(mine):
+                rows[i][who] = torch.from_numpy(on_new[a]).float()
+            for b, j in enumerate(who):
+                rows[j][mine] = torch.from_numpy(new_on[b]).float()
+            s.cross.write(rows)
+        for pl in self.place_new(mine, ask):
+            s.labels[pl.client] = pl.cluster
+        return {"own_models_retrained": len(mine)}
+
     def round(self, round_: int, sampled: list[int], ask: AskClients) -> dict[str, Any]:
         s = self.state
         if not s.models:
