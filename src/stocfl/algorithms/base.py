@@ -323,8 +323,8 @@ class Algorithm:
 
 
 class OneShotClusters(Algorithm):
-    """What methods that cluster their clients once and then run FedAvg per cluster share (FL+HC,
-    PACFL): ``self.state`` has ``w`` (the model before clustering, the stand-in global model),
+    """What methods that cluster their clients and then run FedAvg per cluster share (FL+HC,
+    PACFL, FLUX, SR-FCA): ``self.state`` has ``w`` (the model before clustering, the stand-in global model),
     ``labels`` (every client's cluster, -1 = not placed) and ``models`` (cluster id -> model,
     empty until the clustering step). A client not placed when it is sampled or evaluated is
     placed by the subclass's :meth:`place_new`."""

@@ -173,7 +173,8 @@ class CFLGP(Algorithm):
         profiled = [i for i in sampled if partition or s.seen[i] == 0]
         ids = sorted(s.models)
         tasks = [self.local_training(round_, i, s.models[k], purpose=k) for i in profiled for k in ids]
-        own = [i for i in sampled if i not in set(profiled)]
+        fresh = set(profiled)
+        own = [i for i in sampled if i not in fresh]
         tasks += [self.local_training(round_, i, s.models[int(s.labels[i])], purpose=int(s.labels[i])) for i in own]
         results = ask(tasks)
         trained: dict[tuple[int, int], Any] = {}

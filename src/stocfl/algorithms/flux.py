@@ -193,7 +193,8 @@ class FLUX(OneShotClusters):
             self.state.models[int(c)] = self.aggregate(mine, w)
             self.state.centroids[int(c)] = torch.from_numpy(scaled[labels == c].mean(0))
         # the authors' code then places every other client at once, from its descriptor
-        others = [i for i in self.ctx.present_at(round_) if i not in set(sampled)]
+        chosen = set(sampled)
+        others = [i for i in self.ctx.present_at(round_) if i not in chosen]
         placed, found = without_dropped(others, lambda c: self.place_new(c, ask), "FLUX's descriptor query")
         for p in found:
             self.state.labels[p.client] = p.cluster

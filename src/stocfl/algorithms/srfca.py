@@ -14,6 +14,7 @@ from stocfl.algorithms.base import (
     Algorithm,
     AskClients,
     Context,
+    OneShotClusters,
     Params,
     Placement,
     mean_model,
@@ -66,7 +67,7 @@ def pivot_clusters(linked: np.ndarray, order: np.ndarray, size_threshold: int) -
     return [c for c in out if len(c) > size_threshold]
 
 
-class SRFCA(Algorithm):
+class SRFCA(OneShotClusters):
     """INIT, in round 1: every participant present trains its own model from w_0 for
     ``init_epochs`` epochs; the server links two clients whose models are within lambda
     (``metric``; ``threshold``, or the ``dist_fraction`` quantile of the pairwise distances) and
@@ -294,38 +295,20 @@ class SRFCA(Algorithm):
         s = self.state
         if not s.models:
             return self.init(round_, ask)
-        for pl in self.place_new([i for i in sampled if s.labels[i] < 0], ask):  # arrivals, dropped ones
-            s.labels[pl.client] = pl.cluster
-        members = list(sampled)
-        results = ask([self.local_training(round_, i, s.models[int(s.labels[i])]) for i in members])
-        for k in list(s.models):
-            mine = [r for i, r in zip(members, results) if s.labels[i] == k]
-            if mine:
-                s.models[k] = self.aggregate(mine, s.models[k])
+        self.train_clusters(round_, sampled, ask)  # clients in no cluster first placed by lowest loss
         s.since += 1
         if s.steps < self.params.refine_steps and s.since >= self.params.refine_rounds:
             return self.refine(ask)
         return {}
+
+    # arrivals are met when sampled (train_clusters), not placed on arrival as the one-shot methods do
+    arrive = Algorithm.arrive
 
     # ---- what users see ----------------------------------------------------------------------
     def global_model(self) -> torch.Tensor:
         return (
             mean_model([self.state.models[k] for k in sorted(self.state.models)]) if self.state.models else self.state.w
         )
-
-    def client_models(self, clients: list[int], ask: AskClients) -> list[torch.Tensor]:
-        s = self.state
-        if not s.models:
-            return [s.w] * len(clients)
-        late = [i for i in clients if s.labels[i] < 0]
-        placed = {p.client: p.cluster for p in self.place_new(late, ask)} if late else {}
-        return [s.models[placed[i] if i in placed else int(s.labels[i])] for i in clients]
-
-    def cluster_labels(self) -> np.ndarray:
-        return self.state.labels.copy() if self.state.models else super().cluster_labels()
-
-    def cluster_models(self) -> dict[int, torch.Tensor]:
-        return dict(self.state.models)
 
     def place_new(self, clients: list[int], ask: AskClients) -> list[Placement]:
         if not self.state.models:

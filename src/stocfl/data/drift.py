@@ -61,6 +61,18 @@ class Drift:
         n = len(self.start)
         return {(int(i), int(k)): n + s for s, (i, k) in enumerate(self.pairs)}
 
+    @functools.cached_property
+    def cohorts(self) -> dict[str, list[int]]:
+        """The clients that change concept at each drift round (key ``"<round>"``) and those
+        that never do (``"steady"``)."""
+        out: dict[str, set[int]] = {}
+        for r, i, _ in self.changes:
+            out.setdefault(str(int(r)), set()).add(int(i))
+        moving = {int(i) for i in self.changes[:, 1]}
+        cohorts = {r: sorted(c) for r, c in out.items()}
+        cohorts["steady"] = [i for i in range(len(self.start)) if i not in moving]
+        return cohorts
+
     @property
     def rounds(self) -> list[int]:
         """The rounds at which some client changes concept."""

@@ -167,6 +167,11 @@ def build(
         Clients whose data change concept at ``drift_rounds`` (:mod:`stocfl.data.drift`):
         ``drift_share`` of each group's participants, on the scenarios of :data:`DRIFTING`.
     """
+    if drift and name not in DRIFTING:  # before any data is read
+        raise UserError(
+            f"config: scenario.drift: scenario {name!r} cannot drift; a drifting client keeps its samples "
+            f"under another group's transformation, which needs one of {', '.join(DRIFTING)}"
+        )
     src = dataset if isinstance(dataset, Dataset) else load_dataset(dataset, data_dir)
     rng = np.random.default_rng(seed)
     if n_clients < 1 or samples_per_client < 1 or test_per_client < 0:
@@ -191,11 +196,6 @@ def build(
     if holdout > 0:
         fed.heldout = _holdout(fed, holdout, np.random.default_rng([seed, 2]))
     if drift:
-        if name not in DRIFTING:
-            raise UserError(
-                f"config: scenario.drift: scenario {name!r} cannot drift; a drifting client keeps its samples "
-                f"under another group's transformation, which needs one of {', '.join(DRIFTING)}"
-            )
         fed.drift = _drifting(fed, groups, sources, drift, drift_rounds, drift_share, seed)
     return fed
 

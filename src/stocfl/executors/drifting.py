@@ -27,12 +27,14 @@ class Drifting:
 
     def __init__(self, execute: Callable[[list[Any]], list[Any]], drift: Drift, t: int):
         self.inner, self.drift = execute, drift
+        self.t: int | None = None
         self.at(t)
 
     def at(self, t: int) -> None:
         """Run the tasks that follow on the data of round ``t``."""
-        self.t = t
-        self.slots: np.ndarray = self.drift.slots(t)
+        if t != self.t:
+            self.t = t
+            self.slots: np.ndarray = self.drift.slots(t)
 
     def __call__(self, tasks: list[Any]) -> list[Any]:
         client_of: dict[int, int] = {}

@@ -234,7 +234,11 @@ def build_run(
     model, w0, module = build_model(cfg, fed, module, loss)
     engine = cfg.run.engine  # given an executor (Flower's): the engine it serves
     if executor is None:
-        executor = make_executor(cfg.run.engine, fed.engine_federation(), model, cfg)
+        engine_fed = fed.engine_federation()
+        if engine_fed is not fed:  # its first slots are the clients' own data: hold them once, as views
+            fed.x_train, fed.y_train = engine_fed.x_train[: len(fed.y_train)], engine_fed.y_train[: len(fed.y_train)]
+            fed.x_test, fed.y_test = engine_fed.x_test[: len(fed.y_test)], engine_fed.y_test[: len(fed.y_test)]
+        executor = make_executor(cfg.run.engine, engine_fed, model, cfg)
         engine = executor.name  # auto: the one it chose
     elif fed.drift is not None:
         raise UserError(

@@ -299,7 +299,8 @@ class Experiment:
             t = self.round + 1
             schedule, pool, drift = self.fed.schedule, self.fed.participants, self.fed.drift
             arriving = [] if schedule is None else schedule.joining(t, pool)
-            changed = [] if drift is None else drift.changing(t, self.fed.present(t))
+            present = self.fed.present(t)
+            changed = [] if drift is None else drift.changing(t, present)
             if self.drifting is not None:
                 self.drifting.at(t)
             told = [i for i in changed if i not in arriving] if self.algorithm.ctx.drift_notice else []
@@ -316,7 +317,6 @@ class Experiment:
                 if drift is not None:  # each drift cohort's accuracy on the data it holds now
                     row.update(metrics.cohort_accuracy(self.last_eval, drift))
             labels = check_labels(self.algorithm)
-            present = self.fed.present(t)
             groups = self.fed.groups_at(t)
             row.update(metrics.clustering_scores(labels, groups, present, self.label_dists))
             if self.fed.mixtures is not None:  # a scenario of mixed clients: how far the found shares are

@@ -165,22 +165,13 @@ def arrivals(
     return out
 
 
-def drift_cohorts(drift) -> dict[str, list[int]]:
-    """The clients that change concept at each drift round (key ``"<round>"``) and those that never
-    do (``"steady"``)."""
-    out = {str(r): sorted({int(i) for rr, i, _ in drift.changes if rr == r}) for r in drift.rounds}
-    moving = {int(i) for i in drift.changes[:, 1]}
-    out["steady"] = [i for i in range(len(drift.start)) if i not in moving]
-    return out
-
-
 def cohort_accuracy(evals: dict, drift) -> dict[str, float | None]:
-    """Accuracy pooled over samples of each drift cohort (:func:`drift_cohorts`) among the
+    """Accuracy pooled over samples of each drift cohort (:attr:`~stocfl.data.drift.Drift.cohorts`) among the
     clients evaluated, each on the data it holds in the round: ``accuracy_drift_<r>`` for the
     clients that change at round r, ``accuracy_steady`` for those that never change (None: none
     of them evaluated)."""
     out = {}
-    for key, clients in drift_cohorts(drift).items():
+    for key, clients in drift.cohorts.items():
         res = [evals[i] for i in clients if i in evals]
         n = sum(r.n_samples for r in res)
         out["accuracy_steady" if key == "steady" else f"accuracy_drift_{key}"] = (

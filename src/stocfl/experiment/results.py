@@ -83,7 +83,7 @@ def drift_summary(drift, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """A drifting federation: per change round, the clients that changed and how their accuracy
     came through it (:func:`stocfl.experiment.metrics.recovery`, within RECOVERY_TOLERANCE),
     and the clients that never changed at the end."""
-    cohorts = metrics.drift_cohorts(drift)
+    cohorts = drift.cohorts
     rounds = drift.rounds
     changes = {}
     for k, r in enumerate(rounds):  # until the same clients change again (recurrent: back)
