@@ -19,7 +19,7 @@ from pathlib import Path
 
 from stocfl.experiment.compare import compare
 
-METHODS = ["stocfl", "ifca n_models=4", "ditto", "cfl", "fedavg", "flhc", "clove", "cflgp", "srfca", "flux"]
+METHODS = ["stocfl", "ifca n_models=4", "ditto", "cfl", "fedavg", "flhc", "clove", "cflgp", "srfca", "flux", "fedccfa"]
 STUDIES = {
     # name: (overrides, methods, seeds)
     "rotated-sudden": ([], METHODS, [0, 1, 2]),

@@ -18,6 +18,7 @@ from stocfl.algorithms.aggregation import Aggregator
 from stocfl.client.mixture import Mixture, MixtureTrain, evaluation_task
 from stocfl.client.models import FlatModel, build_module, make_model
 from stocfl.client.optim import Optimizer
+from stocfl.client.split import SplitTrain
 from stocfl.client.tasks import ClientsDropped, Train
 from stocfl.client.training import LocalTraining
 from stocfl.data.datasets import load_dataset
@@ -46,6 +47,7 @@ PARAMS = {
     "clove": {"max_models": 3},
     "flux": {"warmup_rounds": 1},
     "cflgp": {"n_models": 2, "period": 1},
+    "fedccfa": {"align_after": 1, "balanced_epochs": 2},
     "srfca": {"init_epochs": 1, "refine_rounds": 1, "size_threshold": 0, "dist_fraction": 0.5},
     # a variant with a task kind of its own: NAME:VARIANT runs NAME with these parameters
     "cfl:gradients": {"warmup": 0, "eps1": 100.0, "eps2": 0.0, "similarity": "gradients"},
@@ -226,11 +228,21 @@ def test_every_training_task_carries_the_runs_optimizer(name):
     asked = Asked(EXECUTORS["loopback"]())
     play(alg, asked)
     trains = [t for t in asked.tasks if isinstance(t, (Train, MixtureTrain))]
+    # FedCCFA's split step: [train] is its feature extractor's phase; its classifier phases
+    # share the optimizer and batch size, with the epochs and rates its paper sets
+    for t in [t for t in asked.tasks if isinstance(t, SplitTrain)]:
+        assert t.body == local, (name, t.body)
+        for phase in (t.head, t.balanced):
+            assert phase.batch_size == local.batch_size and phase.optimizer.momentum == 0.9, (name, phase)
+            assert phase.optimizer.weight_decay == 1e-3, (name, phase)
+        trains.append(t)
     assert trains, f"{name} asked for no training"
     # a method's own count for one step: FL+HC's clustering step, SR-FCA's INIT
     own = {"flhc": "cluster_epochs", "srfca": "init_epochs"}.get(name)
     own = getattr(alg.params, own) if own else None
     for t in trains:
+        if isinstance(t, SplitTrain):
+            continue
         assert t.local.optimizer == local.optimizer and t.local.batch_size == local.batch_size, (name, t.local)
         assert t.local.epochs in {local.epochs, own}, (name, t.local)
     if name == "flhc":

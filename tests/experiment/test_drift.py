@@ -257,7 +257,7 @@ def test_without_the_notice_stocfl_keeps_a_drifted_client_where_it_was():
     assert "drift_reclustered" not in exp.rows[3] and exp.rows[-1]["ari"] < before["ari"]
 
 
-@pytest.mark.parametrize("name", ["stocfl", "flhc"])
+@pytest.mark.parametrize("name", ["stocfl", "flhc", "fedccfa"])
 def test_a_stopped_drifting_run_resumes_to_the_numbers_of_one_in_one_go(tmp_path, name):
     cfg = [*SMALL, "scenario.drift=recurrent", "scenario.drift_rounds=[3, 6]", *small_settings(name)]
     one = Experiment.create(configure.load(overrides=cfg), tmp_path / "one")

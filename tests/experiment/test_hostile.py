@@ -14,6 +14,7 @@ from stocfl.algorithms.stocfl.representation import Represented
 from stocfl.client.descriptor import Described
 from stocfl.client.gradient import Gradiented
 from stocfl.client.mixture import MixtureTrained
+from stocfl.client.split import SplitTrained
 from stocfl.client.subspace import Subspaced
 from stocfl.client.tasks import ClientsDropped, Evaluated, Trained
 from stocfl.executors import SequentialExecutor
@@ -136,6 +137,27 @@ CASES = {
         "clove max_models=3",
         Evaluated,
         lambda r: Evaluated(float("nan"), r.correct, r.n_samples),
+    ),
+    # FedCCFA's train.split reply: a model, a balanced classifier, class anchors and label counts
+    "a balanced classifier of 1e30 to stand apart": (
+        "fedccfa align_after=1",
+        SplitTrained,
+        lambda r: SplitTrained(r.weights, r.balanced_head * 1e30, r.prototypes, r.label_counts, r.n_samples),
+    ),
+    "anchors of NaN": (
+        "fedccfa align_after=1",
+        SplitTrained,
+        lambda r: SplitTrained(r.weights, r.balanced_head, r.prototypes * float("nan"), r.label_counts, r.n_samples),
+    ),
+    "label counts that hide the client's data": (
+        "fedccfa align_after=1",
+        SplitTrained,
+        lambda r: SplitTrained(r.weights, r.balanced_head, r.prototypes, r.label_counts * 0, r.n_samples),
+    ),
+    "a split model one entry short": (
+        "fedccfa align_after=1",
+        SplitTrained,
+        lambda r: SplitTrained(r.weights[:-1], r.balanced_head, r.prototypes, r.label_counts, r.n_samples),
     ),
     "mixture evaluation correct > n_samples": (
         "fedem",

@@ -8,6 +8,7 @@ from stocfl.algorithms.cflgp import CFLGP
 from stocfl.algorithms.clove import CLoVE
 from stocfl.algorithms.ditto import Ditto
 from stocfl.algorithms.fedavg import FedAvg
+from stocfl.algorithms.fedccfa import FedCCFA
 from stocfl.algorithms.fedem import FedEM
 from stocfl.algorithms.fedprox import FedProx
 from stocfl.algorithms.fedrc import FedRC
@@ -40,6 +41,7 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
         FLUX,
         CFLGP,
         SRFCA,
+        FedCCFA,
     )
 }
 BUILTIN_ALGORITHMS = frozenset(ALGORITHMS)
@@ -72,6 +74,7 @@ __all__ = [
     "CFLGP",
     "CLoVE",
     "FLHC",
+    "FedCCFA",
     "FLUX",
     "IFCA",
     "PACFL",

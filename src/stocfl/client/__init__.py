@@ -5,6 +5,7 @@ from stocfl.client.gradient import Gradient, Gradiented
 from stocfl.client.mixture import EvaluateMixture, Mixture, MixtureTrain, MixtureTrained, evaluation_task
 from stocfl.client.models import FlatModel, build_module, make_model, register_model
 from stocfl.client.optim import Optimizer
+from stocfl.client.split import SplitTrain, SplitTrained
 from stocfl.client.subspace import Subspace, Subspaced
 from stocfl.client.tasks import (
     ClientData,
@@ -34,6 +35,8 @@ __all__ = [
     "MixtureTrain",
     "MixtureTrained",
     "Optimizer",
+    "SplitTrain",
+    "SplitTrained",
     "Subspace",
     "Subspaced",
     "Train",

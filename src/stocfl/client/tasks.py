@@ -243,6 +243,7 @@ BUILTIN_MESSAGES = (
     "query.gradient",
     "query.subspace",
     "query.describe",
+    "train.split",
 )
 
 
