@@ -49,7 +49,6 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from pydantic import ConfigDict, Field
-from sklearn.cluster import DBSCAN
 
 from stocfl.algorithms.base import Algorithm, AskClients, Context, Params, Placement
 from stocfl.bounds import MAX_WEIGHT
@@ -202,6 +201,8 @@ class FedCCFA(Algorithm):
     def merge_groups(self, balanced: torch.Tensor) -> list[tuple[int, list[int]]]:
         """(class, members) for every group of two or more of the round's clients (indices into
         it) whose balanced classifier rows for that class DBSCAN puts together on MADD."""
+        from sklearn.cluster import DBSCAN  # here: scikit-learn's import costs a second at every start
+
         if len(balanced) < 3:
             return []
         rows = self.split.rows(balanced)
