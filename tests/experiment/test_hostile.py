@@ -263,3 +263,51 @@ def test_a_second_node_claiming_a_served_client_is_refused(monkeypatch):
     grid.online = [2, 3, 4]  # node 1 offline
     ex.refresh()
     assert ex.node_of == {0: 4, 1: 2, 2: 3}
+
+
+@pytest.mark.parametrize(
+    "claims",
+    [[1000, 1001], [-1], [10**6], [float("inf")], [3.7], ["1"]],
+    ids=["ids beyond the federation", "-1", "10**6", "inf", "3.7", "a string"],
+)
+def test_a_claim_outside_the_federation_is_refused_and_never_counts_toward_the_quorum(monkeypatch, claims):
+    """One node claiming client ids the federation does not hold (N = 2), with no honest node
+    online: the run does not start (it used to start at once and finish with every client
+    dropped); with the honest nodes online their clients are served and the liar gets nothing."""
+    from types import SimpleNamespace
+
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from stocfl.errors import UserError
+    from stocfl.flower.engine import FlowerExecutor
+
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+
+    class Grid:
+        def __init__(self, online):
+            self.online, self.claims, self.pending = online, {7: claims, 1: [0], 2: [1]}, {}
+
+        def get_node_ids(self):
+            return list(self.online)
+
+        def push_messages(self, messages):
+            for m in messages:
+                self.pending[f"m{len(self.pending)}"] = m
+            return [f"m{k}" for k in range(len(self.pending) - len(messages), len(self.pending))]
+
+        def pull_messages(self, ids):
+            return [
+                SimpleNamespace(
+                    metadata=SimpleNamespace(reply_to_message_id=i),
+                    has_error=lambda: False,
+                    content={"client": {"client_ids": self.claims[self.pending[i].metadata.dst_node_id]}},
+                )
+                for i in ids
+            ]
+
+    with pytest.raises(UserError, match="only 0 of 2"):
+        FlowerExecutor(Grid([7]), timeout=1, n_clients=2).connect(2, wait=0.5)
+    ex = FlowerExecutor(Grid([7, 1, 2]), timeout=1, n_clients=2).connect(2, wait=0.5)
+    assert ex.node_of == {0: 1, 1: 2} and 7 in ex.refusals

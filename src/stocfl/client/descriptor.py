@@ -159,4 +159,11 @@ def check_described(t: Describe, r: Described, train_size: int, test_size: int) 
     return Described(d, r.n_samples)
 
 
-register_task(Describe, Described, describe, "query.describe", check_described)
+register_task(
+    Describe,
+    Described,
+    describe,
+    "query.describe",
+    check_described,
+    reply_size=lambda t: descriptor_size(t.dim, t.n_classes, t.labelled),
+)

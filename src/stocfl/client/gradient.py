@@ -58,4 +58,6 @@ def check_gradiented(t: Gradient, r: Gradiented, train_size: int, test_size: int
     return Gradiented(g, r.n_samples)
 
 
-register_task(Gradient, Gradiented, full_gradient, "query.gradient", check_gradiented)
+register_task(
+    Gradient, Gradiented, full_gradient, "query.gradient", check_gradiented, reply_size=lambda t: t.weights.numel()
+)

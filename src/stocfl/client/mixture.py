@@ -272,5 +272,15 @@ def check_mixture_evaluated(t: EvaluateMixture, r: Evaluated, train_size: int, t
     return check_evaluated(Evaluate(t.client, t.models, t.split), r, train_size, test_size)
 
 
-register_task(MixtureTrain, MixtureTrained, mixture_train, "train.mixture", check_mixture_trained)
-register_task(EvaluateMixture, Evaluated, evaluate_mixture, "evaluate.mixture", check_mixture_evaluated)
+# a reply: K models, K weights and K x C label masses, C below a model's size
+register_task(
+    MixtureTrain,
+    MixtureTrained,
+    mixture_train,
+    "train.mixture",
+    check_mixture_trained,
+    reply_size=lambda t: 2 * t.models.numel() + len(t.models),
+)
+register_task(
+    EvaluateMixture, Evaluated, evaluate_mixture, "evaluate.mixture", check_mixture_evaluated, reply_size=lambda t: 0
+)

@@ -347,6 +347,13 @@ def madd(vectors: torch.Tensor) -> torch.Tensor:
     return d.fill_diagonal_(0.0)
 
 
-register_task(SplitTrain, SplitTrained, split_train, "train.split", check_split_trained)
+register_task(
+    SplitTrain,
+    SplitTrained,
+    split_train,
+    "train.split",
+    check_split_trained,
+    reply_size=lambda t: t.weights.numel() + t.balanced_head.numel() + t.anchors.numel() + t.anchor_mask.numel(),
+)
 
 __all__ = ["Split", "SplitTrain", "SplitTrained", "madd"]

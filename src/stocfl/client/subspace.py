@@ -86,4 +86,11 @@ def check_subspaced(t: Subspace, r: Subspaced, train_size: int, test_size: int) 
     return Subspaced(b, int(k), r.n_samples)
 
 
-register_task(Subspace, Subspaced, subspace_one, "query.subspace", check_subspaced)
+register_task(
+    Subspace,
+    Subspaced,
+    subspace_one,
+    "query.subspace",
+    check_subspaced,
+    reply_size=lambda t: t.n_classes * t.n_basis * t.dim,
+)

@@ -221,7 +221,9 @@ class TaskKind:
     """A client computation: ``reference(client_data, task) -> result`` is its reference function
     (what every engine runs, unless it has a faster path); ``check``
     validates a reply (default :func:`check_any`); ``batched(executor, tasks)``, when given, is
-    a vectorised version the batched executor uses; ``message`` is its Flower message type."""
+    a vectorised version the batched executor uses; ``message`` is its Flower message type;
+    ``reply_size(task)`` bounds the numbers a reply to ``task`` may carry in its tensors, which
+    a decoder checks before it reads them (default :func:`default_reply_size`)."""
 
     task: type
     result: type
@@ -229,6 +231,17 @@ class TaskKind:
     message: str
     check: Callable[[Any, Any, int, int], Any] | None = None
     batched: Callable[[Any, list], list] | None = None
+    reply_size: Callable[[Any], int] | None = None
+
+    def max_reply(self, task) -> int:
+        """The most numbers a reply to ``task`` may carry in its tensors."""
+        return int((self.reply_size or default_reply_size)(task))
+
+
+def default_reply_size(task) -> int:
+    """A kind registered without ``reply_size``: twice the numbers its task carries, plus 2^16."""
+    carried = sum(v.numel() for f in fields(task) if isinstance(v := getattr(task, f.name), torch.Tensor))
+    return 2 * carried + 2**16
 
 
 KINDS: dict[type, TaskKind] = {}
@@ -254,6 +267,7 @@ def register_task(
     message: str | None = None,
     check: Callable | None = None,
     batched: Callable | None = None,
+    reply_size: Callable | None = None,
 ) -> TaskKind:
     """Register a task kind (see :class:`TaskKind`). ``task`` and ``result`` are dataclasses; a
     task has a field ``client``. ``message`` defaults to ``query.<task name in lower case>``."""
@@ -276,7 +290,7 @@ def register_task(
     taken = [k for k in KINDS.values() if k.message == message and k.task is not task]
     if taken:
         raise UserError(f"register_task: message type {message!r} is taken by {taken[0].task.__name__}")
-    KINDS[task] = TaskKind(task, result, reference, message, check, batched)
+    KINDS[task] = TaskKind(task, result, reference, message, check, batched, reply_size)
     return KINDS[task]
 
 
@@ -345,8 +359,8 @@ def evaluate_one(c: ClientData, t: Evaluate) -> Evaluated:
     return evaluate_pooled(c.model, t.weights, [c.split(t.split)])[0]
 
 
-register_task(Train, Trained, train_one, "train", check_trained)
-register_task(Evaluate, Evaluated, evaluate_one, "evaluate", check_evaluated)
+register_task(Train, Trained, train_one, "train", check_trained, reply_size=lambda t: t.weights.numel())
+register_task(Evaluate, Evaluated, evaluate_one, "evaluate", check_evaluated, reply_size=lambda t: 0)
 
 Task = Any  # an instance of a registered task kind
 Reply = Any  # what a client sends back: an instance of its task kind's result type

@@ -12,10 +12,21 @@ of each result. Every value is read back by its field's type: a number where an 
 belongs, a string outside a Literal's values, NaN or inf in a tensor, a tensor of the wrong
 shape class, a missing field or another client's id is a :class:`BadReply`. Replies are then
 checked against the task (``stocfl.client.tasks.check_result``) before any algorithm sees them.
+
+Decoding a reply cannot raise anything but :class:`BadReply` and never allocates more than the
+task allows: a client id must be an integer (a float only if whole and finite; never a string,
+bytes or bool); a tensor's bytes are read by one bounded parser that takes the npy header
+apart before any allocation (format 1.0 or 2.0, a real integer or floating dtype of at most
+8 bytes, little-endian or single-byte; no object, bool, complex, string, date or structured
+dtype), refuses a declared size beyond what the task kind allows a reply
+(``TaskKind.max_reply``, summed over the reply's tensors) or bytes that do not match the header
+exactly, and only then views the bytes; anything else that goes wrong while reading is a
+BadReply too.
 """
 
 from __future__ import annotations
 
+import io
 import math
 import typing
 from dataclasses import MISSING, dataclass, fields, is_dataclass
@@ -126,8 +137,65 @@ def _value(spec: _Field, key: str, v):
     return v
 
 
-def _read(cls: type, arrays: ArrayRecord, values: ConfigRecord, prefix: str = ""):
-    """An instance of ``cls`` from its records, each value checked against its field's type."""
+NUMBER_KINDS = "iuf"  # signed and unsigned integers, floats
+NPY_VERSIONS = ((1, 0), (2, 0))
+
+
+class _Budget:
+    """The numbers a reply's tensors may still carry."""
+
+    def __init__(self, left: int):
+        self.left = left
+
+    def take(self, count: int, key: str) -> None:
+        if count > self.left:
+            raise BadReply(f"{key} declares {count:,} numbers, more than the task allows its reply")
+        self.left -= count
+
+
+def _tensor(a, key: str, budget: _Budget | None) -> torch.Tensor:
+    """One Flower Array read by the bounded parser (module docstring), as float32."""
+    if not isinstance(a, Array) or a.stype != "numpy.ndarray":
+        raise BadReply(f"{key}: not a serialised numpy array")
+    data = a.data
+    if not isinstance(data, bytes):
+        raise BadReply(f"{key}: its data are not bytes")
+    f = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(f)
+        if version not in NPY_VERSIONS:
+            raise ValueError(f"npy format {version}")
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read(f, max_header_size=10_000)
+    except Exception as err:  # noqa: BLE001 - whatever the header holds: one bad reply
+        raise BadReply(f"{key}: not an npy array ({type(err).__name__}: {err})"[:300]) from None
+    if (
+        dtype.hasobject
+        or dtype.fields is not None
+        or dtype.subdtype is not None
+        or dtype.kind not in NUMBER_KINDS
+        or dtype.itemsize > 8
+        or (dtype.itemsize > 1 and dtype.byteorder == ">")
+    ):
+        raise BadReply(f"{key}: dtype {dtype.str} is not a little-endian integer or float of at most 8 bytes")
+    if not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise BadReply(f"{key}: shape {shape!r} is not a tuple of sizes")
+    count = math.prod(shape)
+    if budget is not None:
+        budget.take(count, key)
+    start = f.tell()
+    if len(data) - start != count * dtype.itemsize:
+        raise BadReply(f"{key}: {len(data) - start} bytes of data for {count:,} numbers of {dtype.itemsize} bytes")
+    values = np.frombuffer(data, dtype=dtype, count=count, offset=start).reshape(shape, order="F" if fortran else "C")
+    t = torch.from_numpy(values.astype(np.float32))
+    if t.numel() and not bool(torch.isfinite(t).all()):
+        raise BadReply(f"{key} holds NaN or inf")
+    return t
+
+
+def _read(cls: type, arrays: ArrayRecord, values: ConfigRecord, prefix: str = "", budget: _Budget | None = None):
+    """An instance of ``cls`` from its records, each value checked against its field's type,
+    its tensors together within ``budget`` numbers (None: a task from the server, not bounded)."""
     kw = {}
     for name, spec in _layout(cls):
         key = prefix + name
@@ -135,17 +203,11 @@ def _read(cls: type, arrays: ArrayRecord, values: ConfigRecord, prefix: str = ""
             sub, default = spec
             present = any(k.startswith(key + ".") for k in (*arrays.keys(), *values.keys()))
             if present or default is MISSING:
-                kw[name] = _read(sub, arrays, values, key + ".")
+                kw[name] = _read(sub, arrays, values, key + ".", budget)
             continue
         if spec.kind == "tensor":
             if key in arrays:
-                try:
-                    t = torch.from_numpy(np.array(arrays[key].numpy(), dtype=np.float32))
-                except (TypeError, ValueError) as err:
-                    raise BadReply(f"{key}: not an array of numbers ({err})") from None
-                if t.numel() and not bool(torch.isfinite(t).all()):
-                    raise BadReply(f"{key} holds NaN or inf")
-                kw[name] = t
+                kw[name] = _tensor(arrays[key], key, budget)
             elif spec.optional or spec.default is not MISSING:
                 kw[name] = None if spec.optional else spec.default
             else:
@@ -185,13 +247,31 @@ def encode_results(results: list, clients: list[int]) -> RecordDict:
     return content
 
 
+def client_ids(raw, what: str = "ids") -> list[int]:
+    """A list of client ids as sent (a reply's, a node's claims): each an integer, or a whole
+    finite float; anything else (inf, 3.7, "3", b"\\x03", True, a lone number) is a BadReply."""
+    if not isinstance(raw, (list, tuple)):
+        raise BadReply(f"{what} = {raw!r:.80} is not a list of client ids")
+    return [_value(_Field("int", False, MISSING), what, c) for c in raw]
+
+
 def decode_results(tasks: list[Task], content: RecordDict) -> list:
     """The replies to ``tasks`` (one message's), each read by its kind's result fields and
-    from the client it was asked of."""
+    from the client it was asked of. Raises only :class:`BadReply`."""
     try:
-        who = [int(c) for c in content["clients"]["ids"]]
+        return _decode_results(tasks, content)
+    except BadReply:
+        raise
+    except Exception as err:  # noqa: BLE001 - a reply that breaks the reading is a bad reply, whatever broke
+        raise BadReply(f"reply could not be read ({type(err).__name__}: {err})"[:300]) from None
+
+
+def _decode_results(tasks: list[Task], content: RecordDict) -> list:
+    try:
+        clients = content["clients"]
+        who = client_ids(clients["ids"] if isinstance(clients, ConfigRecord) else None)
         parts = [(content[f"{k}.arrays"], content[f"{k}.values"]) for k in range(min(len(tasks), len(who)))]
-    except (KeyError, TypeError, ValueError) as err:
+    except KeyError as err:
         raise BadReply(f"reply without the expected records ({err})") from None
     if len(who) != len(tasks) or len(content) != 1 + 2 * len(tasks):
         raise BadReply(f"reply holds {(len(content) - 1) // 2} results for {len(tasks)} tasks")
@@ -201,5 +281,6 @@ def decode_results(tasks: list[Task], content: RecordDict) -> list:
             raise BadReply(f"reply from client {c} to a task for client {t.client}")
         if not isinstance(arrays, ArrayRecord) or not isinstance(values, ConfigRecord):
             raise BadReply("reply records of the wrong kind")
-        out.append(_read(kind_of(type(t)).result, arrays, values))
+        kind = kind_of(type(t))
+        out.append(_read(kind.result, arrays, values, budget=_Budget(kind.max_reply(t))))
     return out

@@ -26,6 +26,7 @@ from stocfl.client.tasks import ClientsDropped, Reply, Task
 from stocfl.errors import UserError
 from stocfl.flower.codec import (
     BadReply,
+    client_ids,
     decode_results,
     decode_tasks,
     encode_results,
@@ -82,8 +83,9 @@ class FlowerExecutor:
     a bad reply or misses ``timeout`` seconds, is reported in :class:`~stocfl.client.tasks.ClientsDropped`.
     """
 
-    def __init__(self, grid: Grid, timeout: float | None = None):
+    def __init__(self, grid: Grid, timeout: float | None = None, n_clients: int | None = None):
         self.grid, self.timeout = grid, timeout
+        self.n_clients = n_clients  # the federation's clients are 0..n_clients-1 (None: not checked)
         self.node_of: dict[int, int] = {}  # client id -> node id
         self.seen: set[int] = set()  # online node ids already asked for their client id
         self.refusals: dict[int, str] = {}  # node id -> why it did not say which client it serves
@@ -146,7 +148,12 @@ class FlowerExecutor:
                     raise ValueError("no reply")
                 if reply.has_error():
                     raise ValueError(reply.error.reason)
-                clients = [int(c) for c in reply.content["client"]["client_ids"]]
+                clients = client_ids(reply.content["client"]["client_ids"], "client_ids")
+                outside = [c for c in clients if self.n_clients is not None and not 0 <= c < self.n_clients]
+                if outside:
+                    raise ValueError(
+                        f"it claims client ids {outside[:5]} outside the federation's 0..{(self.n_clients or 1) - 1}"
+                    )
             except (KeyError, TypeError, ValueError) as err:
                 self.refusals[node] = str(err) or type(err).__name__
                 log.warning(
@@ -294,7 +301,7 @@ def server_app(
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        executor = FlowerExecutor(grid, timeout).connect(n_nodes)
+        executor = FlowerExecutor(grid, timeout, n_clients=n_nodes).connect(n_nodes)
         result["summary"] = make_experiment(executor).run(progress=result.get("progress", False))
 
     return app
@@ -355,7 +362,8 @@ def deployed_main(grid: Grid, run_config: dict[str, Any]) -> None:
     config, out, n = run_config_paths(run_config)
     resuming = (out / "config.toml").exists()
     cfg = configure.validate(read_config(out)) if resuming else configure.load(str(config))  # before connecting
-    executor = FlowerExecutor(grid, cfg.run.client_timeout or None).connect(n or cfg.scenario.n_clients)
+    n_clients = cfg.scenario.n_clients
+    executor = FlowerExecutor(grid, cfg.run.client_timeout or None, n_clients).connect(n or n_clients)
     (Experiment.resume(out, executor=executor) if resuming else Experiment.create(cfg, out, executor)).run(
         progress=False
     )

@@ -111,4 +111,11 @@ def check_represented(task: Represent, result: Represented, train_size: int, tes
     return Represented(wide.div_(norm).float() if norm > 0 else psi, result.n_samples)
 
 
-register_task(Represent, Represented, represent, "query.represent", check_represented)
+register_task(
+    Represent,
+    Represented,
+    represent,
+    "query.represent",
+    check_represented,
+    reply_size=lambda t: max(t.anchor.numel(), t.dim),
+)
