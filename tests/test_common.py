@@ -291,6 +291,7 @@ SMALL = [
 RUN_PARAMS = {"flhc": ["algorithm.warmup_rounds=1"], "fesem": ["algorithm.n_centers=2"]}
 
 
+@pytest.mark.long  # a whole run an algorithm: make test, not make test-fast
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_a_round_in_which_every_sampled_client_fails(tmp_path, name):
     cfg = configure.load(overrides=[*SMALL, f"algorithm.name={name}", *RUN_PARAMS.get(name, [])])
@@ -376,6 +377,7 @@ def test_label_cosines_tell_a_label_partition_from_a_random_one():
     assert held["label_cos_all"] == pytest.approx(metrics.label_cosines(dists[:20], by_label[:20])["label_cos_all"])
 
 
+@pytest.mark.long  # two whole runs an algorithm: make test, not make test-fast
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_evaluating_changes_no_algorithms_training(name, tmp_path):
     # reproductions evaluate the costly runs every 5th or 10th round and compare them with runs

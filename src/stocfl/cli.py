@@ -181,7 +181,10 @@ def _run(args) -> int:
 
 
 def _resume(args) -> int:
+    import copy
+
     from stocfl import api
+    from stocfl import config as schema
     from stocfl.executors import engine_of
     from stocfl.experiment.build import read_config
     from stocfl.experiment.loop import Experiment
@@ -206,7 +209,7 @@ def _resume(args) -> int:
             raw,
             out,
             lambda ex: Experiment.resume(out, args.data_dir, ex, overrides=args.overrides),
-            raw["scenario"]["n_clients"],
+            schema.validate(copy.deepcopy(raw)).scenario.n_clients,  # read_config checked it validates
             not args.quiet,
         )
     else:

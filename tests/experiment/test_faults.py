@@ -39,6 +39,7 @@ def _experiment(tmp_path, name, fail):
     return Experiment.create(cfg, tmp_path / name, FailingExecutor(probe.fed, probe.model, fail))
 
 
+@pytest.mark.long  # whole runs an algorithm: make test, not make test-fast
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_every_algorithm_completes_rounds_without_the_failing_client(tmp_path, name):
     exp = _experiment(tmp_path, name, fail=[3])

@@ -184,6 +184,7 @@ def _strip(rows):
 _SILENT: dict = {}  # (algorithm, kind) -> the rows of the run in which client EVIL never answers that kind
 
 
+@pytest.mark.long  # two whole runs through the codec a case: make test, not make test-fast
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_crafted_reply_drops_its_client_as_if_it_had_not_answered(tmp_path, case):
     algorithm, kind, craft = CASES[case]

@@ -11,6 +11,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stocfl.cli import main
 from stocfl.errors import UserError
@@ -250,3 +252,66 @@ def test_a_run_directory_is_written_by_one_process_at_a_time(tmp_path, capsys):
     assert stopped >= 1
     resumed = Experiment.resume(out, overrides=[f"run.rounds={stopped + 1}"])
     assert resumed.run(progress=False)["rounds_done"] == stopped + 1
+
+
+TAILS = {  # what a kill, a full disk or a crash may leave after the checkpoint's rows
+    "a row cut short": b'{"round": 4, "accur',
+    "NUL bytes": b"\x00" * 37,
+    "a byte that is not UTF-8": b'{"round": 4, "note": "\xff"}\n',
+    "a whole row and a cut one": b'{"round": 4, "accuracy": 0.5}\n{"round": 5',
+    "a row that is not an object": b"[4, 0.5]\n",
+    "a newline only": b"\n",
+}
+
+
+@pytest.mark.parametrize("tail", list(TAILS))
+def test_resume_truncates_metrics_to_the_checkpoints_rows_whatever_the_tail(runs, tmp_path, tail):
+    """A partial last row used to be kept and the resumed rows appended on its line: the
+    finished run then read back fewer rows and could never be extended."""
+    pristine, (ref_rows, ref_summary) = runs
+    run = tmp_path / "tail"
+    shutil.copytree(pristine, run)
+    with open(run / "metrics.jsonl", "ab") as f:
+        f.write(TAILS[tail])
+    assert main(["resume", "--quiet", str(run)]) == 0
+    assert _results(run) == (ref_rows, ref_summary)
+
+
+EDITS = {
+    "a byte that is not UTF-8": lambda t: t.encode() + b"\n# \xff\xfe\n",
+    "a section that is a number": lambda t: ("run = 5\n" + t.replace("[run]", "[run_was]", 1)).encode(),
+    "a key that is a table": lambda t: t.replace("rounds = 5", "rounds = {a = 1}").encode(),
+    "the scenario section gone": lambda t: t.replace("[scenario]", "[nothing]").encode(),
+}
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+@pytest.mark.parametrize("command", [["resume", "--quiet"], ["export"], ["assign"]])
+def test_an_edited_config_toml_is_one_line_for_every_command(tmp_path_factory, tmp_path, capsys, edit, command):
+    pristine, _ = stopped_run("stocfl", tmp_path_factory)
+    run = tmp_path / "edited"
+    shutil.copytree(pristine, run)
+    (run / "config.toml").write_bytes(EDITS[edit]((run / "config.toml").read_text()))
+    capsys.readouterr()
+    assert main([*command, str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("stocfl: error:") and "\n" not in err and "config.toml" in err, err
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=30))
+def test_the_toml_writer_reads_back_any_text(text):
+    """Non-BMP characters (JSON's surrogate-pair escapes are not TOML), controls, DEL, quotes."""
+    import tomllib
+
+    from stocfl.storage.formats import to_toml
+
+    for s in (text, f"/data/\U0001f600{text}\x7f\x01\"'\\"):
+        assert tomllib.loads(to_toml({"scenario": {"data_dir": s}}))["scenario"]["data_dir"] == s
+
+
+def test_a_path_with_bytes_that_are_not_utf8_is_one_line():
+    from stocfl.storage.formats import to_toml
+
+    with pytest.raises(UserError, match="not UTF-8"):
+        to_toml({"scenario": {"data_dir": "/data/\udcff"}})

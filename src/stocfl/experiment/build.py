@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from stocfl import config as schema
 from stocfl.algorithms import Algorithm, Context, algorithm_class
 from stocfl.algorithms.aggregation import Aggregator
 from stocfl.client.models import FlatModel, build_module, make_model
@@ -160,9 +161,13 @@ def pin_data_dir(cfg: Config) -> None:
 
 def read_config(out: Path, data_dir: str | None = None) -> dict[str, Any]:
     try:
-        raw = tomllib.loads((out / "config.toml").read_text())
-    except (OSError, tomllib.TOMLDecodeError) as err:
+        raw = tomllib.loads((out / "config.toml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
         raise UserError(f"{out}/config.toml is unreadable ({err}); it is not a stocfl results directory") from None
+    try:  # its structure before any key is read: an edited file is one line, never a KeyError
+        schema.validate(copy.deepcopy(raw))
+    except UserError as err:
+        raise UserError(f"{out}/config.toml is not a stocfl config ({err}); restore it or start a new run") from None
     if data_dir is not None:
         raw.setdefault("scenario", {})["data_dir"] = str(Path(data_dir).resolve())
     return raw

@@ -174,7 +174,7 @@ def checked_rows(out: Path, done: int, chain: str | None) -> tuple[list[dict[str
             f"{out}/metrics.jsonl does not match the run's checkpoint at round {done} (rows "
             f"missing, edited or corrupt); restore it or start a new run"
         )
-    if len(rows) != len(kept):
+    if (out / "metrics.jsonl").read_bytes() != formats.jsonl_bytes(kept):  # any tail: later rows, a cut row, NULs
         formats.write_jsonl(out / "metrics.jsonl", kept)
     return kept, chain if chain is not None else metrics_chain(kept)
 

@@ -23,15 +23,30 @@ def append_jsonl(path: Path, row: dict[str, Any]) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file up to the first that is not a whole JSON object on a line
+    of its own in UTF-8 (a line cut short by a kill or a full disk, NUL bytes, any other tail):
+    everything from there on is redone."""
     if not path.exists():
         return []
     rows = []
-    for line in path.read_text().splitlines():
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    for k, line in enumerate(lines):
+        if k == len(lines) - 1:
+            break  # after the last newline: empty, or a row whose newline was never written
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a line cut short by a kill: everything after it is redone
+            row = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            break
+        if not isinstance(row, dict):
+            break
+        rows.append(row)
     return rows
+
+
+def jsonl_bytes(rows: list[dict[str, Any]]) -> bytes:
+    """The file :func:`write_jsonl` writes for ``rows``."""
+    return "".join(json_line(r) + "\n" for r in rows).encode("utf-8")
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -42,12 +57,24 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     write_atomic(path, "".join(json_line(r) + "\n" for r in rows))
 
 
+def toml_string(v: str) -> str:
+    """``v`` as a TOML basic string that reads back as ``v``: any character outside the ASCII
+    controls as itself (a non-BMP one too: JSON's surrogate-pair escapes are not TOML), the
+    controls and DEL escaped; a string holding a lone surrogate (a path with bytes that are not
+    UTF-8) cannot be written and is one line."""
+    if any("\ud800" <= ch <= "\udfff" for ch in v):
+        from stocfl.errors import UserError
+
+        raise UserError(f"{v!r:.120} holds bytes that are not UTF-8 text; rename it (a config file is UTF-8)")
+    return json.dumps(v, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
 def to_toml(cfg: dict[str, dict[str, Any]]) -> str:
     def value(v):
         if isinstance(v, bool):
             return "true" if v else "false"
         if isinstance(v, str):
-            return json.dumps(v)
+            return toml_string(v)
         return repr(v)
 
     return "\n".join(
