@@ -196,6 +196,8 @@ def run(
             f"run.engine = {cfg.run.engine} runs from the command line ('stocfl run'); use one of "
             f"{', '.join(n for n, e in ENGINES.items() if e.executor is not None)} from Python"
         )
+    if out is not None and not str(out).strip():
+        raise UserError("out = '' names no directory; give a results directory, or None to write nothing")
     with _threads_kept():
         exp = Experiment.create(cfg, None if out is None else Path(out), federation=federation, module=model, loss=loss)
         return _result(exp, exp.run(progress=progress, label=label))
@@ -207,6 +209,8 @@ def run_into(out: str | Path, config: Any = None, *, progress: bool = False) -> 
     from stocfl.experiment.build import pin_data_dir
     from stocfl.experiment.loop import Experiment
 
+    if not str(out).strip():
+        raise UserError("out = '' names no directory; give a results directory")
     cfg, out = as_config(config), Path(out)
     launch = engine_of(cfg.run.engine).launch
     if launch is None:
@@ -232,6 +236,10 @@ def resume(
     (``run.eval_every`` may change too)."""
     from stocfl.experiment.loop import Experiment
 
+    if isinstance(overrides, str) or not all(isinstance(o, str) for o in overrides):
+        raise UserError(
+            f"overrides: expected a list of 'key=value' strings, e.g. ['run.rounds=10'], got {overrides!r:.80}"
+        )
     with _threads_kept():
         exp = Experiment.resume(
             Path(out), data_dir, federation=federation, module=model, loss=loss, overrides=list(overrides)

@@ -8,4 +8,5 @@ MAX_EPOCHS = 10_000
 MAX_LR = 100.0
 MAX_WEIGHT = 1e6  # proximal weights, thresholds on norms
 MAX_HIDDEN = 65_536
+MAX_CLASSES = 100_000  # labels 0..MAX_CLASSES-1: a model's output layer and every per-class table stay small
 MAX_MODEL_BYTES = 4 << 30  # all the models an algorithm keeps on the server at once

@@ -318,9 +318,34 @@ def _print_summary(summary: dict, out: Path) -> None:
         )
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what ``timeout``, SLURM and systemd send), raised where the run is, so that it
+    stops as at Ctrl-C: the last finished round is checkpointed and the command says so."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated
+
+
 def guarded(prog: str, command: str, act, resume_hint: str = "DIR") -> int:
     """``act()`` with every input error as one line naming it, and exit code 2 (the lab's
-    ``stocfl-lab`` uses it too): a UserError, an unusable path, a closed pipe, Ctrl-C."""
+    ``stocfl-lab`` uses it too): a UserError, an unusable path, a full disk, a closed pipe,
+    Ctrl-C and SIGTERM (exit codes 130 and 143)."""
+    import signal
+    import threading
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
+    try:
+        return _guarded(prog, command, act, resume_hint)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+
+
+def _guarded(prog: str, command: str, act, resume_hint) -> int:
+    import errno
+
     try:
         return act()
     except UserError as err:
@@ -333,15 +358,28 @@ def guarded(prog: str, command: str, act, resume_hint: str = "DIR") -> int:
         return 0
     except OSError as err:  # a path that cannot be made, read or written (the run's finished rounds stay on disk)
         where = f"{err.filename}: " if err.filename else ""
-        print(f"{prog}: error: {where}{err.strerror or err}; check the path and its permissions", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        if command in ("compare", "reproduce"):
-            how = f"run the same '{prog} {command}' command again: finished runs are reused, this one resumed"
+        if err.errno == errno.ENOSPC:
+            print(
+                f"{prog}: error: {where}no space left on the device holding {resume_hint}; free some and "
+                f"{_again(prog, command, resume_hint)} (the last finished round is checkpointed)",
+                file=sys.stderr,
+            )
         else:
-            how = f"continue with 'stocfl resume {resume_hint}'"
-        print(f"{prog}: interrupted; the last finished round is checkpointed: {how}", file=sys.stderr)
-        return 130
+            print(f"{prog}: error: {where}{err.strerror or err}; check the path and its permissions", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as err:
+        what = "terminated (SIGTERM)" if isinstance(err, Terminated) else "interrupted"
+        print(
+            f"{prog}: {what}; the last finished round is checkpointed: {_again(prog, command, resume_hint)}",
+            file=sys.stderr,
+        )
+        return 143 if isinstance(err, Terminated) else 130
+
+
+def _again(prog: str, command: str, resume_hint) -> str:
+    if command in ("compare", "reproduce"):
+        return f"run the same '{prog} {command}' command again: finished runs are reused, this one resumed"
+    return f"continue with 'stocfl resume {resume_hint}'"
 
 
 MOVED = {"reproduce": "a paper's table", "bench": "executor timings"}  # commands now in stocfl-lab

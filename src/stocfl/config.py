@@ -372,14 +372,53 @@ def check_drift(cfg: Config) -> None:
         )
 
 
+MAX_NESTING = 16  # arrays and inline tables inside each other: a config needs 2 (drift_rounds, betas)
+
+
+def nesting(text: str) -> int:
+    """The deepest nesting of TOML arrays and inline tables in ``text``, outside strings and
+    comments: read by a scanner that cannot recurse, before the parser (which does)."""
+    depth = deepest = 0
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c in "\"'":
+            quote = text[i : i + 3] if text[i : i + 3] in ('"""', "'''") else c
+            i += len(quote)
+            while i < n and text[i : i + len(quote)] != quote:
+                i += 2 if (text[i] == "\\" and quote[0] == '"') else 1
+            i += len(quote)
+            continue
+        if c == "#":
+            while i < n and text[i] != "\n":
+                i += 1
+        elif c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth = max(0, depth - 1)
+        i += 1
+    return deepest
+
+
+def check_nesting(text: str, what: str) -> None:
+    """One line, before any parsing, for text nested deeper than :data:`MAX_NESTING` (Python's
+    TOML parser recurses per level: a 2 KB file of brackets was a RecursionError)."""
+    if nesting(text) > MAX_NESTING:
+        raise UserError(f"{what}: arrays or tables nested deeper than {MAX_NESTING} levels; a stocfl config needs 2")
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``a.b=value`` -> (["a", "b"], value); the value is read as a TOML value, else as a string."""
+    if not isinstance(text, str):
+        raise UserError(f"--set {text!r:.80}: expected a string 'dotted.key=value'")
     if "=" not in text:
         raise UserError(f"--set {text!r}: expected dotted.key=value, e.g. --set run.rounds=5")
     key, value = text.split("=", 1)
     parts = key.strip().split(".")
     if not all(parts):
         raise UserError(f"--set {text!r}: empty key part; expected dotted.key=value")
+    check_nesting(value, f"--set {key.strip()}")
     try:
         parsed = tomllib.loads(f"v = {value}")["v"]
     except tomllib.TOMLDecodeError:
@@ -428,7 +467,9 @@ def load(path: str | Path | None = None, overrides: list[str] = (), data_dir: st
     if path is not None:
         p = resolve(path)
         try:
-            raw = tomllib.loads(p.read_text(encoding="utf-8-sig"))  # -sig: a byte-order mark some editors write
+            text = p.read_text(encoding="utf-8-sig")  # -sig: a byte-order mark some editors write
+            check_nesting(text, f"config file {p}")
+            raw = tomllib.loads(text)
         except tomllib.TOMLDecodeError as err:
             raise UserError(f"config file {p}: not valid TOML ({err}); fix the syntax") from None
         except UnicodeDecodeError:

@@ -59,7 +59,7 @@ CASES = {
     "NaN weights": ("stocfl", Trained, lambda r: Trained(r.weights * float("nan"), r.n_samples)),
     "correct = NaN": ("fedavg", Evaluated, lambda r: Evaluated(r.loss, float("nan"), r.n_samples)),
     "correct = 10**6 > n_samples": ("fedavg", Evaluated, lambda r: Evaluated(r.loss, 10**6, r.n_samples)),
-    "loss = -1": ("fedavg", Evaluated, lambda r: Evaluated(-1.0, r.correct, r.n_samples)),
+    "loss = -inf": ("fedavg", Evaluated, lambda r: Evaluated(float("-inf"), r.correct, r.n_samples)),
     # the mixture family's reply (FedEM): K models, the client's mixture weights, its label masses
     "mixture weights that favour one model beyond 1": (
         "fedem",

@@ -11,7 +11,7 @@ from stocfl.cli import main
 from stocfl.errors import UserError
 from stocfl.experiment import configure
 from stocfl.experiment.build import build_federation
-from stocfl.experiment.loop import Experiment
+from stocfl.experiment.loop import Experiment, round_line
 from stocfl.storage import formats
 
 KEYS = {
@@ -354,3 +354,60 @@ def test_evaluation_in_parts_gives_the_numbers_of_one_part(tmp_path, monkeypatch
     for name in ("clients.csv", "clusters.csv"):
         assert (tmp_path / "parts" / name).read_text() == (tmp_path / "whole" / name).read_text()
     assert authors_metric(LoadedRun(parts)) == authors_metric(LoadedRun(whole))
+
+
+@pytest.mark.long
+def test_sigterm_stops_at_a_checkpoint_and_says_how_to_continue(tmp_path):
+    """What timeout, SLURM and systemd send: it ended a run with no line at all."""
+    out = tmp_path / "r"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stocfl", "run", "--quiet", "--out", str(out), "--set", "run.rounds=100000"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 60
+    metrics = out / "metrics.jsonl"
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert f"terminated (SIGTERM); the last finished round is checkpointed: continue with 'stocfl resume {out}'" in err
+
+
+def test_a_full_disk_says_where_and_that_the_run_resumes(tmp_path, capsys, monkeypatch):
+    import errno
+
+    calls = {"n": 0}
+    real = formats.append_jsonl
+
+    def full(path, row):  # the third row's append finds the disk full
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, row)
+
+    monkeypatch.setattr(formats, "append_jsonl", full)
+    out = tmp_path / "r"
+    assert main(["run", "--quiet", "--out", str(out), *[f"--set={s}" for s in SMALL]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "no space left" in err and f"stocfl resume {out}" in err, err
+
+
+def test_the_progress_bar_shows_the_round_it_counts(tmp_path):
+    """The count moved before the round's figures were set: '2/50 acc' showed round 1's accuracy."""
+    exp = Experiment.create(configure.load(overrides=SMALL), None)
+    shown = []
+
+    class Bar:
+        postfix = ""
+
+        def set_postfix_str(self, s, refresh=True):
+            self.postfix = s
+
+        def update(self, n):  # tqdm draws here
+            shown.append(self.postfix)
+
+    exp._loop(Bar(), None, False, "", None)
+    assert shown == [round_line(r) for r in exp.rows]

@@ -315,3 +315,22 @@ def test_a_path_with_bytes_that_are_not_utf8_is_one_line():
 
     with pytest.raises(UserError, match="not UTF-8"):
         to_toml({"scenario": {"data_dir": "/data/\udcff"}})
+
+
+@pytest.mark.parametrize("name", [".lock", "metrics.jsonl", "ditto_personal.f32"])
+def test_a_run_file_that_is_a_symlink_is_never_written_through(tmp_path_factory, tmp_path, capsys, name):
+    """A link in a run directory to a file elsewhere: the lock used to truncate it and write the
+    pid, the metrics were appended to it, a store mapped and rewritten it."""
+    pristine, _ = stopped_run("ditto", tmp_path_factory)
+    run = tmp_path / "linked"
+    shutil.copytree(pristine, run)
+    victim = tmp_path / "victim.bin"
+    original = (run / name).read_bytes() if (run / name).exists() else b"precious\n"
+    victim.write_bytes(original)
+    (run / name).unlink(missing_ok=True)
+    (run / name).symlink_to(victim)
+    capsys.readouterr()
+    assert main(["resume", "--quiet", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "symbolic link" in err, err
+    assert victim.read_bytes() == original

@@ -107,8 +107,10 @@ def check_evaluated(task: Evaluate, result: Evaluated, train_size: int, test_siz
     c = result.correct
     if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c <= result.n_samples:
         raise BadResult(f"correct = {c!r}, expected an integer in 0..{result.n_samples}")
-    if not (isinstance(result.loss, (int, float)) and np.isfinite(result.loss) and result.loss >= 0):
-        raise BadResult(f"loss = {result.loss!r}, expected a finite number >= 0")
+    # finite, not >= 0: a user's loss may be negative, and a client could bias a choice by loss as
+    # much with 0 as with any negative number
+    if isinstance(result.loss, bool) or not (isinstance(result.loss, (int, float)) and np.isfinite(result.loss)):
+        raise BadResult(f"loss = {result.loss!r}, expected a finite number")
     return result
 
 

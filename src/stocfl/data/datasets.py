@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from stocfl.bounds import MAX_CLASSES
 from stocfl.errors import UserError, refuse_builtin
 
 LAYOUT = {
@@ -153,12 +154,20 @@ def as_dataset(name: str, data: Any) -> Dataset:
 
 
 def check_arrays(what: str, x: Any, y: Any, allow_empty: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(x, y)`` as float32 inputs (N, ...) and int64 labels (N,), or one UserError line."""
+    """``(x, y)`` as float32 inputs (N, ...) and int64 labels (N,), or one UserError line: dense
+    tensors in memory (not sparse, not on the meta device), inputs of numbers but not uint8
+    (images of 0..255 are given as floats, divided by 255 as stocfl's own data sets are),
+    finite; labels whole numbers in 0..MAX_CLASSES-1."""
     try:
         x = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
         y = torch.as_tensor(np.asarray(y) if not isinstance(y, torch.Tensor) else y)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, OverflowError) as err:
         raise UserError(f"{what}: not arrays of numbers ({err})") from None
+    for name, t in (("inputs", x), ("labels", y)):
+        if t.layout != torch.strided or t.device.type == "meta":
+            raise UserError(f"{what}: {name} are a {t.layout} tensor on {t.device}; give dense tensors with data")
+    if x.dtype == torch.uint8:
+        raise UserError(f"{what}: inputs of type uint8 (0..255 images?); give floats, e.g. x / 255")
     if x.dim() < 2:
         raise UserError(f"{what}: inputs have shape {tuple(x.shape)}; expected (samples, features...) ")
     if not (x.is_floating_point() or x.dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)):
@@ -169,6 +178,8 @@ def check_arrays(what: str, x: Any, y: Any, allow_empty: bool = False) -> tuple[
     if y.is_floating_point():
         if not bool(torch.all(y == y.round())) or not bool(torch.isfinite(y).all()):
             raise UserError(f"{what}: labels must be whole numbers")
+        if len(y) and float(y.abs().max()) >= MAX_CLASSES:  # before .long(): 2**62 as a float overflows it
+            raise UserError(f"{what}: label {float(y.abs().max()):.0f} is beyond {MAX_CLASSES - 1}")
     elif y.dtype == torch.bool or y.is_complex():
         raise UserError(f"{what}: labels of type {y.dtype}; expected integers")
     y = y.long()
@@ -178,6 +189,8 @@ def check_arrays(what: str, x: Any, y: Any, allow_empty: bool = False) -> tuple[
         raise UserError(f"{what}: inputs hold NaN or inf")
     if len(y) and int(y.min()) < 0:
         raise UserError(f"{what}: label {int(y.min())} is negative; labels are 0..classes-1")
+    if len(y) and int(y.max()) >= MAX_CLASSES:
+        raise UserError(f"{what}: label {int(y.max())} is beyond {MAX_CLASSES - 1}; labels are 0..classes-1")
     return x, y
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
+from stocfl.bounds import MAX_CLASSES
 from stocfl.data.drift import Drift
 from stocfl.data.schedule import Schedule
 from stocfl.errors import UserError
@@ -178,12 +179,21 @@ class Federation:
             )
         top = max(int(y.max()) for *_, y in parts if len(y)) + 1
         if n_classes is not None and (
-            isinstance(n_classes, bool) or not isinstance(n_classes, (int, np.integer)) or n_classes < 2
+            isinstance(n_classes, bool)
+            or not isinstance(n_classes, (int, np.integer))
+            or not 2 <= n_classes <= MAX_CLASSES
         ):
             raise UserError(
-                f"Federation.from_arrays: n_classes = {n_classes!r}; expected an integer >= 2, or None "
-                f"for the largest label + 1"
+                f"Federation.from_arrays: n_classes = {n_classes!r}; expected an integer in 2..{MAX_CLASSES}, "
+                f"or None for the largest label + 1"
             )
+        if n_classes is None:  # a stray large label must not quietly become the class count
+            present = len(torch.unique(torch.cat([y for *_, y in parts if len(y)])))
+            if top > 2 and 2 * present < top:
+                raise UserError(
+                    f"Federation.from_arrays: labels run to {top - 1} but only {present} distinct labels appear; "
+                    f"pass n_classes={top} to keep {top} classes, or number the labels 0..{present - 1}"
+                )
         k = top if n_classes is None else int(n_classes)
         if top > k:
             bad = next((split, i) for split, i, _, y in parts if len(y) and int(y.max()) >= k)

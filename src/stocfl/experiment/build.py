@@ -81,7 +81,8 @@ def build_model(
 
 
 def check_loss(model: FlatModel, w0: torch.Tensor, fed: Federation) -> None:
-    """A user's loss on two train samples: one finite number per sample, differentiable."""
+    """A user's loss on two train samples: one finite number per sample, differentiable. (A
+    negative loss is allowed: evaluation needs it finite only.)"""
     x, y = fed.x_train[:2], fed.y_train[:2]
     try:
         w = w0.clone().requires_grad_(True)
@@ -103,18 +104,29 @@ def check_loss(model: FlatModel, w0: torch.Tensor, fed: Federation) -> None:
 
 
 def check_model_fits(model: FlatModel, w0: torch.Tensor, fed: Federation, name: str) -> None:
-    """One forward pass on one train sample: the model must take the data's inputs and give
-    one logit per class, before a round runs."""
+    """The model before a round runs: trainable parameters, finite initial weights, and one
+    forward pass on one train sample that gives a tensor of one logit per class. Whatever the
+    forward raises, or a tuple, dict or other output it returns (as a HuggingFace model does),
+    is one line."""
+    if model.n_trainable == 0:
+        raise UserError(f"model {name!r} has no trainable parameters; federated training needs some")
+    if not bool(torch.isfinite(w0).all()):
+        raise UserError(f"model {name!r} has a NaN or infinite initial weight; initialise it with finite numbers")
     x = fed.x_train[:1]
     try:
         with torch.no_grad():
             out = model.forward(w0, x)
-    except RuntimeError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    except Exception as err:  # noqa: BLE001 - a user's module can raise anything
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise UserError(
             f"config: model.name = {name!r} does not fit {fed.dataset} inputs of shape "
-            f"{tuple(x.shape[1:])} ({first}); pick a model for this data"
+            f"{tuple(x.shape[1:])} ({type(err).__name__}: {first}); pick a model for this data"[:400]
         ) from None
+    if not isinstance(out, torch.Tensor):
+        raise UserError(
+            f"model {name!r} returns a {type(out).__name__}, not a tensor of logits; wrap it so that its "
+            f"forward returns the logits (e.g. the 'logits' entry of its output)"
+        )
     if tuple(out.shape) != (1, fed.n_classes):
         raise UserError(
             f"config: model.name = {name!r} gives outputs of shape {tuple(out.shape[1:])} on "
@@ -161,7 +173,9 @@ def pin_data_dir(cfg: Config) -> None:
 
 def read_config(out: Path, data_dir: str | None = None) -> dict[str, Any]:
     try:
-        raw = tomllib.loads((out / "config.toml").read_text(encoding="utf-8"))
+        text = (out / "config.toml").read_text(encoding="utf-8")
+        schema.check_nesting(text, f"{out}/config.toml")
+        raw = tomllib.loads(text)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
         raise UserError(f"{out}/config.toml is unreadable ({err}); it is not a stocfl results directory") from None
     try:  # its structure before any key is read: an edited file is one line, never a KeyError

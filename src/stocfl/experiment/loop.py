@@ -338,8 +338,8 @@ class Experiment:
             self.save_checkpoint()
             if scalars is not None:
                 scalars.add(row)
+            bar.set_postfix_str(round_line(row), refresh=False)  # before the count moves: update() draws
             bar.update(1)
-            bar.set_postfix_str(round_line(row), refresh=False)
             if lines:
                 print(
                     f"{desc}: round {t}/{r.rounds} {round_line(row)} ({row['seconds']:.1f} s)",

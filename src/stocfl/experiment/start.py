@@ -24,6 +24,20 @@ def refuse_a_run_in(out: Path) -> None:
         raise UserError(f"{out} already holds a run; continue it with 'stocfl resume {out}' or pick another --out")
 
 
+def check_new_out(out: Path) -> None:
+    """A new run goes into a new or empty directory (hidden entries, such as a lock or Flower's
+    home, aside): never over a file, a run, or beside other files."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out} is a file, not a results directory; pick another --out")
+    refuse_a_run_in(out)
+    others = sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) if out.is_dir() else []
+    if others:
+        raise UserError(
+            f"{out} holds other files ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}); a run goes "
+            f"into a new or empty directory: pick another --out"
+        )
+
+
 def create(
     cfg: Config,
     out: str | Path | None,
@@ -35,9 +49,11 @@ def create(
     """A new run of ``cfg`` into ``out`` (None: everything stays in memory), checkpointed at
     round 0. The data are built before the directory is made: a data error leaves no half-made
     directory."""
+    if out is not None and not str(out).strip():
+        raise UserError("out = '' names no directory; give a results directory, or None to write nothing")
     out = None if out is None else Path(out)
     if out is not None:
-        refuse_a_run_in(out)
+        check_new_out(out)
     if federation is None:
         pin_data_dir(cfg)
     exp = Experiment(cfg, out, executor, federation, module, loss)

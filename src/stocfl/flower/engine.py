@@ -341,10 +341,14 @@ def deployed_client_config(context: Context) -> dict[str, Any]:
     SuperNode's own machine (each client builds its data from it)."""
     import tomllib
 
+    from stocfl.config import check_nesting
+
     path = Path(str(context.run_config.get("config", "")))
     try:
-        return tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as err:
+        text = path.read_text(encoding="utf-8")
+        check_nesting(text, f"run config config={str(path)!r}")
+        return tomllib.loads(text)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
         raise UserError(
             f"run config config={str(path)!r} cannot be read on this SuperNode ({err}); the stocfl "
             f"config must be at the same absolute path on every machine"

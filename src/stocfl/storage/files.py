@@ -5,6 +5,7 @@ directory."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import struct
@@ -22,6 +23,24 @@ except ImportError:  # Windows: no advisory locks; one process per results direc
 
 LOCK = ".lock"
 _held: dict[tuple[int, Path], list[int]] = {}  # (pid, lock file) -> [fd, depth]: re-entrant; a forked child holds none
+
+
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
+    """``os.open`` of a file in a run directory, never through a symbolic link (O_NOFOLLOW): a
+    link there (to a file elsewhere, which the run would truncate, append to or map) is one
+    line instead."""
+    try:
+        return os.open(path, flags | NOFOLLOW, mode)
+    except OSError as err:
+        if err.errno == errno.ELOOP or (not NOFOLLOW and Path(path).is_symlink()):
+            raise UserError(
+                f"{path} is a symbolic link; a run's files are never written through one: replace it with a "
+                f"plain file or remove it"
+            ) from None
+        raise
 
 
 def write_atomic(path: Path, data: bytes | str) -> None:
@@ -81,7 +100,7 @@ def exclusive(directory: Path, wait: bool = False, lock: str = LOCK) -> Iterator
     key = (os.getpid(), directory / lock)
     if key not in _held:
         try:
-            fd = os.open(directory / lock, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_nofollow(directory / lock, os.O_RDWR | os.O_CREAT)
         except OSError as err:
             raise UserError(
                 f"{directory}: cannot open {lock} to write there ({err.strerror}); check the directory "

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from stocfl.storage.files import write_atomic
+from stocfl.storage.files import open_nofollow, write_atomic
 
 
 def json_line(row: dict[str, Any]) -> str:
@@ -16,7 +16,8 @@ def json_line(row: dict[str, Any]) -> str:
 
 
 def append_jsonl(path: Path, row: dict[str, Any]) -> None:
-    with open(path, "a") as f:
+    fd = open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    with open(fd, "a", encoding="utf-8") as f:
         f.write(json_line(row) + "\n")
         f.flush()
         os.fsync(f.fileno())

@@ -25,6 +25,7 @@ import torch
 
 from stocfl.errors import UserError
 from stocfl.storage import checkpoint
+from stocfl.storage.files import open_nofollow
 
 
 class ClientStore:
@@ -43,19 +44,22 @@ class ClientStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.existed = self.path.exists()
             size = n_clients * n_params * 4
+            if self.path.is_symlink():  # a link to a store elsewhere: never mapped and rewritten
+                open_nofollow(self.path, os.O_RDWR)
             if self.existed and self.path.stat().st_size != size:
                 raise UserError(
                     f"{self.path} holds {self.path.stat().st_size} bytes, expected {size} ({n_clients} "
                     f"clients x {n_params} parameters x 4); the store is damaged, the run cannot resume"
                 )
-            self._reserve(size)
+            self._reserve(size)  # opens it without following a link: the map below is of this file
             self.rows = np.memmap(self.path, dtype=np.float32, mode="r+", shape=(n_clients, n_params))
 
     def _reserve(self, size: int) -> None:
         """Give the file all its disk blocks now. A write through the memory map into a sparse
         file on a full disk kills the process (SIGBUS) with no message and mid-round; a
         reservation that fails is one line before the first round."""
-        with open(self.path, "r+b" if self.existed else "wb") as f:
+        fd = open_nofollow(self.path, os.O_RDWR | (0 if self.existed else os.O_CREAT | os.O_TRUNC))
+        with open(fd, "r+b") as f:
             try:
                 if hasattr(os, "posix_fallocate"):
                     os.posix_fallocate(f.fileno(), 0, size)
