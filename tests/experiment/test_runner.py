@@ -225,7 +225,13 @@ def test_clients_csv_holds_each_clients_accuracy_and_the_summary_its_spread(tmp_
 
 
 @pytest.mark.long
-def test_ctrl_c_names_the_directory_to_resume(tmp_path):
+@pytest.mark.parametrize(
+    "sig, code, says",
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated (SIGTERM)")],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_a_stop_by_signal_names_the_directory_to_resume(tmp_path, sig, code, says):
+    """Ctrl-C, and SIGTERM, what timeout, SLURM and systemd send (it ended a run with no line)."""
     out = tmp_path / "r"
     # as from a shell: Ctrl-C at its default (a test process that ran Ray may ignore SIGINT, and a
     # child inherits an ignored signal: the run then never saw the interrupt)
@@ -240,10 +246,10 @@ def test_ctrl_c_names_the_directory_to_resume(tmp_path):
     metrics = out / "metrics.jsonl"
     while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130
-    assert f"continue with 'stocfl resume {out}'" in err, err
+    assert proc.returncode == code, err
+    assert f"{says}; the last finished round is checkpointed: continue with 'stocfl resume {out}'" in err, err
 
 
 def test_clusters_are_numbered_0_to_k_minus_1_alike_in_every_file(tmp_path):
@@ -354,26 +360,6 @@ def test_evaluation_in_parts_gives_the_numbers_of_one_part(tmp_path, monkeypatch
     for name in ("clients.csv", "clusters.csv"):
         assert (tmp_path / "parts" / name).read_text() == (tmp_path / "whole" / name).read_text()
     assert authors_metric(LoadedRun(parts)) == authors_metric(LoadedRun(whole))
-
-
-@pytest.mark.long
-def test_sigterm_stops_at_a_checkpoint_and_says_how_to_continue(tmp_path):
-    """What timeout, SLURM and systemd send: it ended a run with no line at all."""
-    out = tmp_path / "r"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stocfl", "run", "--quiet", "--out", str(out), "--set", "run.rounds=100000"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.time() + 60
-    metrics = out / "metrics.jsonl"
-    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143, err
-    assert f"terminated (SIGTERM); the last finished round is checkpointed: continue with 'stocfl resume {out}'" in err
 
 
 def test_a_full_disk_says_where_and_that_the_run_resumes(tmp_path, capsys, monkeypatch):
