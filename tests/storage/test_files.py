@@ -240,6 +240,14 @@ def test_a_run_directory_is_written_by_one_process_at_a_time(tmp_path, capsys):
         assert err.count("\n") == 0 and f"is in use by another process (pid {proc.pid})" in err, err
         with pytest.raises(UserError, match="in use by another process"):
             Experiment.resume(out, overrides=["run.rounds=500"])
+        # nor does an export, a placement or a loaded run read beside it: opening a store puts back
+        # rows newer than the checkpoint through the map the run writes (a Ditto run ended at 13%)
+        for command in (["export", str(out)], ["assign", str(out)]):
+            assert main(command) == 2
+            err = capsys.readouterr().err.strip()
+            assert err.count("\n") == 0 and f"is in use by another process (pid {proc.pid})" in err, err
+        with pytest.raises(UserError, match="in use by another process"):
+            Experiment.open(out)
         with files.exclusive(tmp_path):  # another directory is free; this process may take its own lock again
             with files.exclusive(tmp_path):
                 pass

@@ -14,6 +14,7 @@ with a mixture of the cluster models (FedEM), ``mixtures`` gives each client's w
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from stocfl.errors import UserError
 from stocfl.experiment import metrics
 from stocfl.experiment.loop import Experiment, client_models_in_parts
 from stocfl.storage import formats
-from stocfl.storage.files import write_atomic
+from stocfl.storage.files import exclusive, write_atomic
 
 INDEX = "models.json"
 
@@ -44,6 +45,11 @@ def export_models(
     """Write the models of the run in ``run_dir`` into ``out`` (default ``run_dir/export``) and
     return ``out``. A run on data or a model given in Python is opened with the same ones."""
     run_dir = Path(run_dir)
+    with exclusive(run_dir) if run_dir.is_dir() else contextlib.nullcontext():  # no run writes while we read
+        return _export(run_dir, out, data_dir, federation, module, loss)
+
+
+def _export(run_dir: Path, out, data_dir, federation, module, loss) -> Path:
     exp = Experiment.open(run_dir, data_dir, federation=federation, module=module, loss=loss)
     out = Path(out) if out is not None else run_dir / "export"
     algorithm, model, fed = exp.algorithm, exp.model, exp.fed

@@ -8,6 +8,7 @@ predict with their global model.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from stocfl.experiment import configure
 from stocfl.experiment.build import build_federation, checked, read_config
 from stocfl.experiment.loop import Experiment
 from stocfl.experiment.results import placement_rows, summarize_placements
+from stocfl.storage.files import exclusive
 
 NEW_DATA_KEYS = ("scenario.", "run.seed")
 
@@ -42,6 +44,11 @@ def place_clients(
     the clients hold no labels (:meth:`~stocfl.algorithms.Algorithm.place_unlabeled`; only
     for methods that can, FLUX). Returns one row per client and a summary."""
     out = Path(run_dir)
+    with exclusive(out) if out.is_dir() else contextlib.nullcontext():  # no run writes while we read
+        return _place(out, overrides, clients, data_dir, unlabeled)
+
+
+def _place(out: Path, overrides, clients, data_dir, unlabeled) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     exp = Experiment.open(out, data_dir)
     if unlabeled and not exp.algorithm.places_unlabeled:
         from stocfl.algorithms import ALGORITHMS

@@ -86,6 +86,13 @@ def open_saved(
     path = out / "config.toml"
     if not path.is_file():
         raise UserError(f"{out} holds no run (no config.toml); start one with 'stocfl run --out {out}'")
+    # never beside a run in progress: opening a store puts back rows newer than the checkpoint,
+    # through the same memory map the running process writes (export, assign, a loaded run)
+    with exclusive(out):
+        return _open_saved(out, path, data_dir, executor, federation, module, loss, overrides)
+
+
+def _open_saved(out, path, data_dir, executor, federation, module, loss, overrides) -> Experiment:
     raw = read_config(out, data_dir)
     if not raw:
         raise UserError(f"{path} is empty; the run's configuration is lost: restore the file or start a new run")
