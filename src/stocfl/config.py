@@ -470,6 +470,11 @@ def load(path: str | Path | None = None, overrides: list[str] = (), data_dir: st
             text = p.read_text(encoding="utf-8-sig")  # -sig: a byte-order mark some editors write
             check_nesting(text, f"config file {p}")
             raw = tomllib.loads(text)
+            if not raw:  # an empty file (or comments only) is a mistake more often than a wish for the defaults
+                raise UserError(
+                    f"config file {p} sets nothing; write its keys (stocfl config lists them), or run without a "
+                    f"config for the defaults"
+                )
         except tomllib.TOMLDecodeError as err:
             raise UserError(f"config file {p}: not valid TOML ({err}); fix the syntax") from None
         except UnicodeDecodeError:

@@ -174,3 +174,14 @@ def test_a_negative_loss_trains_and_is_evaluated():
 
     res = stocfl.run({"run": {"rounds": 3, "sample_rate": 0.5}}, federation=federation(), loss=shifted, progress=False)
     assert res.summary["accuracy"] is not None and all(m["accuracy"] is not None for m in res.metrics)
+
+
+def test_an_empty_config_file_is_one_line_not_every_default(tmp_path, capsys):
+    for text in ("", "# only a comment\n"):
+        cfg = tmp_path / "empty.toml"
+        cfg.write_text(text)
+        capsys.readouterr()
+        assert main(["run", str(cfg), "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "sets nothing" in err, err
+        assert not (tmp_path / "o").exists()
