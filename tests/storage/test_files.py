@@ -342,3 +342,26 @@ def test_a_run_file_that_is_a_symlink_is_never_written_through(tmp_path_factory,
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "symbolic link" in err, err
     assert victim.read_bytes() == original
+
+
+def test_an_edited_summary_is_not_taken_as_the_runs(tmp_path, capsys):
+    """A finished run's summary.json was trusted as it stood: edit its accuracy and resume
+    printed the edited figure. It is now under the checkpoint's digests: resume writes it anew."""
+    out = tmp_path / "r"
+    assert main(["run", "--quiet", "--out", str(out), *[f"--set={s}" for s in SMALL]]) == 0
+    true = json.loads((out / "summary.json").read_text())
+    assert files_finished(out)["accuracy"] == true["accuracy"]
+    edited = dict(true, accuracy=0.999)
+    (out / "summary.json").write_text(json.dumps(edited))
+    assert files_finished(out) is None
+    capsys.readouterr()
+    assert main(["resume", "--quiet", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert printed["accuracy"] == true["accuracy"] != 0.999
+    assert _strip(json.loads((out / "summary.json").read_text())) == _strip(true)
+
+
+def files_finished(out):
+    from stocfl.experiment.provenance import finished_summary
+
+    return finished_summary(out)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import logging
 import sys
@@ -139,6 +140,7 @@ class Experiment:
                 "sampler": self.sampler.bit_generator.state,
                 **{p: m for p, (_, m) in parts.items()},
                 **provenance.stamp(self.config_digests, self.metrics_chain, self.digests, self.given),
+                **({"summary_sha256": self.summary_sha256} if getattr(self, "summary_sha256", None) else {}),
             },
         )
 
@@ -385,6 +387,9 @@ class Experiment:
                 self.last_used,
                 self.cfg.run.seed,
             )
+            # the summary under the checkpoint's digests: an edited summary.json is not a finished run's
+            self.summary_sha256 = hashlib.sha256((self.out / "summary.json").read_bytes()).hexdigest()
+            self.save_checkpoint()
         return summary
 
 

@@ -217,4 +217,7 @@ def finished_summary(out: Path) -> dict[str, Any] | None:
         return None
     if any(meta.get(k) for k, _ in GIVEN):
         return None  # run from Python: resume names what it needs
+    stored = meta.get("summary_sha256")  # checkpoints from before it: taken as they are
+    if stored is not None and hashlib.sha256((out / "summary.json").read_bytes()).hexdigest() != stored:
+        return None  # edited since the run wrote it: not a finished run's summary (resume writes it anew)
     return summary if summary.get("rounds_done") == summary.get("rounds") == rounds == meta.get("round") else None
