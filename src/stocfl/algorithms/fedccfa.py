@@ -230,7 +230,7 @@ class FedCCFA(Algorithm):
         if not clients:
             return []
         c, d = self.split.n_classes, self.split.features
-        off = self._phase(0, self.params.finetune_lr)
+        off = dataclasses.replace(self.ctx.local, epochs=0)  # no body phase, no balanced classifier
         tasks = [
             SplitTrain(
                 i,

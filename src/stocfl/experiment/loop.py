@@ -97,6 +97,7 @@ class Experiment:
         self.rows: list[dict[str, Any]] = []  # metrics rows of the rounds done
         self.saved: dict[str, tuple[dict[str, torch.Tensor], dict[str, Any]]] = {}  # state after the last round
         self._digested: tuple[Config, dict[str, str]] | None = None
+        self.summary_sha256: str | None = None  # of summary.json, once a finished run has written it
 
     # a results directory made or reopened (stocfl.experiment.start)
     @classmethod
@@ -140,7 +141,7 @@ class Experiment:
                 "sampler": self.sampler.bit_generator.state,
                 **{p: m for p, (_, m) in parts.items()},
                 **provenance.stamp(self.config_digests, self.metrics_chain, self.digests, self.given),
-                **({"summary_sha256": self.summary_sha256} if getattr(self, "summary_sha256", None) else {}),
+                **({"summary_sha256": self.summary_sha256} if self.summary_sha256 else {}),
             },
         )
 

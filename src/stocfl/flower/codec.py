@@ -247,12 +247,15 @@ def encode_results(results: list, clients: list[int]) -> RecordDict:
     return content
 
 
+_CLIENT_ID = _Field("int", False, MISSING)
+
+
 def client_ids(raw, what: str = "ids") -> list[int]:
     """A list of client ids as sent (a reply's, a node's claims): each an integer, or a whole
     finite float; anything else (inf, 3.7, "3", b"\\x03", True, a lone number) is a BadReply."""
     if not isinstance(raw, (list, tuple)):
         raise BadReply(f"{what} = {raw!r:.80} is not a list of client ids")
-    return [_value(_Field("int", False, MISSING), what, c) for c in raw]
+    return [_value(_CLIENT_ID, what, c) for c in raw]
 
 
 def decode_results(tasks: list[Task], content: RecordDict) -> list:

@@ -55,7 +55,7 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    write_atomic(path, "".join(json_line(r) + "\n" for r in rows))
+    write_atomic(path, jsonl_bytes(rows))
 
 
 def toml_string(v: str) -> str:
