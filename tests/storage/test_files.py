@@ -365,3 +365,111 @@ def files_finished(out):
     from stocfl.experiment.provenance import finished_summary
 
     return finished_summary(out)
+
+
+def _resign(path: Path, meta_edit=None, tensor_edit=None, header_edit=None) -> None:
+    """Rewrite a checkpoint with its state (and tensors, and safetensors header) edited, its
+    checksum recomputed over the edit: what someone who edits a file deliberately can do."""
+    from safetensors import safe_open
+    from safetensors.torch import save as to_bytes
+
+    from stocfl.storage.checkpoint import digest
+
+    with safe_open(str(path), framework="pt") as f:
+        header = dict(f.metadata())
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    meta = json.loads(header["stocfl"])
+    if meta_edit:
+        meta_edit(meta)
+    if tensor_edit:
+        tensor_edit(tensors)
+    header["stocfl"] = json.dumps(meta)
+    header["sha256"] = digest(tensors, header["stocfl"])
+    if header_edit:
+        header_edit(header)
+    path.write_bytes(to_bytes(tensors, metadata=header))
+
+
+def _drop(*keys):
+    return lambda d: [d.pop(k, None) for k in keys]
+
+
+CHECKSUM_EDITS = {  # (how the checkpoint is edited, what the one line says)
+    "no sha256": (dict(header_edit=_drop("sha256")), "carries no checksum"),
+    "no sha256, no digests": (
+        dict(
+            meta_edit=_drop("config_sha256", "config_core_sha256", "metrics_sha256", "data_sha256"),
+            header_edit=_drop("sha256"),
+        ),
+        "carries no checksum",
+    ),
+    "a short sha256": (dict(header_edit=lambda h: h.update(sha256="abc")), "carries no checksum"),
+    "format 2 without its digests": (
+        dict(meta_edit=_drop("config_sha256", "metrics_sha256", "data_sha256")),
+        "lacks config_sha256, metrics_sha256, data_sha256",
+    ),
+    "format 3": (dict(meta_edit=lambda m: m.update(format=3)), "format this version of stocfl does not read"),
+    "format 'x'": (dict(meta_edit=lambda m: m.update(format="x")), "format this version of stocfl does not read"),
+    "state not an object": (dict(header_edit=lambda h: h.update(stocfl="[1]")), "unreadable"),
+}
+
+
+@pytest.mark.parametrize("edit", list(CHECKSUM_EDITS))
+def test_a_checkpoint_without_its_checksums_is_refused(runs, tmp_path, capsys, edit):
+    """Finding 12: the checksum and the digests were each checked only when present, so a
+    checkpoint edited to drop them resumed to other numbers. This version's checkpoints say
+    their format and carry every checksum; one that lacks one is refused in one line."""
+    pristine, _ = runs
+    run = tmp_path / "edited"
+    shutil.copytree(pristine, run)
+    how, says = CHECKSUM_EDITS[edit]
+    _resign(run / "checkpoint.safetensors", **how)
+    capsys.readouterr()
+    for command in (["resume", "--quiet"], ["export"], ["assign"]):
+        assert main([*command, str(run)]) == 2, (edit, command)
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and says in err, err
+
+
+def test_a_format_1_checkpoint_resumes_by_the_rules_it_was_written_under(runs, tmp_path):
+    """A checkpoint of format 1 (written before checkpoints said their format) declares no
+    format and may lack the digests added since; it resumes, its checksum checked."""
+    pristine, (ref_rows, ref_summary) = runs
+    run = tmp_path / "older"
+    shutil.copytree(pristine, run)
+
+    def older(meta):
+        meta.pop("format")
+        meta.pop("data_sha256")
+        for part in meta.values():
+            if isinstance(part, dict):
+                for v in part.values():
+                    if isinstance(v, dict):
+                        v.pop("format", None)
+
+    _resign(run / "checkpoint.safetensors", meta_edit=older)
+    assert main(["resume", "--quiet", str(run)]) == 0
+    assert _results(run) == (ref_rows, ref_summary)
+
+
+def test_a_client_store_without_its_row_checksums_is_refused(tmp_path_factory, tmp_path, capsys):
+    """A format-2 store state with its rows' CRCs removed is refused, never read unchecked."""
+    pristine, _ = stopped_run("ditto", tmp_path_factory)
+    run = tmp_path / "edited"
+    shutil.copytree(pristine, run)
+    _resign(run / "checkpoint.safetensors", tensor_edit=lambda t: [t.pop(k) for k in list(t) if k.endswith("crc")])
+    assert main(["resume", "--quiet", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "no checksums for them" in err, err
+
+
+def test_a_finished_run_whose_summary_digest_was_dropped_is_not_taken_as_finished(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["run", "--quiet", "--out", str(out), *[f"--set={s}" for s in SMALL]]) == 0
+    true = json.loads((out / "summary.json").read_text())
+    (out / "summary.json").write_text(json.dumps(dict(true, accuracy=0.999)))
+    _resign(out / "checkpoint.safetensors", meta_edit=_drop("summary_sha256"))
+    assert files_finished(out) is None
+    capsys.readouterr()
+    assert main(["resume", "--quiet", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["accuracy"] == true["accuracy"]

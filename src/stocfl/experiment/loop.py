@@ -168,6 +168,7 @@ class Experiment:
 
     def load_checkpoint(self) -> None:
         tensors, meta = checkpoint.load(self.out / CHECKPOINT)
+        provenance.check_format(meta, self.out / CHECKPOINT)
         names = ["algorithm"] + (["local_bn"] if self.local is not None else [])
         self.saved = {
             p: ({k[len(p) + 1 :]: v for k, v in tensors.items() if k.startswith(p + "/")}, meta.get(p)) for p in names

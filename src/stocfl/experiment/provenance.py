@@ -25,6 +25,12 @@ from stocfl.storage.files import write_atomic
 
 CHECKPOINT = "checkpoint.safetensors"
 
+# The checkpoint's format. 2: it says so, and carries every digest below (and, once the run has
+# finished, its summary's); a checkpoint without a "format" is of format 1, written before
+# 2026-12-06, whose digests are checked where they are present.
+FORMAT = 2
+DIGESTS = ("config_sha256", "config_core_sha256", "metrics_sha256", "data_sha256")
+
 # Keys a resumed run may change: they change nothing computed in the rounds already done (and
 # leave the checkpoint's core digest as it was before they existed).
 EXTENDABLE = ("run.rounds", "run.eval_every", "run.tensorboard")
@@ -101,6 +107,7 @@ def stamp(configs: dict[str, str], chain: str | None, mine: dict[str, Any], give
     :func:`config_digests`), the metrics chain, the data's digest and, for what was given in
     Python (``given``: federation, model, loss), a flag and its digest."""
     return {
+        "format": FORMAT,
         **configs,
         "metrics_sha256": chain,
         "data_sha256": mine["data_sha256"],
@@ -108,6 +115,29 @@ def stamp(configs: dict[str, str], chain: str | None, mine: dict[str, Any], give
         **({"custom_model": True, "model_sha256": mine["model_sha256"]} if given["model"] else {}),
         **({"custom_loss": True, "loss_probe": mine["loss_probe"]} if given["loss"] else {}),
     }
+
+
+def check_format(meta: Any, path: Path) -> dict[str, Any]:
+    """``meta`` (a checkpoint's state, read from ``path``) when this version reads its format
+    and it carries what its format requires; else one line."""
+    fmt = meta.get("format", 1) if isinstance(meta, dict) else None
+    if fmt not in (1, FORMAT) or isinstance(fmt, bool):
+        raise UserError(
+            f"checkpoint {path} is in a format this version of stocfl does not read ({fmt!r}); resume it with "
+            f"the version that wrote it, or start a new run"
+        )
+    missing = [k for k in DIGESTS if fmt >= 2 and not isinstance(meta.get(k), str)]
+    if missing:
+        raise UserError(
+            f"checkpoint {path} lacks {', '.join(missing)}, which its format ({fmt}) carries: it was edited; the "
+            f"run cannot resume from it"
+        )
+    return meta
+
+
+def read_meta(out: Path) -> dict[str, Any]:
+    """The state of ``out``'s checkpoint, its format checked (not its tensors)."""
+    return check_format(checkpoint.read_meta(out / CHECKPOINT), out / CHECKPOINT)
 
 
 def check_config(meta: dict[str, Any], cfg: Config, path: Path) -> None:
@@ -208,16 +238,14 @@ def finished_summary(out: Path) -> dict[str, Any] | None:
     try:
         summary = json.loads((out / "summary.json").read_text())
         rounds = read_config(out)["run"]["rounds"]
-        meta = (
-            checkpoint.read_meta(out / CHECKPOINT)
-            if (out / CHECKPOINT).exists()
-            else {"round": summary.get("rounds_done")}
-        )
+        meta = read_meta(out) if (out / CHECKPOINT).exists() else {"round": summary.get("rounds_done")}
     except Exception:  # noqa: BLE001 - anything unreadable: not a finished run; resume says what is wrong
         return None
     if any(meta.get(k) for k, _ in GIVEN):
         return None  # run from Python: resume names what it needs
-    stored = meta.get("summary_sha256")  # checkpoints from before it: taken as they are
-    if stored is not None and hashlib.sha256((out / "summary.json").read_bytes()).hexdigest() != stored:
+    stored = meta.get("summary_sha256")  # format 1 checkpoints from before it: taken as they are
+    if (stored is None and meta.get("format", 1) >= 2) or (
+        stored is not None and hashlib.sha256((out / "summary.json").read_bytes()).hexdigest() != stored
+    ):
         return None  # edited since the run wrote it: not a finished run's summary (resume writes it anew)
     return summary if summary.get("rounds_done") == summary.get("rounds") == rounds == meta.get("round") else None

@@ -15,7 +15,7 @@ from stocfl.experiment import configure, provenance
 from stocfl.experiment.build import pin_data_dir, read_config
 from stocfl.experiment.loop import Experiment
 from stocfl.experiment.provenance import CHECKPOINT
-from stocfl.storage import checkpoint, formats
+from stocfl.storage import formats
 from stocfl.storage.files import exclusive, write_atomic
 
 
@@ -100,7 +100,7 @@ def _open_saved(out, path, data_dir, executor, federation, module, loss, overrid
     given = {"federation": federation is not None, "model": module is not None, "loss": loss is not None}
     has_checkpoint = (out / CHECKPOINT).exists()
     if has_checkpoint:  # before anything is built from a config that may not be the run's
-        meta = checkpoint.read_meta(out / CHECKPOINT)
+        meta = provenance.read_meta(out)
         provenance.check_config(meta, cfg, path)
         provenance.check_given_in_python(meta, out, given)
     if overrides:

@@ -3,7 +3,10 @@
 Written to a temporary name and moved into place with ``os.replace``, so a kill at any moment
 leaves either the previous checkpoint or the new one, never half of one. A SHA-256 of the
 state (the JSON and every tensor's name, dtype, shape and bytes) is stored beside it and
-checked on load: a flipped byte anywhere is an error, never a silently different run.
+checked on load: a flipped byte anywhere is an error, never a silently different run. A file
+without one is refused (every stocfl since checkpoints began to carry it writes one), so that
+dropping the checksum is not a way past it. The SHA-256 is not a key: it catches damage and
+edits, not a forger who recomputes it.
 """
 
 from __future__ import annotations
@@ -89,13 +92,30 @@ def _unreadable(path: Path, err: Exception) -> UserError:
     return UserError(f"checkpoint {path} is unreadable ({type(err).__name__}); the run cannot resume from it")
 
 
+def _checksum(path: Path, header: dict[str, str] | None) -> str:
+    """The checksum the header carries; a header without one is refused."""
+    stored = (header or {}).get("sha256")
+    if not isinstance(stored, str) or len(stored) != 64:
+        raise UserError(
+            f"checkpoint {path} carries no checksum (its header has no sha256): it was edited, or written "
+            f"by a stocfl from before 2026-11-23; the run cannot resume from it"
+        )
+    return stored
+
+
 def read_meta(path: Path) -> dict[str, Any]:
-    """The JSON state alone (the header), without reading or checking the tensors."""
+    """The JSON state alone (the header), without reading or checking the tensors (the
+    checksum must be there)."""
     try:
         with safe_open(str(path), framework="pt") as f:
-            return json.loads(f.metadata()["stocfl"])
+            header = f.metadata()
+            meta = json.loads(header["stocfl"])
+            if not isinstance(meta, dict):
+                raise ValueError("its state is not a JSON object")
     except Exception as err:  # a truncated or foreign file, whatever the library raises
         raise _unreadable(path, err) from None
+    _checksum(path, header)
+    return meta
 
 
 def load(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -104,11 +124,12 @@ def load(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
             header = f.metadata()
             meta_json = header["stocfl"]
             meta = json.loads(meta_json)
+            if not isinstance(meta, dict):
+                raise ValueError("its state is not a JSON object")
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as err:
         raise _unreadable(path, err) from None
-    stored = header.get("sha256")
-    if stored is not None and stored != digest(tensors, meta_json):
+    if _checksum(path, header) != digest(tensors, meta_json):
         raise UserError(
             f"checkpoint {path} is corrupt (its checksum does not match its contents); the run cannot resume from it"
         )

@@ -27,6 +27,10 @@ from stocfl.errors import UserError
 from stocfl.storage import checkpoint
 from stocfl.storage.files import open_nofollow
 
+# 2: the state declares its format, and every row set has its CRC (format 1 stores, written
+# before row checksums, may have none)
+FORMAT = 2
+
 
 class ClientStore:
     def __init__(self, n_clients: int, n_params: int, directory: Path | None = None, name: str = "clients"):
@@ -120,7 +124,7 @@ class ClientStore:
         tensors = {"rows": torch.from_numpy(self.rows[has].copy())} if self.path is None and has else {}
         if has:
             tensors["crc"] = torch.from_numpy(self.crc[has].copy())
-        return tensors, {"version": self.version, "has": has}
+        return tensors, {"version": self.version, "has": has, "format": FORMAT}
 
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         """Back to the checkpoint's version (undoing a write the checkpoint did not see)."""
@@ -137,7 +141,12 @@ class ClientStore:
         self.has[:] = False
         self.has[meta["has"]] = True
         self.crc[:] = 0
-        if "crc" in tensors:  # checkpoints from before row checksums have none
+        if meta.get("format", 1) >= FORMAT and meta["has"] and "crc" not in tensors:
+            raise UserError(
+                f"{self.path or 'the in-memory store'}: the checkpoint has {len(meta['has'])} client models and "
+                f"no checksums for them (edited); the run cannot resume"
+            )
+        if "crc" in tensors:  # checkpoints of format 1 from before row checksums have none
             self.crc[meta["has"]] = tensors["crc"].numpy()
             if not self.trusted:  # a run reopened from disk; in-process restores need no check
                 self.verify(meta["has"])
