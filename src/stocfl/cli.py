@@ -186,6 +186,7 @@ def _resume(args) -> int:
     from stocfl import api
     from stocfl import config as schema
     from stocfl.executors import engine_of
+    from stocfl.experiment import provenance
     from stocfl.experiment.build import read_config
     from stocfl.experiment.loop import Experiment
     from stocfl.experiment.provenance import finished_summary
@@ -205,8 +206,10 @@ def _resume(args) -> int:
     engine = raw.get("run", {}).get("engine", "auto")
     launch = engine_of(engine).launch if isinstance(engine, str) else None
     if launch is not None:
+        # what the engine needs before the run is opened (run.node_wait), the extensions applied
+        launched = schema.validate(provenance.with_extensions(copy.deepcopy(raw), args.overrides)).to_dict()
         summary = launch(
-            raw,
+            launched,
             out,
             lambda ex: Experiment.resume(out, args.data_dir, ex, overrides=args.overrides),
             schema.validate(copy.deepcopy(raw)).scenario.n_clients,  # read_config checked it validates

@@ -71,6 +71,14 @@ class RunConfig(Section):
         description="flower-sim: simulated SuperNodes, node i serving clients i, i+k, i+2k, ... "
         "(one message per node and kind of task); 0 = one SuperNode per client",
     )
+    node_wait: float = Field(
+        120.0,
+        gt=0,
+        le=7 * 86400,
+        description="Flower engines: before round 1, seconds to wait for the next client node to say "
+        "which clients it serves; the wait starts again at each node that answers, so a busy machine "
+        "that is still starting its nodes is waited for",
+    )
 
     @field_validator("device")
     @classmethod

@@ -21,6 +21,7 @@ from stocfl.executors import SequentialExecutor
 from stocfl.experiment import configure
 from stocfl.experiment.loop import Experiment
 from stocfl.flower.loopback import LoopbackExecutor
+from tests.flower.grid import ScriptedGrid, in_a_run  # noqa: F401 (a fixture)
 
 EVIL = 3
 SMALL = [
@@ -208,47 +209,12 @@ def test_a_representation_of_huge_entries_is_renormalised_not_fatal(tmp_path):
     assert all(r["dropped"] == 0 for r in rows) and (tmp_path / "huge" / "embedding.png").exists()
 
 
-def test_a_second_node_claiming_a_served_client_is_refused(monkeypatch):
+def test_a_second_node_claiming_a_served_client_is_refused(in_a_run):
     """A node that claims every client id receives no other client's tasks while their own
     nodes are online; a restarted node (its old id gone offline) takes its client back."""
-    from types import SimpleNamespace
-
-    from flwr.supercore.task_identity import TaskIdentity
-
     from stocfl.flower.engine import FlowerExecutor
 
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1)  # the executor's messages belong to a run
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
-
-    class Grid:
-        def __init__(self):
-            self.online, self.claims, self.pending = [1, 2], {1: [0], 2: [1], 3: [0, 1, 2], 4: [0]}, {}
-
-        def get_node_ids(self):
-            return list(self.online)
-
-        def push_messages(self, messages):
-            ids = []
-            for m in messages:
-                self.pending[f"m{len(self.pending)}"] = m
-                ids.append(f"m{len(self.pending) - 1}")
-            return ids
-
-        def pull_messages(self, ids):
-            out = []
-            for i in ids:  # what the executor reads of a reply to query.identify
-                node = self.pending[i].metadata.dst_node_id
-                out.append(
-                    SimpleNamespace(
-                        metadata=SimpleNamespace(reply_to_message_id=i),
-                        has_error=lambda: False,
-                        content={"client": {"client_ids": self.claims[node]}},
-                    )
-                )
-            return out
-
-    grid = Grid()
+    grid = ScriptedGrid([1, 2], {1: [0], 2: [1], 3: [0, 1, 2], 4: [0]})
     ex = FlowerExecutor(grid, timeout=5)
     ex.refresh()
     assert ex.node_of == {0: 1, 1: 2}
@@ -271,42 +237,15 @@ def test_a_second_node_claiming_a_served_client_is_refused(monkeypatch):
     [[1000, 1001], [-1], [10**6], [float("inf")], [3.7], ["1"]],
     ids=["ids beyond the federation", "-1", "10**6", "inf", "3.7", "a string"],
 )
-def test_a_claim_outside_the_federation_is_refused_and_never_counts_toward_the_quorum(monkeypatch, claims):
+def test_a_claim_outside_the_federation_is_refused_and_never_counts_toward_the_quorum(in_a_run, claims):
     """One node claiming client ids the federation does not hold (N = 2), with no honest node
     online: the run does not start (it used to start at once and finish with every client
     dropped); with the honest nodes online their clients are served and the liar gets nothing."""
-    from types import SimpleNamespace
-
-    from flwr.supercore.task_identity import TaskIdentity
-
     from stocfl.errors import UserError
     from stocfl.flower.engine import FlowerExecutor
 
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
-
-    class Grid:
-        def __init__(self, online):
-            self.online, self.claims, self.pending = online, {7: claims, 1: [0], 2: [1]}, {}
-
-        def get_node_ids(self):
-            return list(self.online)
-
-        def push_messages(self, messages):
-            for m in messages:
-                self.pending[f"m{len(self.pending)}"] = m
-            return [f"m{k}" for k in range(len(self.pending) - len(messages), len(self.pending))]
-
-        def pull_messages(self, ids):
-            return [
-                SimpleNamespace(
-                    metadata=SimpleNamespace(reply_to_message_id=i),
-                    has_error=lambda: False,
-                    content={"client": {"client_ids": self.claims[self.pending[i].metadata.dst_node_id]}},
-                )
-                for i in ids
-            ]
+    def Grid(online):  # noqa: N802
+        return ScriptedGrid(online, {7: claims, 1: [0], 2: [1]})
 
     with pytest.raises(UserError, match="only 0 of 2"):
         FlowerExecutor(Grid([7]), timeout=1, n_clients=2).connect(2, wait=0.5)

@@ -2,6 +2,7 @@
 
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ flwr = pytest.importorskip("flwr", reason="Flower is part of the test extra: pip
 from flwr.app import ConfigRecord, RecordDict  # noqa: E402
 
 from stocfl.flower.codec import BadReply, decode_results, decode_tasks, encode_results, encode_tasks, message_type  # noqa: E402
+from tests.flower.grid import ScriptedGrid, in_a_run  # noqa: E402,F401 (a fixture)
 
 pytestmark = pytest.mark.flower  # starts Flower processes (left out of make test-fast)
 
@@ -161,7 +163,7 @@ def test_flower_simulation_agrees_with_the_local_engine(tmp_path, capfd, recwarn
             assert a["n_clusters"] == b["n_clusters"] and a["ari"] == b["ari"]
             assert abs(a["accuracy"] - b["accuracy"]) <= 1e-4
             assert abs(a["global_accuracy"] - b["global_accuracy"]) <= 1e-4
-    assert (tmp_path / "flower" / ".flwr").is_dir(), "FLWR_HOME must live in the run directory"
+    assert not (tmp_path / "flower" / ".flwr").exists(), "Flower's home is a temporary directory, removed"
     err = capfd.readouterr().err
     assert "DEPRECATED FEATURE" not in err and "Manually terminating" not in err, err[-2000:]
     assert not [w for w in recwarn if "Ray" in str(w.message)], [str(w.message) for w in recwarn]
@@ -291,3 +293,60 @@ def test_every_task_kind_is_routed_by_its_category_and_action():
     for kind in KINDS.values():
         category, _, action = kind.message.partition(".")
         assert f"{category}.{action or 'default'}" in routes, kind.message
+
+
+def test_the_wait_for_nodes_follows_their_progress_not_a_fixed_deadline(in_a_run):
+    """Finding 29: nodes that identify slowly, one every 0.3 s, each within run.node_wait
+    (0.5 s) of the last, are all waited for, though the last answers after 1.5 s; a federation
+    whose last nodes stall is given up 0.5 s after the last answer, in simulation words when
+    simulated."""
+    from stocfl.errors import UserError
+    from stocfl.flower.engine import FlowerExecutor
+
+    claims = {n: [n - 1] for n in range(1, 6)}
+    slow = ScriptedGrid(range(1, 6), claims, {n: 0.3 * n for n in range(1, 6)})
+    t = time.monotonic()
+    ex = FlowerExecutor(slow, n_clients=5).connect(5, wait=0.5)
+    assert ex.node_of == {c: c + 1 for c in range(5)} and time.monotonic() - t >= 1.4
+    stalled = ScriptedGrid(range(1, 6), claims, {1: 0.1, 2: 0.2, 3: 0.3, 4: None, 5: None})
+    t = time.monotonic()
+    with pytest.raises(UserError) as err:
+        FlowerExecutor(stalled, n_clients=5).connect(5, wait=0.5, simulated=True)
+    assert 0.7 <= time.monotonic() - t < 5
+    said = str(err.value)
+    assert said.startswith("only 3 of 5 simulated Flower clients answered, and none more for 0.5 s (load average")
+    assert "--set run.node_wait=<seconds> (now 0.5)" in said and "SuperNode" not in said
+    with pytest.raises(
+        UserError, match='none more for 0.5 s; start a SuperNode per client with --node-config "client-id'
+    ):
+        FlowerExecutor(ScriptedGrid(range(1, 6), claims, {4: None, 5: None}), n_clients=5).connect(5, wait=0.5)
+
+
+@pytest.mark.flower
+def test_a_simulation_whose_nodes_do_not_start_in_time_is_one_line_and_leaves_no_flower_home(tmp_path, capsys):
+    """Finding 29: a flower-sim run that gives up waiting for its simulated nodes says so in
+    simulation words, names run.node_wait, and leaves no .flwr directory anywhere it made."""
+    import os
+
+    before = os.environ.get("FLWR_HOME")
+    out = tmp_path / "r"
+    code = main(
+        [
+            "run",
+            "--quiet",
+            "--engine",
+            "flower-sim",
+            "--out",
+            str(out),
+            "--set",
+            "scenario.n_clients=4",
+            "--set",
+            "run.rounds=1",
+            "--set",
+            "run.node_wait=0.01",
+        ]
+    )
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and err.startswith("stocfl: error: only 0 of 4 simulated Flower clients answered"), err
+    assert "run.node_wait" in err
+    assert not (out / ".flwr").exists() and os.environ.get("FLWR_HOME") == before

@@ -5,6 +5,7 @@ models reach the same accuracy (to a prediction or two of float rounding)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 from torch import nn
@@ -84,3 +85,31 @@ def test_bench_peers_runs_the_cases_asked_and_refuses_bad_options_in_one_line(tm
     )
     assert [c["case"] for c in got["cases"]] == ["c_digits_500x10"]
     assert set(got["cases"][0]["ratios"]) == {"stocfl", "naive"} and got["cases"][0]["ratios"]["stocfl"] == 1.0
+
+
+def test_the_bench_writes_each_case_as_it_ends(tmp_path, data_dir, monkeypatch, capsys):
+    """Finding 29: a bench failing in its last part (flower-sim on a busy machine, after 12
+    minutes) lost every finished case's timings: nothing was written before the end. The file
+    now holds each case as it ends, marked unfinished until all have."""
+    from stocfl.errors import UserError
+    from stocfl_lab import bench
+    from stocfl_lab.cli import main as lab_main
+
+    out = tmp_path / "bench.json"
+    seen = []
+
+    def case(name, *args):
+        if name == "digits_small":
+            seen.append(json.loads(out.read_text()))  # what a stop here would leave
+            raise UserError("the machine is too busy")
+        return {"name": name}
+
+    monkeypatch.setattr(bench, "run_case", case)
+    assert lab_main(["bench", "--quick", "--data-dir", str(data_dir), "--out", str(out)]) == 2
+    assert "the machine is too busy" in capsys.readouterr().err
+    left = json.loads(out.read_text())
+    assert left["finished"] is False and [c["name"] for c in left["cases"]] == [
+        "mlp2048_rotated_mnist_d50",
+        "mlp2048_rotated_mnist",
+    ]
+    assert seen == [left]

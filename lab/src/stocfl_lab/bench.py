@@ -149,10 +149,11 @@ def run_case(
     }
 
 
-def flower_overhead(rounds: int = 5) -> dict:
+def flower_overhead(rounds: int = 5, out: dict | None = None, saved=lambda: None) -> dict:
     """Seconds per round of the same StoCFL run (digits, 20 clients, half sampled per round)
     on the local sequential engine and on flower-sim, with one simulated SuperNode per client
-    and with 2 SuperNodes sharing the clients; Ray's start-up is reported apart."""
+    and with 2 SuperNodes sharing the clients; Ray's start-up is reported apart. Each case goes
+    into ``out`` as it ends, and ``saved()`` is called."""
     import tempfile
 
     from stocfl.storage import read_jsonl
@@ -163,7 +164,7 @@ def flower_overhead(rounds: int = 5) -> dict:
         "flower-sim": ["run.engine=flower-sim"],
         "flower-sim-2-nodes": ["run.engine=flower-sim", "run.sim_nodes=2"],
     }
-    out: dict = {}
+    out = {} if out is None else out
     with tempfile.TemporaryDirectory() as tmp:
         for name, extra in cases.items():
             cfg = stocfl.load_config(None, [*sets, *extra])
@@ -177,6 +178,7 @@ def flower_overhead(rounds: int = 5) -> dict:
                 "total_seconds": round(total, 2),
                 "rounds_seconds": round(sum(per_round), 2),
             }
+            saved()
     local = out["sequential"]["seconds_per_round"]
     for name in ("flower-sim", "flower-sim-2-nodes"):
         out[name]["overhead_per_round_seconds"] = round(out[name]["seconds_per_round"] - local, 4)
@@ -214,33 +216,24 @@ def main(args) -> int:
         "torch": torch.__version__,
         "matmul_peak_gflops": round(peak, 1),
         "data": source,
-        "cases": [
-            run_case(
-                "mlp2048_rotated_mnist_d50",
-                mnist50,
-                "mlp",
-                2048,
-                mnist50.n_clients,
-                1 if quick else 5,
-                0,
-                0.1,
-                peak,
-                1,
-                device,
-            ),
-            run_case(
-                "mlp2048_rotated_mnist", mnist, "mlp", 2048, mnist.n_clients, 1 if quick else 5, 0, 0.1, peak, 1, device
-            ),
-            run_case(
-                "digits_small", digits, "digits_mlp", 0, digits.n_clients, 5, 10, 0.1, peak, 1 if quick else 3, device
-            ),
-        ],
+        "finished": False,  # until every case has ended: the file is written as each one does
+        "cases": [],
     }
+    specs = [
+        ("mlp2048_rotated_mnist_d50", mnist50, "mlp", 2048, mnist50.n_clients, 1 if quick else 5, 0, 0.1, peak, 1),
+        ("mlp2048_rotated_mnist", mnist, "mlp", 2048, mnist.n_clients, 1 if quick else 5, 0, 0.1, peak, 1),
+        ("digits_small", digits, "digits_mlp", 0, digits.n_clients, 5, 10, 0.1, peak, 1 if quick else 3),
+    ]
+    for spec in specs:
+        result["cases"].append(run_case(*spec, device))
+        _save(result, args.out)
     try:
         if device.type == "cpu":  # a CPU measure of per-message overhead
-            result["flower_sim"] = flower_overhead(3 if quick else 6)
+            result["flower_sim"] = {}
+            flower_overhead(3 if quick else 6, result["flower_sim"], lambda: _save(result, args.out))
     except ImportError:
         result["flower_sim"] = "Flower not installed (pip install 'flwr[simulation]>=1.41,<1.43')"
+    result["finished"] = True
     return _emit(result, args.out)
 
 
@@ -258,13 +251,20 @@ def _check_out(out: str | None) -> None:
         raise UserError(f"--out {out}: not a file this process can write; choose another path")
 
 
+def _save(result: dict, out: str | None) -> None:
+    """Write ``result`` as it stands to ``out`` (when given), atomically: a bench stopped or
+    failing later keeps every case that ended."""
+    if out:
+        from stocfl.storage import write_atomic
+
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(Path(out), (json.dumps(result, indent=2) + "\n").encode())
+
+
 def _emit(result: dict, out: str | None) -> int:
     """Print the JSON, and write it to ``out`` when given."""
-    text = json.dumps(result, indent=2)
-    print(text)
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(text + "\n")
+    print(json.dumps(result, indent=2))
+    _save(result, out)
     return 0
 
 
@@ -285,19 +285,23 @@ def peers_main(args, root, quick: bool, threads: int) -> int:
     if not isinstance(repeats, int) or repeats < 1:
         raise UserError(f"stocfl-lab bench --peers: --repeats must be a whole number >= 1, got {repeats!r}")
     peak = matmul_peak(1024 if quick else 2048)
-    result = {
+    result: dict = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {threads} torch threads",
         "torch": torch.__version__,
         "matmul_peak_gflops": round(peak, 1),
-        **bench_peers(
-            str(root),
-            peak,
-            threads,
-            quick,
-            repeats=1 if quick else repeats,
-            cases=cases,
-            log=lambda m: print(m, file=sys.stderr, flush=True),
-        ),
+        "finished": False,  # until every case has ended: the file is written as each one does
     }
+    bench_peers(
+        str(root),
+        peak,
+        threads,
+        quick,
+        repeats=1 if quick else repeats,
+        cases=cases,
+        log=lambda m: print(m, file=sys.stderr, flush=True),
+        out=result,
+        saved=lambda: _save(result, args.out),
+    )
+    result["finished"] = True
     return _emit(result, args.out)

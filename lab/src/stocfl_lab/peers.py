@@ -343,13 +343,17 @@ def bench_peers(
     only: list[str] | None = None,
     cases: list[str] | None = None,
     log=print,
+    out: dict[str, Any] | None = None,
+    saved=lambda: None,
 ) -> dict[str, Any]:
     """Per case, each system ``repeats`` times in alternating order (stocfl first, then last,
     ...), each time in a fresh process; a system's figure is the median of its repetitions.
-    On a shared machine one sample can be 20% off; alternating spreads slow spells over all."""
+    On a shared machine one sample can be 20% off; alternating spreads slow spells over all.
+    Each case goes into ``out`` as it ends, and ``saved()`` is called."""
     import importlib.util
 
-    out: dict[str, Any] = {"cases": [], "skipped": {}, "repeats": repeats}
+    out = {} if out is None else out
+    out.update({"cases": [], "skipped": {}, "repeats": repeats})
     for name, (_, module) in SYSTEMS.items():
         if module is not None and importlib.util.find_spec(module) is None:
             out["skipped"][name] = f"{module} is not installed (pip install -e '.[bench]')"
@@ -383,6 +387,7 @@ def bench_peers(
         accs = [v["accuracy"] for v in row["systems"].values()]
         row["accuracy_spread"] = round(max(accs) - min(accs), 4)
         out["cases"].append(row)
+        saved()
     return out
 
 

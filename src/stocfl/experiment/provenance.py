@@ -33,7 +33,7 @@ DIGESTS = ("config_sha256", "config_core_sha256", "metrics_sha256", "data_sha256
 
 # Keys a resumed run may change: they change nothing computed in the rounds already done (and
 # leave the checkpoint's core digest as it was before they existed).
-EXTENDABLE = ("run.rounds", "run.eval_every", "run.tensorboard")
+EXTENDABLE = ("run.rounds", "run.eval_every", "run.tensorboard", "run.node_wait")
 
 # Keys added after checkpoints began to store a digest of the whole config, with the default
 # that reproduces the behaviour before them.
@@ -52,6 +52,7 @@ ADDED_KEYS = {
     "scenario.drift_rounds": [],
     "scenario.drift_share": 0.5,
     "scenario.drift_notice": True,
+    "run.node_wait": 120.0,
 }
 
 GIVEN = (("custom_data", "federation"), ("custom_model", "model"), ("custom_loss", "loss"))
@@ -209,20 +210,24 @@ def checked_rows(out: Path, done: int, chain: str | None) -> tuple[list[dict[str
     return kept, chain if chain is not None else metrics_chain(kept)
 
 
-def extended(cfg: Config, overrides: list[str], done: int, out: Path) -> Config:
-    """``cfg`` with ``overrides`` of :data:`EXTENDABLE` keys applied, written to ``out``'s
-    config.toml. Other keys, or fewer rounds than are done, are refused in one line."""
-    raw = cfg.to_dict()
+def with_extensions(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``raw`` (a config as a dict, changed in place) with ``overrides`` of :data:`EXTENDABLE`
+    keys applied; other keys are refused in one line."""
     for item in overrides:
         parts, value = schema.parse_override(item)
-        key = ".".join(parts)
-        if key not in EXTENDABLE:
+        if ".".join(parts) not in EXTENDABLE:
             raise UserError(
                 f"resume --set {item!r}: a resumed run may change only {', '.join(EXTENDABLE)}; other "
                 f"keys would change what it computed: start a new run with 'stocfl run'"
             )
-        raw["run"][parts[1]] = value
-    new = configure.validate(raw)
+        raw.setdefault("run", {})[parts[1]] = value
+    return raw
+
+
+def extended(cfg: Config, overrides: list[str], done: int, out: Path) -> Config:
+    """``cfg`` with ``overrides`` of :data:`EXTENDABLE` keys applied, written to ``out``'s
+    config.toml. Other keys, or fewer rounds than are done, are refused in one line."""
+    new = configure.validate(with_extensions(cfg.to_dict(), overrides))
     if new.run.rounds < done:
         raise UserError(
             f"resume --set run.rounds={new.run.rounds}: the run has done {done} rounds already; ask for {done} or more"

@@ -93,23 +93,44 @@ class FlowerExecutor:
         self.refused: set[tuple[int, int]] = set()  # (node, client) claims refused so far
         self.failed: set[int] = set()  # nodes whose last reply did not come or was an error
 
-    def connect(self, expected: int, wait: float = NODE_WAIT_SECONDS) -> FlowerExecutor:
-        """Wait until ``expected`` clients each have a node that said who it serves."""
-        deadline = time.monotonic() + wait
+    def connect(self, expected: int, wait: float = NODE_WAIT_SECONDS, simulated: bool = False) -> FlowerExecutor:
+        """Wait until ``expected`` clients each have a node that said who it serves, while the
+        nodes make progress: the run gives up after ``wait`` seconds in which no node came
+        online or answered (a busy machine starting its nodes slowly is waited for, a
+        federation whose nodes will not come is not). ``simulated``: the error speaks of
+        Flower's simulation, not of SuperNodes to start."""
+        last, progress = time.monotonic(), (-1, -1)
         while True:
-            self.refresh(timeout=max(deadline - time.monotonic(), POLL_SECONDS))
+            self.refresh(timeout=wait, idle=True)
             if len(self.node_of) >= expected:
                 return self
+            now = (len(self.seen), len(self.claims) + len(self.refusals))
+            if now != progress:
+                last, progress = time.monotonic(), now
             # a node that refused is not asked again: with too few others, waiting cannot help
-            if time.monotonic() >= deadline or (self.refusals and len(self.node_of) + len(self.refusals) >= expected):
-                why = "".join(f"; node {n}: {r}" for n, r in list(self.refusals.items())[:1])
-                raise UserError(
-                    f"only {len(self.node_of)} of {expected} Flower clients connected within {wait:.0f} s; "
-                    f'start a SuperNode per client with --node-config "client-id=<i>"{why}'
-                )
+            if time.monotonic() - last >= wait or (
+                self.refusals and len(self.node_of) + len(self.refusals) >= expected
+            ):
+                raise UserError(self._not_connected(expected, wait, simulated))
             time.sleep(POLL_SECONDS)
 
-    def refresh(self, timeout: float | None = None) -> None:
+    def _not_connected(self, expected: int, wait: float, simulated: bool) -> str:
+        why = "".join(f"; node {n}: {r}" for n, r in list(self.refusals.items())[:1])
+        if simulated:
+            load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+            return (
+                f"only {len(self.node_of)} of {expected} simulated Flower clients answered, and none more "
+                f"for {wait:g} s (load average {load:.1f} on {os.cpu_count()} CPUs): the machine may be too "
+                f"busy to start them; run again with --set run.node_wait=<seconds> (now {wait:g}) or fewer "
+                f"simulated nodes (run.sim_nodes){why}"
+            )
+        return (
+            f"only {len(self.node_of)} of {expected} Flower clients connected, and none more for {wait:g} s; "
+            f'start a SuperNode per client with --node-config "client-id=<i>", or wait longer with '
+            f"run.node_wait{why}"
+        )
+
+    def refresh(self, timeout: float | None = None, idle: bool = False) -> None:
         """Forget nodes gone offline; ask nodes not seen before which clients they serve.
 
         A client is served by one node. A second node's claim on it is refused (and logged)
@@ -125,7 +146,7 @@ class FlowerExecutor:
         new = sorted(online - self.seen)
         self.seen |= set(new)  # a node that does not answer now is not asked again
         if new:
-            self.identify(new, timeout)
+            self.identify(new, timeout, idle)
         for node, clients in reversed(list(self.claims.items())):  # the most recent claim first
             for client in clients:
                 owner = self.node_of.get(client)
@@ -139,10 +160,10 @@ class FlowerExecutor:
     def refused_claims(self) -> int:
         return len(self.refused)
 
-    def identify(self, new: list[int], timeout: float | None) -> None:
+    def identify(self, new: list[int], timeout: float | None, idle: bool = False) -> None:
         """Ask nodes which clients they serve; their claims go to ``self.claims``."""
         queries = [Message(RecordDict(), dst_node_id=n, message_type="query.identify") for n in new]
-        for node, reply in zip(new, self.exchange(queries, timeout or self.timeout or NODE_WAIT_SECONDS)):
+        for node, reply in zip(new, self.exchange(queries, timeout or self.timeout or NODE_WAIT_SECONDS, idle)):
             try:
                 if reply is None:
                     raise ValueError("no reply")
@@ -164,8 +185,9 @@ class FlowerExecutor:
                 continue
             self.claims[node] = clients
 
-    def exchange(self, messages: list[Message], timeout: float | None) -> list[Message | None]:
-        """Push ``messages``; their replies in the same order, None where none came within ``timeout``."""
+    def exchange(self, messages: list[Message], timeout: float | None, idle: bool = False) -> list[Message | None]:
+        """Push ``messages``; their replies in the same order, None where none came within
+        ``timeout`` (``idle``: within ``timeout`` of the previous reply)."""
         ids = list(self.grid.push_messages(messages))
         pending = {i: k for k, i in enumerate(ids) if i is not None}
         out: list[Message | None] = [None] * len(messages)
@@ -176,6 +198,8 @@ class FlowerExecutor:
                 k = pending.pop(reply.metadata.reply_to_message_id, None)
                 if k is not None:
                     out[k] = reply
+                    if idle and timeout is not None:
+                        deadline = time.monotonic() + timeout
             if not pending or (deadline is not None and time.monotonic() >= deadline):
                 break
             time.sleep(pause)
@@ -290,19 +314,30 @@ def client_app(raw_config: dict[str, Any] | Callable[[Context], dict[str, Any]])
     return app
 
 
-def _timeout(raw_config: dict[str, Any]) -> float | None:
-    return float(raw_config.get("run", {}).get("client_timeout", 0.0)) or None
+def _run_key(raw_config: dict[str, Any], key: str) -> float:
+    from stocfl.config import RunConfig
+
+    return float(raw_config.get("run", {}).get(key, RunConfig.model_fields[key].default))
 
 
 def server_app(
-    make_experiment: Callable[[FlowerExecutor], Any], n_nodes: int, result: dict, timeout: float | None = None
+    make_experiment: Callable[[FlowerExecutor], Any],
+    n_nodes: int,
+    result: dict,
+    timeout: float | None = None,
+    wait: float = NODE_WAIT_SECONDS,
 ) -> ServerApp:
+    """The simulation's ServerApp: the run's one-line errors are kept in ``result["error"]``
+    (Flower would log them as a traceback)."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        executor = FlowerExecutor(grid, timeout, n_clients=n_nodes).connect(n_nodes)
-        result["summary"] = make_experiment(executor).run(progress=result.get("progress", False))
+        try:
+            executor = FlowerExecutor(grid, timeout, n_clients=n_nodes).connect(n_nodes, wait, simulated=True)
+            result["summary"] = make_experiment(executor).run(progress=result.get("progress", False))
+        except UserError as err:
+            result["error"] = err
 
     return app
 
@@ -367,7 +402,9 @@ def deployed_main(grid: Grid, run_config: dict[str, Any]) -> None:
     resuming = (out / "config.toml").exists()
     cfg = configure.validate(read_config(out)) if resuming else configure.load(str(config))  # before connecting
     n_clients = cfg.scenario.n_clients
-    executor = FlowerExecutor(grid, cfg.run.client_timeout or None, n_clients).connect(n or n_clients)
+    executor = FlowerExecutor(grid, cfg.run.client_timeout or None, n_clients).connect(
+        n or n_clients, cfg.run.node_wait
+    )
     (Experiment.resume(out, executor=executor) if resuming else Experiment.create(cfg, out, executor)).run(
         progress=False
     )
@@ -381,21 +418,40 @@ def simulate(
     progress: bool = False,
 ) -> dict[str, Any]:
     """Run an experiment on Flower's simulation engine (Ray): one SuperNode per client, or
-    ``run.sim_nodes`` SuperNodes sharing the clients; one CPU per ClientApp actor. FLWR_HOME
-    goes inside the run directory, never the user's home."""
+    ``run.sim_nodes`` SuperNodes sharing the clients; one CPU per ClientApp actor. Flower's
+    home (FLWR_HOME, unless set) is a temporary directory, removed at the end: never the
+    user's home, nothing left in the run directory."""
+    import shutil
+    import tempfile
+
     from flwr.simulation import run_simulation
 
     quiet_known_noise()
     out.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("FLWR_HOME", str((out / ".flwr").resolve()))
+    home = None if os.environ.get("FLWR_HOME") else tempfile.mkdtemp(prefix="stocfl-flwr-")
+    if home is not None:
+        os.environ["FLWR_HOME"] = home
     result: dict[str, Any] = {"progress": progress}
     nodes = min(int(raw_config.get("run", {}).get("sim_nodes", 0)) or n_clients, n_clients)
-    run_simulation(
-        server_app(make_experiment, n_clients, result, _timeout(raw_config)),
-        client_app(raw_config),
-        num_supernodes=nodes,
-        backend_config={"client_resources": {"num_cpus": 1}},
-    )
+    try:
+        run_simulation(
+            server_app(
+                make_experiment,
+                n_clients,
+                result,
+                _run_key(raw_config, "client_timeout") or None,
+                _run_key(raw_config, "node_wait"),
+            ),
+            client_app(raw_config),
+            num_supernodes=nodes,
+            backend_config={"client_resources": {"num_cpus": 1}},
+        )
+    finally:
+        if home is not None:
+            os.environ.pop("FLWR_HOME", None)
+            shutil.rmtree(home, ignore_errors=True)
+    if "error" in result:
+        raise result["error"]
     if "summary" not in result:
         raise UserError(
             f"the Flower simulation ended without finishing the run; see the log above, resume with "
