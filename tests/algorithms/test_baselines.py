@@ -11,7 +11,7 @@ from stocfl.algorithms.cfl import CFL, CFLParams
 from stocfl.algorithms.ditto import Ditto, DittoParams
 from stocfl.algorithms.flhc import DEFAULT_THRESHOLD, FLHC, FLHCParams
 from stocfl.algorithms.ifca import IFCA, IFCAParams
-from stocfl.client.tasks import Evaluate, Evaluated, Train, Trained
+from stocfl.client.tasks import Evaluate, Evaluated, Train, Trained, out_of_bound
 from stocfl.client.training import LocalTraining
 from stocfl.storage.store import ClientStore
 
@@ -332,9 +332,12 @@ def test_the_gradient_query_equals_autograd_on_the_module_and_refuses_a_crafted_
     for bad, says in [
         (r.gradient[:-1], "gradient has shape"),
         (r.gradient * float("nan"), "NaN"),
-        (torch.full_like(r.gradient, 1e9), "beyond"),
     ]:
         with pytest.raises(BadResult, match=says):
             check_gradiented(task, dataclasses.replace(r, gradient=bad), 30, 0)
+    # a gradient's size is bounded against the model and the round's others
+    huge = dataclasses.replace(r, gradient=torch.full_like(r.gradient, 1e9))
+    assert out_of_bound([task, task, task], [r, huge, r]).keys() == {1}
+    assert "beyond 1e+06 x max(1" in out_of_bound([task], [huge])[0]
     with pytest.raises(BadResult, match="n_samples"):
         check_gradiented(task, dataclasses.replace(r, n_samples=31), 30, 0)

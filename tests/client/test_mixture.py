@@ -25,7 +25,7 @@ from stocfl.client.mixture import (
 )
 from stocfl.client.models import FlatModel, build_module, make_model
 from stocfl.client.optim import Optimizer
-from stocfl.client.tasks import BadResult, Evaluate, Train
+from stocfl.client.tasks import BadResult, Evaluate, Train, out_of_bound
 from stocfl.client.training import LocalTraining, batch_plan
 from stocfl.data.datasets import load_dataset
 from stocfl.data.scenarios import build
@@ -188,7 +188,6 @@ N0 = int(FED.train_sizes[0])
     [
         ({"models": GOOD.models[:2]}, "models has shape"),
         ({"models": GOOD.models.clone().fill_(float("nan"))}, "NaN"),
-        ({"models": GOOD.models * 1e9}, "beyond"),
         ({"mixture": torch.tensor([0.5, 0.5, 0.5])}, "not a distribution"),
         ({"mixture": torch.tensor([1.5, -0.5, 0.0])}, "not a distribution"),
         ({"mixture": torch.tensor([1.0, 0.0])}, "mixture has shape"),
@@ -201,6 +200,12 @@ N0 = int(FED.train_sizes[0])
 def test_a_crafted_reply_is_refused_by_name(change, says):
     with pytest.raises(BadResult, match=says):
         check_mixture_trained(TASK, dataclasses.replace(GOOD, **change), N0, 0)
+
+
+def test_mixture_models_that_moved_far_beyond_the_model_and_the_others_are_out_of_bound():
+    far = dataclasses.replace(GOOD, models=GOOD.models * 1e9)
+    assert out_of_bound([TASK] * 3, [GOOD, far, GOOD]).keys() == {1}
+    assert "moved" in out_of_bound([TASK], [far])[0] and not out_of_bound([TASK], [GOOD])
 
 
 def test_a_reply_within_rounding_is_normalised_and_a_bad_task_is_one_line():

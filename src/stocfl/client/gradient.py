@@ -13,7 +13,15 @@ from dataclasses import dataclass
 
 import torch
 
-from stocfl.client.tasks import MAX_ABS, BadResult, ClientData, _count, check_vector, check_weights, register_task
+from stocfl.client.tasks import (
+    BadResult,
+    ClientData,
+    _count,
+    check_vector,
+    check_weights,
+    largest_entry,
+    register_task,
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,11 +61,22 @@ def full_gradient(c: ClientData, t: Gradient) -> Gradiented:
 def check_gradiented(t: Gradient, r: Gradiented, train_size: int, test_size: int) -> Gradiented:
     if not isinstance(r.gradient, torch.Tensor):
         raise BadResult("gradient missing")
-    g = check_vector(r.gradient, "gradient", t.weights.numel(), MAX_ABS)
+    g = check_vector(r.gradient, "gradient", t.weights.numel())  # its size is bounded by out_of_bound
     _count(r.n_samples, train_size, "n_samples")
     return Gradiented(g, r.n_samples)
 
 
+def moved_gradient(t: Gradient, r: Gradiented) -> tuple[float, float]:
+    """A gradient is a move from nothing: its largest entry, beside the model's."""
+    return largest_entry(r.gradient), largest_entry(t.weights)
+
+
 register_task(
-    Gradient, Gradiented, full_gradient, "query.gradient", check_gradiented, reply_size=lambda t: t.weights.numel()
+    Gradient,
+    Gradiented,
+    full_gradient,
+    "query.gradient",
+    check_gradiented,
+    reply_size=lambda t: t.weights.numel(),
+    moved=moved_gradient,
 )

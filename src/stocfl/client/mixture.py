@@ -19,7 +19,6 @@ import torch
 from stocfl.bounds import MAX_WEIGHT
 from stocfl.client.models import FlatModel
 from stocfl.client.tasks import (
-    MAX_ABS,
     BadResult,
     ClientData,
     Evaluate,
@@ -27,6 +26,7 @@ from stocfl.client.tasks import (
     _count,
     check_evaluated,
     check_vector,
+    largest_entry,
     register_task,
 )
 from stocfl.client.training import LocalTraining, local_sgd
@@ -223,7 +223,7 @@ def check_mixture_trained(t: MixtureTrain, r: MixtureTrained, train_size: int, t
     rows = 1 if t.personal is not None else k
     if not isinstance(r.models, torch.Tensor) or r.models.shape != (rows, p) or not r.models.is_floating_point():
         raise BadResult(f"models has shape {tuple(getattr(r.models, 'shape', ()))}, expected ({rows}, {p}) floats")
-    check_vector(r.models.reshape(-1), "models", rows * p, MAX_ABS)
+    check_vector(r.models.reshape(-1), "models", rows * p)  # their size is bounded by out_of_bound
     _count(r.n_samples, train_size, "n_samples")
     pi = check_vector(r.mixture, "mixture", k)
     if float(pi.min()) < 0 or abs(float(pi.sum()) - 1.0) > MIXTURE_TOLERANCE:
@@ -273,6 +273,13 @@ def check_mixture_evaluated(t: EvaluateMixture, r: Evaluated, train_size: int, t
 
 
 # a reply: K models, K weights and K x C label masses, C below a model's size
+def moved_mixture(t: MixtureTrain, r: MixtureTrained) -> tuple[float, float]:
+    """The models' largest change from those they trained from (the client's own model, or the
+    K sent), beside the largest entry of what was sent."""
+    sent = t.models if t.personal is None else t.personal.reshape(1, -1)
+    return largest_entry(r.models - sent), largest_entry(sent)
+
+
 register_task(
     MixtureTrain,
     MixtureTrained,
@@ -280,6 +287,7 @@ register_task(
     "train.mixture",
     check_mixture_trained,
     reply_size=lambda t: 2 * t.models.numel() + len(t.models),
+    moved=moved_mixture,
 )
 register_task(
     EvaluateMixture, Evaluated, evaluate_mixture, "evaluate.mixture", check_mixture_evaluated, reply_size=lambda t: 0

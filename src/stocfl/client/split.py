@@ -47,7 +47,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from stocfl.client.models import FlatModel
-from stocfl.client.tasks import MAX_ABS, BadResult, ClientData, _count, check_vector, check_weights, register_task
+from stocfl.client.tasks import (
+    MAX_ABS,
+    BadResult,
+    ClientData,
+    _count,
+    check_vector,
+    check_weights,
+    largest_entry,
+    register_task,
+)
 from stocfl.client.training import LocalTraining, _seeded, batch_plan
 from stocfl.errors import UserError
 
@@ -310,10 +319,12 @@ def prototypes(model: FlatModel, w: torch.Tensor, x: torch.Tensor, y: torch.Tens
 def check_split_trained(t: SplitTrain, r: SplitTrained, train_size: int, test_size: int) -> SplitTrained:
     """A reply is a model and a head of the task's sizes, prototypes of C * d entries (all 0 for a
     class the client lacks), label counts that are whole numbers >= 0 summing to the client's
-    train size, each within MAX_ABS and finite; anything else is refused."""
+    train size, finite, the counts and prototypes within MAX_ABS (the model and the head are
+    bounded by how far they moved, :func:`~stocfl.client.tasks.out_of_bound`); anything else is
+    refused."""
     _count(r.n_samples, train_size, "n_samples")
-    check_vector(r.weights, "weights", t.weights.numel(), MAX_ABS)
-    check_vector(r.balanced_head, "balanced_head", t.balanced_head.numel(), MAX_ABS)
+    check_vector(r.weights, "weights", t.weights.numel())  # their size is bounded by out_of_bound
+    check_vector(r.balanced_head, "balanced_head", t.balanced_head.numel())
     c = t.anchor_mask.numel()
     counts = check_vector(r.label_counts, "label_counts", c, MAX_ABS)
     if (counts < 0).any() or (counts != counts.round()).any() or int(counts.sum()) != train_size:
@@ -354,6 +365,10 @@ register_task(
     "train.split",
     check_split_trained,
     reply_size=lambda t: t.weights.numel() + t.balanced_head.numel() + t.anchors.numel() + t.anchor_mask.numel(),
+    moved=lambda t, r: (
+        max(largest_entry(r.weights - t.weights), largest_entry(r.balanced_head - t.balanced_head)),
+        max(largest_entry(t.weights), largest_entry(t.balanced_head)),
+    ),
 )
 
 __all__ = ["Split", "SplitTrain", "SplitTrained", "madd"]

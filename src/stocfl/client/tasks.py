@@ -71,7 +71,13 @@ class Evaluated:
 
 T = TypeVar("T")
 
-MAX_ABS = 1e6  # no trained weight or gradient entry is larger; a reply beyond it is refused
+# Bounds on replies. Data statistics (descriptors, label counts, prototypes) are bounded in
+# absolute terms by MAX_ABS. Replies in the model's own space (trained weights, gradients) are
+# bounded relative to what was sent and to the task list's other replies (:func:`out_of_bound`):
+# a model whose honest scale is large (a bias of 1e7, BatchNorm statistics of inputs of scale
+# 1e4) passes, and the honest members of a cluster whose model a poisoned reply moved far are
+# measured from that model, so the bound does not blame them for it.
+MAX_ABS = 1e6
 
 
 class BadResult(ValueError):
@@ -97,9 +103,47 @@ def _count(n, expected: int, what: str) -> None:
 
 
 def check_trained(task: Train, result: Trained, train_size: int, test_size: int) -> Trained:
-    check_vector(result.weights, "weights", task.weights.numel(), MAX_ABS)
+    check_vector(result.weights, "weights", task.weights.numel())  # its size is bounded by out_of_bound
     _count(result.n_samples, train_size, "n_samples")
     return result
+
+
+def largest_entry(t: torch.Tensor) -> float:
+    return float(t.abs().max()) if t.numel() else 0.0
+
+
+def moved_trained(task: Train, result: Trained) -> tuple[float, float]:
+    """(the largest change of the reply's weights from those sent, the sent weights' largest entry)."""
+    return largest_entry(result.weights - task.weights), largest_entry(task.weights)
+
+
+def out_of_bound(tasks: list, results: list) -> dict[int, str]:
+    """The replies (by position) that moved too far, each with why. A reply of a kind with a
+    ``moved`` measure (:class:`TaskKind`) moved by m from what was sent, whose largest entry is
+    s; it is out of bound when m > MAX_ABS * max(1, s, M), M the median move of the list's other
+    replies (the lower one of an even count; none: 0). Relative to the model, so an honest
+    large-scale model passes; relative to the others, so a round whose every honest reply moves
+    far (BatchNorm statistics on large inputs, in round 1) passes, while one reply far beyond
+    the rest does not. A list of one reply has no others: only its model's scale bounds it."""
+    moves = {}
+    for k, (t, r) in enumerate(zip(tasks, results)):
+        kind = kind_of(type(t))
+        if kind.moved is not None:
+            moves[k] = kind.moved(t, r)
+    order = sorted(moves, key=lambda k: moves[k][0])
+    rank = {k: j for j, k in enumerate(order)}
+    n_others = len(order) - 1
+    mid = (n_others - 1) // 2  # the lower median's place among the others
+    out = {}
+    for k, (m, scale) in moves.items():
+        median = 0.0 if n_others < 1 else moves[order[mid + (rank[k] <= mid)]][0]
+        bound = MAX_ABS * max(1.0, scale, median)
+        if m > bound:
+            out[k] = (
+                f"moved {m:.3g} from the model sent, beyond {MAX_ABS:g} x max(1, the model's largest entry "
+                f"{scale:.3g}, the round's median move {median:.3g})"
+            )
+    return out
 
 
 def check_evaluated(task: Evaluate, result: Evaluated, train_size: int, test_size: int) -> Evaluated:
@@ -180,17 +224,24 @@ def id_ranges(ids: list[int]) -> str:
     return ",".join(out)
 
 
-def without_dropped(clients: list[int], attempt: Callable[[list[int]], T], step: str) -> tuple[list[int], T]:
+def without_dropped(
+    clients: list[int], attempt: Callable[[list[int]], T], step: str, none_left: str | None = None
+) -> tuple[list[int], T]:
     """``attempt(clients)``, repeated without the clients that failed until none fails; returns
     the clients that answered and the result (for steps that simply leave failed clients out).
     Every client left out is logged, naming ``step`` and why: a figure computed over fewer
-    clients than asked must never pass unnoticed."""
+    clients than asked must never pass unnoticed. ``none_left``: when every client failed, the
+    step stops with one line, naming ``step`` and why, followed by ``none_left`` (what to do)."""
+    reasons: list[str] = []
     while True:
         try:
             return clients, attempt(clients)
         except ClientsDropped as err:
             log.warning("%s: left out %s", step, err.summary())
+            reasons += err.reasons
             clients = [i for i in clients if i not in err.clients]
+            if not clients and none_left is not None:
+                raise UserError(f"{step}: every client failed ({grouped_reasons(reasons)}); {none_left}") from None
 
 
 def task_seed(run_seed: int, round_: int, client: int, purpose: int = 0) -> int:
@@ -225,7 +276,9 @@ class TaskKind:
     validates a reply (default :func:`check_any`); ``batched(executor, tasks)``, when given, is
     a vectorised version the batched executor uses; ``message`` is its Flower message type;
     ``reply_size(task)`` bounds the numbers a reply to ``task`` may carry in its tensors, which
-    a decoder checks before it reads them (default :func:`default_reply_size`)."""
+    a decoder checks before it reads them (default :func:`default_reply_size`); ``moved(task,
+    result)``, for replies in the model's space, is (the reply's largest change from what was
+    sent, the largest entry of what was sent), which :func:`out_of_bound` bounds."""
 
     task: type
     result: type
@@ -234,6 +287,7 @@ class TaskKind:
     check: Callable[[Any, Any, int, int], Any] | None = None
     batched: Callable[[Any, list], list] | None = None
     reply_size: Callable[[Any], int] | None = None
+    moved: Callable[[Any, Any], tuple[float, float]] | None = None
 
     def max_reply(self, task) -> int:
         """The most numbers a reply to ``task`` may carry in its tensors."""
@@ -270,6 +324,7 @@ def register_task(
     check: Callable | None = None,
     batched: Callable | None = None,
     reply_size: Callable | None = None,
+    moved: Callable | None = None,
 ) -> TaskKind:
     """Register a task kind (see :class:`TaskKind`). ``task`` and ``result`` are dataclasses; a
     task has a field ``client``. ``message`` defaults to ``query.<task name in lower case>``."""
@@ -292,7 +347,7 @@ def register_task(
     taken = [k for k in KINDS.values() if k.message == message and k.task is not task]
     if taken:
         raise UserError(f"register_task: message type {message!r} is taken by {taken[0].task.__name__}")
-    KINDS[task] = TaskKind(task, result, reference, message, check, batched, reply_size)
+    KINDS[task] = TaskKind(task, result, reference, message, check, batched, reply_size, moved)
     return KINDS[task]
 
 
@@ -361,7 +416,9 @@ def evaluate_one(c: ClientData, t: Evaluate) -> Evaluated:
     return evaluate_pooled(c.model, t.weights, [c.split(t.split)])[0]
 
 
-register_task(Train, Trained, train_one, "train", check_trained, reply_size=lambda t: t.weights.numel())
+register_task(
+    Train, Trained, train_one, "train", check_trained, reply_size=lambda t: t.weights.numel(), moved=moved_trained
+)
 register_task(Evaluate, Evaluated, evaluate_one, "evaluate", check_evaluated, reply_size=lambda t: 0)
 
 Task = Any  # an instance of a registered task kind

@@ -37,7 +37,7 @@ from stocfl.algorithms.checks import (
     check_outputs,
 )
 from stocfl.client.mixture import evaluation_task
-from stocfl.client.tasks import ClientsDropped, Evaluate, without_dropped
+from stocfl.client.tasks import ClientsDropped, Evaluate, grouped_reasons, without_dropped
 from stocfl.config import Config
 from stocfl.data.federation import Federation
 from stocfl.errors import UserError
@@ -202,11 +202,17 @@ class Experiment:
         is redone without them from the state of the last checkpoint (the algorithms are
         deterministic, so the result is the round those clients would have had without them)."""
         dropped: list[int] = []
+        reasons: list[str] = []
         while True:
             present = [i for i in sampled if i not in dropped]
             joining = [i for i in arriving if i not in dropped]
             moved = [i for i in changed if i not in dropped]
             if not present and not joining and not moved:
+                if dropped:  # nothing was learned: never a round counted as done with no client
+                    raise UserError(
+                        f"round {t}: every client of the round was dropped ({grouped_reasons(reasons)}); "
+                        f"{self.stopped_at()}"
+                    )
                 return {}, dropped
             try:
                 before = {}
@@ -226,7 +232,16 @@ class Experiment:
                     ) from None
                 log.warning("round %d: dropped %s", t, err.summary())
                 dropped += err.clients
+                reasons += err.reasons
                 self.restore_algorithm()
+
+    def stopped_at(self) -> str:
+        """What a run stopped now keeps (the rounds done, checkpointed), and how to go on."""
+        if self.out is None:
+            return f"the run stops after round {self.round}"
+        return (
+            f"the run stops at its checkpoint of round {self.round}: remove the cause, then 'stocfl resume {self.out}'"
+        )
 
     def restore_algorithm(self) -> None:
         """The algorithm's state as of the last finished round (the value kept in memory)."""
@@ -262,7 +277,9 @@ class Experiment:
         if self.drifting is not None:  # each client on the data it holds after round t
             self.drifting.at(max(1, t))
         asked = self.fed.present(max(1, t))
-        clients, (res, gres, self.last_used) = without_dropped(asked, attempt, f"round {t}: evaluation")
+        clients, (res, gres, self.last_used) = without_dropped(
+            asked, attempt, f"round {t}: evaluation", none_left=f"no accuracy can be reported; {self.stopped_at()}"
+        )
         self.last_eval = dict(zip(clients, res))
         self.last_global = dict(zip(clients, gres))
         out: dict[str, Any] = {"accuracy": _pooled(res), "global_accuracy": _pooled(gres)}
