@@ -69,7 +69,18 @@ class Reference:
                 gone.append(i)
         return self.cos([i for i in self.clusters[a] if i not in gone], [i for i in self.clusters[b] if i not in gone])
 
-    def merge(self, tau: float, leave_out: float = 0.0) -> int:
+    def agreed(self, a: int, b: int, tau: float, quorum: float) -> bool:
+        """Each member's own cosine to the other cluster's centroid, counted per side."""
+        for own, other in ((a, b), (b, a)):
+            if len(self.clusters[own]) < 2:
+                continue
+            c = self.centroid(other)
+            yes = sum(float(self.psi[i] @ c / self.psi[i].norm()) > tau + EPS for i in self.clusters[own])
+            if not yes > quorum * len(self.clusters[own]):
+                return False
+        return True
+
+    def merge(self, tau: float, leave_out: float = 0.0, quorum: float = 0.0, quorum_tau=None) -> int:
         if tau != self.last_tau:
             self.blocked.clear()
         self.last_tau = tau
@@ -90,7 +101,9 @@ class Reference:
                 break
             floor = max(top - EPS, tau + EPS)
             a, b = min(p for p, c in cos.items() if c >= floor and c > tau + EPS)
-            if leave_out > 0 and not self.leave_out_cosine(a, b, leave_out) > tau + EPS:
+            if (leave_out > 0 and not self.leave_out_cosine(a, b, leave_out) > tau + EPS) or (
+                quorum > 0 and not self.agreed(a, b, tau if quorum_tau is None else quorum_tau, quorum)
+            ):
                 self.blocked.add((a, b))
                 continue
             self.clusters[a] += self.clusters.pop(b)
@@ -177,25 +190,33 @@ def _check_round(cs: ClusterSet, ref: Reference, merges: int, ref_merges: int, t
         assert cs.counts_[c] == len(ref.clusters[c]) == len(cs.members_[c])
 
 
-def replay(case, reload_between_rounds=False, leave_out=0.0):
+def replay(case, reload_between_rounds=False, leave_out=0.0, quorum=0.0, quorum_tau=None):
     """Both implementations through the case's rounds; yields after each round (the
     incremental set, the reference, both merge counts, tau, and the incremental (keep, gone)
     pairs). Odd clients send float32 representations, as clients do; even ones float64."""
     psis, batches, taus = case
     n = len(psis)
-    cs, ref = ClusterSet(n, keep_vectors=leave_out > 0), Reference(n)
+    keep = leave_out > 0 or quorum > 0
+    cs, ref = ClusterSet(n, keep_vectors=keep), Reference(n)
     for batch, tau in zip(batches, taus):
         if reload_between_rounds:  # the checkpoint's round trip between rounds
             tensors, meta = cs.state()
-            cs = ClusterSet(n, keep_vectors=leave_out > 0)
+            cs = ClusterSet(n, keep_vectors=keep)
             cs.load_state(tensors, meta)
         sent = {i: psis[i].float() if i % 2 else psis[i] for i in batch}
         new = [cs.add(i, sent[i]) for i in batch]
         for i in batch:
             ref.add(i, sent[i])
         merged: list[tuple[int, int]] = []
-        merges = cs.merge_greedy(new, tau, on_merge=lambda keep, gone: merged.append((keep, gone)), leave_out=leave_out)
-        yield cs, ref, merges, ref.merge(tau, leave_out), tau, merged
+        merges = cs.merge_greedy(
+            new,
+            tau,
+            on_merge=lambda keep, gone: merged.append((keep, gone)),
+            leave_out=leave_out,
+            quorum=quorum,
+            quorum_tau=quorum_tau,
+        )
+        yield cs, ref, merges, ref.merge(tau, leave_out, quorum, quorum_tau), tau, merged
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
@@ -212,6 +233,20 @@ def test_merge_check_equals_brute_force(case, reload_between_rounds, leave_out):
     """The merge check (leave out the most influential members) and its blocked pairs, against
     a reference that recomputes every leave-one-out centroid from the members' vectors."""
     for cs, ref, merges, ref_merges, tau, merged in replay(case, reload_between_rounds, leave_out):
+        assert np.array_equal(cs.labels_, ref.labels()), (cs.labels_, ref.labels())
+        assert merges == ref_merges and cs.refused >= 0
+        for c in cs.ids:
+            assert cs.counts_[c] == len(ref.clusters[c]) == len(cs.members_[c])
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(scenarios(), st.booleans(), st.sampled_from([0.1, 0.5, 0.75]), st.sampled_from([None, -0.2, 0.35, 0.9]))
+def test_members_quorum_equals_brute_force(case, reload_between_rounds, quorum, quorum_tau):
+    """The members' quorum and its blocked pairs, against a reference that computes every
+    member's cosine to the other cluster's centroid from the members' vectors."""
+    for cs, ref, merges, ref_merges, tau, merged in replay(
+        case, reload_between_rounds, quorum=quorum, quorum_tau=quorum_tau
+    ):
         assert np.array_equal(cs.labels_, ref.labels()), (cs.labels_, ref.labels())
         assert merges == ref_merges and cs.refused >= 0
         for c in cs.ids:

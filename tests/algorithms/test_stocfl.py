@@ -309,18 +309,22 @@ def test_groups_found_on_digits_with_defaults(tmp_path, scenario, per_client):
         assert (tmp_path / scenario / name).stat().st_size > 50
 
 
-def _least_bridge(groups, leave_out, craft, limit=256):
+def _least_bridge(groups, leave_out, craft, limit=256, **check):
     """The least number of crafted Psi (sent together after the honest clients) that puts the
-    two honest groups in one cluster (bisection; None: not within ``limit``)."""
+    two honest groups in one cluster (bisection; None: not within ``limit``). ``check``: the
+    members' quorum (``quorum``, ``quorum_tau``)."""
     n = len(groups[0]) + len(groups[1])
-    honest = ClusterSet(n + limit, keep_vectors=leave_out > 0)
-    honest.merge_greedy([honest.add(i, v) for i, v in enumerate(groups[0] + groups[1])], 0.5, leave_out=leave_out)
+    keep = leave_out > 0 or bool(check)
+    honest = ClusterSet(n + limit, keep_vectors=keep)
+    honest.merge_greedy(
+        [honest.add(i, v) for i, v in enumerate(groups[0] + groups[1])], 0.5, leave_out=leave_out, **check
+    )
     assert len(honest) == 2, "the honest clients form their two groups"
 
     def bridged(k):
-        cs = ClusterSet(n + limit, keep_vectors=leave_out > 0)
+        cs = ClusterSet(n + limit, keep_vectors=keep)
         cs.load_state(*honest.state())
-        cs.merge_greedy([cs.add(n + j, craft) for j in range(k)], 0.5, leave_out=leave_out)
+        cs.merge_greedy([cs.add(n + j, craft) for j in range(k)], 0.5, leave_out=leave_out, **check)
         return len(set(cs.labels_[:n].tolist())) == 1
 
     if not bridged(limit):
@@ -345,8 +349,24 @@ def test_merge_check_makes_bridging_two_groups_cost_more_crafted_representations
     assert plain is not None and checked is not None and checked > plain + 4, (plain, checked)
 
 
-def test_merge_check_runs_in_stocfl_checkpoints_and_logs_refusals():
-    alg = _run(StoCFL(StoCFLParams(tau=0.3, leave_out=0.2), CTX))
+def test_members_quorum_keeps_colluders_fewer_than_a_group_from_bridging_it():
+    """Crafted Psi that join group A cannot carry A into B while they are not a majority of A's
+    members: A's honest members do not point at B (issue 70, finding 8)."""
+    g = torch.Generator().manual_seed(0)
+    e = torch.eye(40, dtype=torch.float64)
+    directions = [e[0], 0.3 * e[0] + 0.91**0.5 * e[1]]  # two groups of 20 at cosine 0.3, below tau 0.5
+    groups = [[d + 0.03 * torch.randn(40, generator=g, dtype=torch.float64) for _ in range(20)] for d in directions]
+    units = [torch.stack(grp).sum(0) for grp in groups]
+    units = [u / u.norm() for u in units]
+    craft = (units[0] + units[1]) / (units[0] + units[1]).norm()
+    plain = _least_bridge(groups, 0.0, craft)
+    quorum = _least_bridge(groups, 0.0, craft, quorum=0.5, quorum_tau=0.35)
+    assert plain is not None and plain <= 12 and (quorum is None or quorum > 20), (plain, quorum)
+
+
+@pytest.mark.parametrize("check", [{"leave_out": 0.2}, {"quorum": 0.5}], ids=["leave_out", "quorum"])
+def test_merge_check_runs_in_stocfl_checkpoints_and_logs_refusals(check):
+    alg = _run(StoCFL(StoCFLParams(tau=0.3, **check), CTX))
     tensors, meta = alg.encode_state()
     clusters = meta["fields"]["clusters"]["meta"]
     assert (
@@ -354,7 +374,7 @@ def test_merge_check_runs_in_stocfl_checkpoints_and_logs_refusals():
         == len(clusters["vector_clients"])
         == int((alg.cluster_labels() >= 0).sum())
     )
-    fresh = StoCFL(StoCFLParams(tau=0.3, leave_out=0.2), CTX)
+    fresh = StoCFL(StoCFLParams(tau=0.3, **check), CTX)
     fresh.decode_state(tensors, meta)
     ex = SequentialExecutor(FED, MODEL)
     a, b = alg.round(4, [4, 6, 8, 10], ex.execute), fresh.round(4, [4, 6, 8, 10], ex.execute)

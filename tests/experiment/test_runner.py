@@ -317,6 +317,8 @@ def test_tensorboard_without_a_results_directory_is_refused_in_one_line():
         (["scenario.name=corrupted"], "scenario.severity", "5"),
         (["algorithm.name=cfl"], "algorithm.similarity", "gradients"),
         ([], "run.node_wait", "600"),
+        (["algorithm.name=stocfl"], "algorithm.quorum", "0.5"),
+        (["algorithm.name=stocfl"], "algorithm.quorum_tau", "0.3"),
     ],
 )
 def test_a_config_key_added_later_leaves_an_older_runs_digest_as_it_was(base, key, other):
@@ -334,6 +336,8 @@ def test_a_config_key_added_later_leaves_an_older_runs_digest_as_it_was(base, ke
     d["algorithm"].pop("cluster_start", None)
     d["algorithm"].pop("cluster_warmup", None)
     d["algorithm"].pop("chain", None)
+    d["algorithm"].pop("quorum", None)
+    d["algorithm"].pop("quorum_tau", None)
     d["scenario"].pop("severity")
     d["algorithm"].pop("similarity", None)
     for k in ("present_at_start", "join_rounds", "leave", "leave_rounds", "drift", "drift_rounds"):

@@ -53,6 +53,8 @@ ADDED_KEYS = {
     "scenario.drift_share": 0.5,
     "scenario.drift_notice": True,
     "run.node_wait": 120.0,
+    "algorithm.quorum": 0.0,
+    "algorithm.quorum_tau": 0.35,
 }
 
 GIVEN = (("custom_data", "federation"), ("custom_model", "model"), ("custom_loss", "loss"))

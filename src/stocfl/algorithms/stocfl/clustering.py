@@ -36,6 +36,14 @@ smaller client id), each cluster keeping at least one member. A few crafted Psi 
 two true clusters then no longer carry them together: the crafted ones are the most
 influential members and are left out. A refused pair stays apart until one of its clusters
 changes. The check needs every member's Psi, so the set then keeps one vector per client.
+
+The members' quorum (``quorum``, the stronger defence): a pair that passes tau merges only if,
+on each side of two or more members, more than the ``quorum`` share of its members agree, a
+member agreeing when its own Psi's cosine to the other cluster's representation exceeds tau
+(at resolution EPS). A singleton's own cosine is the pair's, which passed. Crafted Psi that
+joined cluster A cannot carry A into B while they are fewer than the quorum of A's members:
+A's honest members do not point at B. Refused pairs stay apart as above; the quorum also needs
+every member's Psi.
 """
 
 from __future__ import annotations
@@ -194,6 +202,22 @@ class ClusterSet:
         na, nb = left[0].norm(), left[1].norm()
         return float(left[0] @ left[1] / (na * nb)) if na > 0 and nb > 0 else -2.0
 
+    def agreed(self, a: int, b: int, tau: float, quorum: float) -> bool:
+        """Whether, on each side of clusters ``a`` and ``b`` with two or more members, more than
+        ``quorum`` of the members have a cosine above ``tau`` (the members' threshold) to the
+        other cluster (see the module docstring); needs ``keep_vectors``."""
+        for own, other in ((a, b), (b, a)):
+            members = self.members_[own]
+            if len(members) < 2:
+                continue
+            u = self.sums_[other].double()
+            u = u / u.norm()
+            v = torch.stack([self.vectors_[i].double() for i in members])
+            cos = (v @ u) / v.norm(dim=1)
+            if not int((cos > tau + EPS).sum()) > quorum * len(members):
+                return False
+        return True
+
     def merge_greedy(
         self,
         dirty: list[int],
@@ -201,15 +225,18 @@ class ClusterSet:
         on_merge: Callable[[int, int], None] | None = None,
         heights: list[float] | None = None,
         leave_out: float = 0.0,
+        quorum: float = 0.0,
+        quorum_tau: float | None = None,
     ) -> int:
         """Merge the most similar pair while its cosine exceeds ``tau`` (see the module
         docstring for ties and resolution); returns the number of merges.
 
         ``dirty``: clusters changed since the last call (newcomers). ``on_merge(keep, gone)`` is
         called before cluster ``gone`` is folded into ``keep`` (the older id); the cosine of
-        every merge is appended to ``heights`` when given. ``leave_out`` > 0: the merge check
-        (module docstring); ``refused`` counts the pairs it kept apart."""
-        if leave_out > 0 and not self.keep_vectors:
+        every merge is appended to ``heights`` when given. ``leave_out`` > 0: the merge check;
+        ``quorum`` > 0: the members' quorum, a member agreeing above ``quorum_tau`` (None: tau)
+        (module docstring); ``refused`` counts the pairs they kept apart."""
+        if (leave_out > 0 or quorum > 0) and not self.keep_vectors:
             raise ValueError("the merge check needs ClusterSet(keep_vectors=True)")
         self.refused = 0
         ids = self.ids
@@ -228,7 +255,9 @@ class ClusterSet:
             if pair is None:
                 return merges
             keep, gone, cos = pair
-            if leave_out > 0 and not self.leave_out_cosine(keep, gone, leave_out) > tau + EPS:
+            if (leave_out > 0 and not self.leave_out_cosine(keep, gone, leave_out) > tau + EPS) or (
+                quorum > 0 and not self.agreed(keep, gone, tau if quorum_tau is None else quorum_tau, quorum)
+            ):
                 rows.block(slot[keep], slot[gone])
                 self.refused += 1
                 continue
