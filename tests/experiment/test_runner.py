@@ -252,6 +252,30 @@ def test_a_stop_by_signal_names_the_directory_to_resume(tmp_path, sig, code, say
     assert f"{says}; the last finished round is checkpointed: continue with 'stocfl resume {out}'" in err, err
 
 
+@pytest.mark.parametrize("prog, args", [("stocfl", ["run", "--quiet"]), ("stocfl-lab", ["bench", "--quick"])])
+@pytest.mark.parametrize(
+    "sig, code, says",
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated (SIGTERM)")],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_a_stop_while_the_command_is_still_importing_is_one_line(tmp_path, prog, args, sig, code, says):
+    """Ctrl-C in the first second of 'stocfl run', while torch was still being imported, printed a
+    27-line KeyboardInterrupt traceback (issue 70, finding 25); SIGTERM ended it with no line."""
+    command = os.path.join(os.path.dirname(sys.executable), prog)  # the console script, as a user types it
+    proc = subprocess.Popen(
+        [command, *args, "--out", str(tmp_path / "r")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    time.sleep(0.3)  # the interpreter is up, the command's imports (seconds) are not done
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code and err.strip() == f"{prog}: {says} while starting; nothing was run", err
+    assert not (tmp_path / "r").exists()
+
+
 def test_clusters_are_numbered_0_to_k_minus_1_alike_in_every_file(tmp_path):
     import csv
 
