@@ -227,6 +227,7 @@ def test_a_second_node_claiming_a_served_client_is_refused(in_a_run):
     ex.failed.add(1)  # node 1 stopped answering (as the executor notes on a timeout or error)
     ex.refresh()
     assert ex.node_of == {0: 4, 1: 2, 2: 3}, "the claim waits and is granted once node 1 fails"
+    assert ex.takeovers == 1 and ex.counters()["node_takeovers"] == 1, "logged and counted in metrics"
     grid.online = [2, 3, 4]  # node 1 offline
     ex.refresh()
     assert ex.node_of == {0: 4, 1: 2, 2: 3}
@@ -251,3 +252,84 @@ def test_a_claim_outside_the_federation_is_refused_and_never_counts_toward_the_q
         FlowerExecutor(Grid([7]), timeout=1, n_clients=2).connect(2, wait=0.5)
     ex = FlowerExecutor(Grid([7, 1, 2]), timeout=1, n_clients=2).connect(2, wait=0.5)
     assert ex.node_of == {0: 1, 1: 2} and 7 in ex.refusals
+
+
+def _keys(tmp_path, names):
+    """An OpenSSH public key file per name (what 'flwr supernode register' reads) and its PEM
+    (what the SuperLink stores and Grid.get_nodes reports)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    files, pems = {}, {}
+    for name in names:
+        pub = ec.generate_private_key(ec.SECP384R1()).public_key()
+        files[name] = tmp_path / f"{name}.pub"
+        files[name].write_bytes(pub.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH))
+        pems[name] = pub.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return files, pems
+
+
+def test_with_node_keys_no_node_serves_a_client_bound_to_another_key(in_a_run, tmp_path):
+    """Finding 5: a node claiming every client id served them all if it connected first, and
+    took over any client whose node was slow once. With the clients bound to SuperNodes' public
+    keys (node-keys; SuperNode authentication makes a node's key its identity), a node serves
+    only its key's clients: connecting first, a higher node id or another node failing changes
+    nothing."""
+    from stocfl.errors import UserError
+    from stocfl.flower.engine import FlowerExecutor, read_node_keys
+
+    files, pems = _keys(tmp_path, ["a", "b", "evil"])
+    (tmp_path / "keys.toml").write_text(
+        f'[[node]]\nkey = "{files["a"]}"\nclients = "0"\n\n[[node]]\nkey = "{files["b"]}"\nclients = "1-2"\n'
+        f'\n[[node]]\nkey = "{files["evil"]}"\nclients = "3"\n'
+    )
+    bound = read_node_keys(str(tmp_path / "keys.toml"), 4)
+    # the attacker (key "evil", node 9: the higher id) claims every client and is online first
+    grid = ScriptedGrid([9], {9: [0, 1, 2, 3], 1: [0], 2: [1, 2]}, keys={9: pems["evil"], 1: pems["a"], 2: pems["b"]})
+    ex = FlowerExecutor(grid, timeout=5, n_clients=4, node_keys=bound)
+    with pytest.raises(UserError, match="only 0 of 4"):
+        ex.connect(4, wait=0.3)
+    assert ex.node_of == {} and "binds to other keys" in ex.refusals[9]
+    grid.online = [9, 1, 2]
+    ex = FlowerExecutor(grid, timeout=5, n_clients=4, node_keys=bound)
+    ex.refresh()
+    assert ex.node_of == {0: 1, 1: 2, 2: 2}
+    ex.failed.add(1)  # node 1 times out once: nobody takes client 0 over
+    ex.refresh()
+    assert ex.node_of == {0: 1, 1: 2, 2: 2} and ex.takeovers == 0
+    # a node whose key is not bound at all gets nothing either
+    (tmp_path / "x").mkdir()
+    grid.online, grid.keys[5], grid.claims[5] = [5], _keys(tmp_path / "x", ["stranger"])[1]["stranger"], [0]
+    ex = FlowerExecutor(grid, timeout=5, n_clients=4, node_keys=bound)
+    ex.refresh()
+    assert ex.node_of == {} and ex.refusals[5] == "its public key is not one of node-keys"
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("", "expected [[node]] tables"),
+        ("[[node]]\nkey = 'A'\nclients = '0'\nextra = 1\n", "needs key ="),
+        ("[[node]]\nkey = 'MISSING'\nclients = '0'\n", "cannot be read"),
+        ("[[node]]\nkey = 'NOTAKEY'\nclients = '0'\n", "is not a public key"),
+        ("[[node]]\nkey = 'A'\nclients = '0-x'\n", "expected ids and ranges"),
+        ("[[node]]\nkey = 'A'\nclients = '0-99999999999'\n", "ids must lie in 0..3"),
+        ("[[node]]\nkey = 'A'\nclients = '2-1'\n", "ids must lie in 0..3"),
+        ("[[node]]\nkey = 'A'\nclients = '0-1'\n[[node]]\nkey = 'B'\nclients = '1'\n", "client 1 is bound to"),
+        ("[[node]]\nkey = 'A'\nclients = '0'\n[[node]]\nkey = 'A'\nclients = '1'\n", "is bound twice"),
+        ("[[node]\n", "cannot be read"),
+        ("a = " + "[" * 40 + "]" * 40, "nest"),
+    ],
+)
+def test_a_bad_node_keys_file_is_one_line(tmp_path, text, says):
+    from stocfl.errors import UserError
+    from stocfl.flower.engine import read_node_keys
+
+    files, _ = _keys(tmp_path, ["A", "B"])
+    (tmp_path / "NOTAKEY").write_text("hello")
+    for name in ("A", "B", "MISSING", "NOTAKEY"):
+        text = text.replace(f"'{name}'", f"'{files.get(name, tmp_path / name)}'")
+    (tmp_path / "keys.toml").write_text(text)
+    with pytest.raises(UserError) as err:
+        read_node_keys(str(tmp_path / "keys.toml"), 4)
+    assert says in str(err.value) and "\n" not in str(err.value), str(err.value)

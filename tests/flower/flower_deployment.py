@@ -51,10 +51,12 @@ def kill_group(p: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
 
 class Deployment:
     """``with Deployment(tmp_path, certs=None) as d``: a SuperLink on a free port, insecure, or
-    in secure mode with ``certs`` (the files of :func:`stocfl.flower.certs.make_certificates`)."""
+    in secure mode with ``certs`` (the files of :func:`stocfl.flower.certs.make_certificates`);
+    ``auth``: with SuperNode authentication (secure mode only): only SuperNodes whose public key
+    was registered (:meth:`register`) connect, each under its key's node id."""
 
-    def __init__(self, workdir: Path, certs: dict[str, Path] | None = None):
-        self.dir, self.certs, self.port = workdir, certs, free_port()
+    def __init__(self, workdir: Path, certs: dict[str, Path] | None = None, auth: bool = False):
+        self.dir, self.certs, self.port, self.auth = workdir, certs, free_port(), auth
         self.procs: list[subprocess.Popen] = []
         self.nodes: dict[str, subprocess.Popen] = {}
         home = workdir / "flwr_home"  # never the user's home
@@ -105,15 +107,60 @@ class Deployment:
                 "127.0.0.1",
                 "--port",
                 str(self.port),
+                *(["--enable-supernode-auth"] if self.auth else []),
             ],
             "superlink.log",
         )  # no --database: state in memory
         wait_port(self.port, 60)
         return self
 
-    def start_supernode(self, clients: str) -> subprocess.Popen:
-        """A SuperNode serving ``clients``: one id ("2") or ids and ranges ("0-1,5")."""
+    def node_key(self, name: str) -> Path:
+        """A SuperNode key pair (EC P-384, OpenSSH format, as Flower reads them): ``name``.key and
+        ``name``.pub in the test's directory; returns the public key's path."""
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        key = ec.generate_private_key(ec.SECP384R1())
+        private = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+        )
+        (self.dir / f"{name}.key").write_bytes(private)
+        public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        (self.dir / f"{name}.pub").write_bytes(public)
+        return self.dir / f"{name}.pub"
+
+    def register(self, public_key: Path) -> int:
+        """``flwr supernode register``: the node id the SuperLink gives that key."""
+        p = subprocess.run(
+            [str(BIN / "flwr"), "supernode", "register", str(public_key), "local", "--format", "json"],
+            env=self.env,
+            cwd=self.dir,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert p.returncode == 0, p.stdout + p.stderr
+        return int(json.loads(p.stdout)["node-id"])
+
+    def online(self) -> set[int]:
+        """The node ids ``flwr supernode list`` reports online."""
+        p = subprocess.run(
+            [str(BIN / "flwr"), "supernode", "list", "local", "--format", "json"],
+            env=self.env,
+            cwd=self.dir,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        nodes = json.loads(p.stdout).get("nodes", []) if p.returncode == 0 else []
+        return {int(n["node-id"]) for n in nodes if n.get("status") == "online"}
+
+    def start_supernode(self, clients: str, key: str | None = None) -> subprocess.Popen:
+        """A SuperNode serving ``clients``: one id ("2") or ids and ranges ("0-1,5"); ``key``:
+        authenticating with the private key ``key``.key (see :meth:`node_key`)."""
         tls = ["--root-certificates", str(self.certs["ca.crt"])] if self.certs else ["--insecure"]
+        if key is not None:
+            tls += ["--auth-supernode-private-key", str(self.dir / f"{key}.key")]
         config = f'client-ids="{clients}"' if "-" in clients or "," in clients else f"client-id={clients}"
         self.nodes[clients] = self._start(
             [
@@ -136,7 +183,8 @@ class Deployment:
         kill_group(p, signal.SIGKILL)
         p.wait(timeout=10)
 
-    def flwr_run(self, experiment: Path, out: Path, n_clients: int) -> subprocess.Popen:
+    def flwr_run(self, experiment: Path, out: Path, n_clients: int, node_keys: Path | None = None) -> subprocess.Popen:
+        keys = f' node-keys="{node_keys}"' if node_keys is not None else ""
         return self._start(
             [
                 "flwr",
@@ -145,7 +193,7 @@ class Deployment:
                 "local",
                 "--stream",
                 "--run-config",
-                f'config="{experiment}" out="{out}" n-clients={n_clients}',
+                f'config="{experiment}" out="{out}" n-clients={n_clients}{keys}',
             ],
             "flwr_run.log",
         )

@@ -24,14 +24,19 @@ def in_a_run(monkeypatch):
 class ScriptedGrid:
     """``online``: node ids listed; ``claims``: node id -> the client ids it says it serves;
     ``answers_after``: node id -> seconds after the query before its reply is there (None:
-    never)."""
+    never); ``keys``: node id -> the public key it registered with (PEM), as Grid.get_nodes
+    reports them."""
 
-    def __init__(self, online, claims, answers_after=None):
+    def __init__(self, online, claims, answers_after=None, keys=None):
         self.online, self.claims, self.after = list(online), dict(claims), dict(answers_after or {})
+        self.keys = dict(keys or {})
         self.pending: dict[str, tuple] = {}
 
     def get_node_ids(self):
         return list(self.online)
+
+    def get_nodes(self):
+        return [SimpleNamespace(node_id=n, public_key=self.keys.get(n, b"")) for n in self.online]
 
     def push_messages(self, messages):
         ids = []

@@ -51,30 +51,52 @@ def test_stocfl_over_tls_with_a_supernode_killed_and_restarted(tmp_path):
     """One real deployment, every process separate:
 
     - secure mode: the SuperLink serves TLS with a certificate signed by a CA made here, and the
-      SuperNodes and `flwr` trust only that CA;
+      SuperNodes and `flwr` trust only that CA; SuperNode authentication: only SuperNodes whose
+      public key was registered connect, and the run config's node-keys binds each client to a key;
     - four clients on three SuperNodes, one of which serves clients 1 and 2 (different groups);
-    - the SuperNode of client 3 is SIGKILLed while round 2 is under way and restarted with the
-      same client id (a new node id): round 2 completes with the other three, metrics.jsonl names
-      client 3, and the restarted SuperNode serves it again in round 3, in the same cluster;
+    - a fourth registered SuperNode, started first, claims all four clients (issue 70, finding 5:
+      it used to serve them all, and to take over any client whose node failed once); its key is
+      bound to none, so it serves none;
+    - the SuperNode of client 3 is SIGKILLed while round 2 is under way and restarted with its key
+      once the SuperLink has marked it offline (the same node id): round 2 completes with the
+      other three, metrics.jsonl names client 3, the claiming node does not take client 3 over,
+      and the restarted SuperNode serves it again in round 3, in the same cluster;
     - the numbers equal the same config run in-process with client 3 failing in round 2."""
     certs = make_certificates(tmp_path / "certs", ["127.0.0.1", "localhost"])
     out = tmp_path / "results"
     # 60 s: on one core (a pytest-xdist worker) a reply includes starting a ClientApp process per
     # node, which imports torch, flwr and stocfl: more than 30 s when the three nodes start at once
     exp = _experiment(tmp_path / "exp.toml", 3, 4, "client_timeout = 60.0\n")
-    with Deployment(tmp_path, certs) as d:
-        for clients in ("0", "1-2", "3"):
-            d.start_supernode(clients)
-        run = d.flwr_run(exp, out, 4)
+    with Deployment(tmp_path, certs, auth=True) as d:
+        keys = {name: d.node_key(name) for name in ("n0", "n12", "n3", "evil")}
+        ids = {name: d.register(path) for name, path in keys.items()}
+        bindings = tmp_path / "node-keys.toml"
+        bindings.write_text(
+            "".join(
+                f'[[node]]\nkey = "{keys[n]}"\nclients = "{c}"\n\n'
+                for n, c in [("n0", "0"), ("n12", "1-2"), ("n3", "3")]
+            )
+        )
+        d.start_supernode("0-3", key="evil")  # first online, claiming every client
+        wait_for(lambda: ids["evil"] in d.online(), 120, "the claiming node online, before the others")
+        for clients, name in (("0", "n0"), ("1-2", "n12"), ("3", "n3")):
+            d.start_supernode(clients, key=name)
+        run = d.flwr_run(exp, out, 4, node_keys=bindings)
         wait_for(lambda: rows(out), 300, "round 1 in metrics.jsonl")
         d.kill_supernode("3")  # round 2's tasks are already on their way to it
-        d.start_supernode("3")
+        # an authenticated SuperNode rejoins under its node id once the SuperLink has marked that
+        # id offline (missed heartbeats); before, Flower refuses to activate it (exit code 305)
+        wait_for(lambda: ids["n3"] not in d.online(), 180, "node 3 marked offline", poll=2)
+        d.start_supernode("3", key="n3")
         summary = _finish(d, run, out)
         assert "insecure" not in d.log("supernode0.log").lower()
+        server_log = d.log("flwr_run.log")
+        assert f"Flower node {ids['evil']} did not say which clients it serves" in server_log, server_log[-3000:]
     metrics = rows(out)
     assert [r["round"] for r in metrics] == [1, 2, 3]
     assert metrics[0]["dropped_clients"] == [] and metrics[1]["dropped_clients"] == [3], metrics
     assert metrics[-1]["dropped_clients"] == [], "the restarted SuperNode must serve client 3 again"
+    assert all(r["node_takeovers"] == 0 for r in metrics), "no node takes a bound client over"
     assert summary["rounds_done"] == 3 and summary["n_clusters"] == 2 and summary["ari"] == 1.0, summary
     assert d.all_stopped(), "every process started by the test must be gone"
     assert not list(ROOT.glob(":flwr*")), "the SuperLink's state must not land in the project"

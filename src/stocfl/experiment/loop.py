@@ -235,6 +235,16 @@ class Experiment:
                 reasons += err.reasons
                 self.restore_algorithm()
 
+    def engine_counts(self) -> dict[str, int]:
+        """What an executor with ``counters()`` (Flower's: node takeovers, refused claims) counted
+        since the last call, for this round's row."""
+        counters = getattr(self.executor, "counters", None)
+        if not callable(counters):
+            return {}
+        now = dict(counters())
+        before, self._counted = getattr(self, "_counted", {}), now
+        return {k: v - before.get(k, 0) for k, v in now.items()}
+
     def stopped_at(self) -> str:
         """What a run stopped now keeps (the rounds done, checkpointed), and how to go on."""
         if self.out is None:
@@ -332,6 +342,7 @@ class Experiment:
                 "global_accuracy": None,
                 "dropped": len(dropped),
                 "dropped_clients": dropped,
+                **self.engine_counts(),
             }
             if t % r.eval_every == 0 or t == r.rounds:
                 row.update(self.evaluate(t))

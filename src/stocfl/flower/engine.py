@@ -71,6 +71,81 @@ def quiet_known_noise() -> None:
     )
 
 
+def canonical_key(key: bytes) -> bytes:
+    """A public key in the form keys are compared in (DER SubjectPublicKeyInfo), from the PEM
+    Flower stores or the OpenSSH line ``flwr supernode register`` reads; b"" if it is neither."""
+    from cryptography.hazmat.primitives import serialization
+
+    loaders = (serialization.load_pem_public_key, serialization.load_ssh_public_key, serialization.load_der_public_key)
+    for load in loaders:
+        try:
+            return load(key.strip()).public_bytes(
+                serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        except (ValueError, TypeError, AttributeError):  # not this form (or not a key at all)
+            continue
+    return b""
+
+
+def read_node_keys(path: str, n_clients: int) -> dict[bytes, set[int]]:
+    """The binding of clients to SuperNodes by public key, from the TOML file ``path``::
+
+        [[node]]
+        key = "/abs/keys/node0.pub"   # the public key file given to 'flwr supernode register'
+        clients = "0-9,12"
+
+    every client of the federation (0..n_clients-1) at most once. Anything else is one line."""
+    import tomllib
+
+    from stocfl.config import check_nesting
+
+    where = f"run config node-keys={path!r}"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        check_nesting(text, where)
+        nodes = tomllib.loads(text).get("node")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        raise UserError(f"{where} cannot be read ({err}); give the absolute path of a TOML file") from None
+    if not isinstance(nodes, list) or not nodes or not all(isinstance(n, dict) for n in nodes):
+        raise UserError(f'{where}: expected [[node]] tables, each with key = "<public key file>" and clients = "0-9"')
+    out: dict[bytes, set[int]] = {}
+    owner: dict[int, str] = {}
+    for k, node in enumerate(nodes, 1):
+        name, spec = node.get("key"), node.get("clients")
+        if not isinstance(name, str) or not isinstance(spec, str) or set(node) - {"key", "clients"}:
+            raise UserError(f'{where}: node {k} needs key = "<public key file>" and clients = "<ids>", nothing else')
+        try:
+            raw = Path(name).read_bytes()
+        except OSError as err:
+            raise UserError(f"{where}: node {k}: key {name!r} cannot be read ({err.strerror})") from None
+        key = canonical_key(raw)
+        if not key:
+            raise UserError(f"{where}: node {k}: {name!r} is not a public key (OpenSSH or PEM)")
+        if key in out:
+            raise UserError(f"{where}: node {k}: key {name!r} is bound twice; bind each key once")
+        clients: set[int] = set()
+        for part in spec.split(","):
+            lo, _, hi = part.strip().partition("-")
+            try:
+                a, b = int(lo), int(hi or lo)
+            except ValueError:
+                raise UserError(
+                    f'{where}: node {k}: clients = {spec!r}: expected ids and ranges, e.g. "0-9,12"'
+                ) from None
+            if not 0 <= a <= b < n_clients:
+                raise UserError(
+                    f"{where}: node {k}: clients = {spec!r}: ids must lie in 0..{n_clients - 1}, ranges lo-hi "
+                    f"with lo <= hi"
+                )
+            clients.update(range(a, b + 1))
+        twice = sorted(c for c in clients if c in owner)
+        if twice:
+            raise UserError(f"{where}: client {twice[0]} is bound to {owner[twice[0]]!r} and to {name!r}; bind it once")
+        owner.update({c: name for c in clients})
+        out[key] = clients
+    return out
+
+
 class FlowerExecutor:
     """Runs client tasks as Flower messages to the nodes that serve the clients: one message per
     node and kind of task (StoCFL's two train tasks of a client travel together, as do the
@@ -83,9 +158,20 @@ class FlowerExecutor:
     a bad reply or misses ``timeout`` seconds, is reported in :class:`~stocfl.client.tasks.ClientsDropped`.
     """
 
-    def __init__(self, grid: Grid, timeout: float | None = None, n_clients: int | None = None):
+    def __init__(
+        self,
+        grid: Grid,
+        timeout: float | None = None,
+        n_clients: int | None = None,
+        node_keys: dict[bytes, set[int]] | None = None,
+    ):
         self.grid, self.timeout = grid, timeout
         self.n_clients = n_clients  # the federation's clients are 0..n_clients-1 (None: not checked)
+        # with SuperNode authentication: each registered public key (DER) -> the clients it serves
+        # (read_node_keys); a client is then served by its key's node only, never taken over
+        self.node_keys = node_keys
+        self.key_of: dict[int, bytes] = {}  # online node id -> its public key (DER), with node_keys
+        self.takeovers = 0  # clients handed to another node after theirs failed (without node_keys)
         self.node_of: dict[int, int] = {}  # client id -> node id
         self.seen: set[int] = set()  # online node ids already asked for their client id
         self.refusals: dict[int, str] = {}  # node id -> why it did not say which client it serves
@@ -138,7 +224,12 @@ class FlowerExecutor:
         once the serving node goes offline or stops answering: that is how a restarted
         SuperNode, which comes back with a new node id while its old id may still be listed
         online, gets its client back."""
-        online = set(self.grid.get_node_ids())
+        if self.node_keys is not None:
+            nodes = list(self.grid.get_nodes())
+            self.key_of = {int(n.node_id): canonical_key(bytes(n.public_key)) for n in nodes}
+            online = set(self.key_of)
+        else:
+            online = set(self.grid.get_node_ids())
         self.node_of = {c: n for c, n in self.node_of.items() if n in online}
         self.claims = {n: cs for n, cs in self.claims.items() if n in online}
         self.failed &= online
@@ -150,7 +241,17 @@ class FlowerExecutor:
         for node, clients in reversed(list(self.claims.items())):  # the most recent claim first
             for client in clients:
                 owner = self.node_of.get(client)
-                if owner is None or (owner != node and owner in self.failed):
+                if owner is None:
+                    self.node_of[client] = node
+                elif owner != node and owner in self.failed and self.node_keys is None:
+                    self.takeovers += 1
+                    log.warning(
+                        "node %d takes over client %d from node %d, which failed to answer: without "
+                        "SuperNode authentication (run config node-keys) any node may claim any client",
+                        node,
+                        client,
+                        owner,
+                    )
                     self.node_of[client] = node
                 elif owner != node and (node, client) not in self.refused:
                     log.warning("node %d claims client %d, which node %d serves: refused", node, client, owner)
@@ -159,6 +260,11 @@ class FlowerExecutor:
     @property
     def refused_claims(self) -> int:
         return len(self.refused)
+
+    def counters(self) -> dict[str, int]:
+        """What the run's metrics count of the nodes, so far: clients handed to another node
+        after theirs failed (without node-keys), and claims on served clients refused."""
+        return {"node_takeovers": self.takeovers, "refused_claims": self.refused_claims}
 
     def identify(self, new: list[int], timeout: float | None, idle: bool = False) -> None:
         """Ask nodes which clients they serve; their claims go to ``self.claims``."""
@@ -175,6 +281,16 @@ class FlowerExecutor:
                     raise ValueError(
                         f"it claims client ids {outside[:5]} outside the federation's 0..{(self.n_clients or 1) - 1}"
                     )
+                if self.node_keys is not None:
+                    bound = self.node_keys.get(self.key_of.get(node, b""))
+                    if bound is None:
+                        raise ValueError("its public key is not one of node-keys")
+                    unbound = [c for c in clients if c not in bound]
+                    if unbound:
+                        raise ValueError(
+                            f"it claims clients {unbound[:5]}, which node-keys binds to other keys (its own: "
+                            f"{sorted(bound)[:5]})"
+                        )
             except (KeyError, TypeError, ValueError) as err:
                 self.refusals[node] = str(err) or type(err).__name__
                 log.warning(
@@ -402,9 +518,12 @@ def deployed_main(grid: Grid, run_config: dict[str, Any]) -> None:
     resuming = (out / "config.toml").exists()
     cfg = configure.validate(read_config(out)) if resuming else configure.load(str(config))  # before connecting
     n_clients = cfg.scenario.n_clients
-    executor = FlowerExecutor(grid, cfg.run.client_timeout or None, n_clients).connect(
-        n or n_clients, cfg.run.node_wait
-    )
+    keys = str(run_config.get("node-keys", "") or "")
+    if keys and not Path(keys).is_absolute():
+        raise UserError(f"run config node-keys={keys!r}: expected the absolute path of a TOML file: {RUN_CONFIG_HINT}")
+    bound = read_node_keys(keys, n_clients) if keys else None
+    executor = FlowerExecutor(grid, cfg.run.client_timeout or None, n_clients, bound)
+    executor.connect(n or n_clients, cfg.run.node_wait)
     (Experiment.resume(out, executor=executor) if resuming else Experiment.create(cfg, out, executor)).run(
         progress=False
     )
