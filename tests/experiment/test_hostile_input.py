@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import stocfl
@@ -185,3 +187,65 @@ def test_an_empty_config_file_is_one_line_not_every_default(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert "\n" not in err and "sets nothing" in err, err
         assert not (tmp_path / "o").exists()
+
+
+# 17, 9, 16: a fuzz over config text and --set items: a config is read or refused in one line
+
+
+TOML_ATOMS = st.sampled_from(
+    [
+        "[",
+        "]",
+        "{",
+        "}",
+        "=",
+        ",",
+        '"',
+        "'",
+        "\n",
+        "#",
+        ".",
+        "-",
+        "run",
+        "rounds",
+        "scenario",
+        "algorithm",
+        "name",
+        "1",
+        "1e400",
+        "inf",
+        "nan",
+        "true",
+        "\\u0000",
+        "\x00",
+        "\x7f",
+        "\ud800",
+        "😀",
+        "é",
+        "\t",
+        " ",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    parts=st.lists(TOML_ATOMS | st.text(max_size=8), max_size=60),
+    depth=st.integers(0, 40),
+)
+def test_any_config_text_is_read_or_refused_in_one_line(tmp_path_factory, parts, depth):
+    from stocfl.errors import UserError
+    from stocfl.experiment import configure
+
+    text = "".join(parts) + "\n[run]\nrounds = " + "[" * depth + "1" + "]" * depth + "\n"
+    path = tmp_path_factory.mktemp("c") / "c.toml"
+    path.write_bytes(text.encode("utf-8", "surrogatepass"))
+    try:
+        configure.load(str(path))
+    except UserError as err:
+        assert "\n" not in str(err) and str(err), repr(str(err))
+    for item in (text, "".join(parts), f"run.rounds={'[' * depth}1{']' * depth}", f"{''.join(parts)}=1"):
+        try:
+            configure.load(None, [item])
+        except UserError as err:
+            assert "\n" not in str(err) and str(err), repr(str(err))

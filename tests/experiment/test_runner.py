@@ -269,7 +269,11 @@ def test_a_stop_while_the_command_is_still_importing_is_one_line(tmp_path, prog,
         text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    time.sleep(0.3)  # the interpreter is up, the command's imports (seconds) are not done
+    # once torch's libraries are mapped, the command is importing (seconds more), past the
+    # interpreter's own start (where a signal finds no Python code of ours yet)
+    maps, deadline = f"/proc/{proc.pid}/maps", time.monotonic() + 60
+    while time.monotonic() < deadline and "libtorch" not in open(maps).read():
+        time.sleep(0.005)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == code and err.strip() == f"{prog}: {says} while starting; nothing was run", err
