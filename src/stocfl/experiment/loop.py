@@ -109,10 +109,11 @@ class Experiment:
 
     @classmethod
     def open(cls, out: Path, *args: Any, **kwargs: Any) -> Experiment:
-        """A saved run, rebuilt (:func:`stocfl.experiment.start.open_saved`)."""
+        """A saved run, rebuilt to be read (:func:`stocfl.experiment.start.open_saved` with
+        ``read_only``: nothing on its disk changes)."""
         from stocfl.experiment import start
 
-        return start.open_saved(out, *args, **kwargs)
+        return start.open_saved(out, *args, read_only=True, **kwargs)
 
     @classmethod
     def resume(cls, out: Path, *args: Any, **kwargs: Any) -> Experiment:

@@ -15,7 +15,7 @@ from stocfl.experiment import configure, provenance
 from stocfl.experiment.build import pin_data_dir, read_config
 from stocfl.experiment.loop import Experiment
 from stocfl.experiment.provenance import CHECKPOINT
-from stocfl.storage import formats
+from stocfl.storage import formats, store
 from stocfl.storage.files import exclusive, write_atomic
 
 
@@ -77,18 +77,22 @@ def open_saved(
     module: Any = None,
     loss: Any = None,
     overrides: list[str] = (),
+    read_only: bool = False,
 ) -> Experiment:
     """A saved run, rebuilt from its config and last checkpoint (and the federation and
     module it was given in Python, if it was). ``overrides`` (``run.rounds=N``,
     ``run.eval_every=K``: keys that change nothing computed so far) are written into its
-    config.toml; otherwise nothing on disk changes."""
+    config.toml; otherwise nothing on disk changes but, to continue the run, its client stores
+    put back to the checkpoint's version. ``read_only``: not even that (the stores are read
+    copy-on-write, :func:`stocfl.storage.store.read_only`): what export, assign and a loaded run
+    use."""
     out = Path(out)
     path = out / "config.toml"
     if not path.is_file():
         raise UserError(f"{out} holds no run (no config.toml); start one with 'stocfl run --out {out}'")
     # never beside a run in progress: opening a store puts back rows newer than the checkpoint,
     # through the same memory map the running process writes (export, assign, a loaded run)
-    with exclusive(out):
+    with exclusive(out), store.read_only() if read_only else contextlib.nullcontext():
         return _open_saved(out, path, data_dir, executor, federation, module, loss, overrides)
 
 

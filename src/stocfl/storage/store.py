@@ -14,10 +14,13 @@ is an error, never a silently zeroed or altered model.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import errno
 import os
 import shutil
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +34,21 @@ from stocfl.storage.files import open_nofollow
 # before row checksums, may have none)
 FORMAT = 2
 
+_READ_ONLY = contextvars.ContextVar("stocfl_store_read_only", default=False)
+
+
+@contextlib.contextmanager
+def read_only() -> Iterator[None]:
+    """Stores opened inside read their files and never write them: the map is copy-on-write
+    (rows put back to a checkpoint's version, or written, change this process's view only), no
+    undo file is written, a missing file is not created. What export, assign and a loaded run
+    use: reading a run changes nothing on its disk."""
+    token = _READ_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _READ_ONLY.reset(token)
+
 
 class ClientStore:
     def __init__(self, n_clients: int, n_params: int, directory: Path | None = None, name: str = "clients"):
@@ -40,10 +58,21 @@ class ClientStore:
         self.version = 0
         self.existed = False
         self.trusted = False  # rows this process wrote or verified
+        self.read_only = _READ_ONLY.get()  # see read_only(): nothing written to disk
         self.path = None if directory is None else Path(directory) / f"{name}.f32"
         self.undo_path = None if directory is None else Path(directory) / f"{name}.undo.safetensors"
-        if self.path is None:
+        if self.path is None or (self.read_only and not self.path.exists()):
             self.rows: np.ndarray = np.zeros((n_clients, n_params), dtype=np.float32)
+        elif self.read_only:
+            self.existed = True
+            size = n_clients * n_params * 4
+            os.close(open_nofollow(self.path, os.O_RDONLY))  # a link is refused, not followed
+            if self.path.stat().st_size != size:
+                raise UserError(
+                    f"{self.path} holds {self.path.stat().st_size} bytes, expected {size} ({n_clients} "
+                    f"clients x {n_params} parameters x 4); the store is damaged"
+                )
+            self.rows = np.memmap(self.path, dtype=np.float32, mode="c", shape=(n_clients, n_params))
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.existed = self.path.exists()
@@ -96,7 +125,7 @@ class ClientStore:
     def write(self, rows: dict[int, torch.Tensor]) -> None:
         ids = sorted(rows)
         if (
-            self.undo_path is not None
+            self.undo_path is not None and not self.read_only
         ):  # only rows that held a model need undoing: the others are unset at the checkpoint
             had = [i for i in ids if self.has[i]]
             checkpoint.save_rows(
@@ -113,7 +142,7 @@ class ClientStore:
             self.has[i] = True
             self.crc[i] = _crc(row)
         self.trusted = True
-        if isinstance(self.rows, np.memmap):
+        if isinstance(self.rows, np.memmap) and not self.read_only:
             self.rows.flush()
         self.version += 1
 
@@ -135,7 +164,7 @@ class ClientStore:
             if undo["version"] > meta["version"]:
                 for k, i in enumerate(undo["ids"]):
                     self.rows[i] = old["rows"][k].numpy()
-                if isinstance(self.rows, np.memmap):
+                if isinstance(self.rows, np.memmap) and not self.read_only:
                     self.rows.flush()
         self.version = meta["version"]
         self.has[:] = False
@@ -153,7 +182,7 @@ class ClientStore:
         self.trusted = True
 
     def verify(self, ids: list[int]) -> None:
-        if self.path is not None and ids and not self.existed:
+        if self.path is not None and ids and not self.existed:  # (read-only: a missing file is not created)
             raise UserError(
                 f"{self.path} is missing; the checkpoint has {len(ids)} client models in it, the run cannot resume"
             )
