@@ -66,7 +66,9 @@ def test_stocfl_over_tls_with_a_supernode_killed_and_restarted(tmp_path):
     out = tmp_path / "results"
     # 60 s: on one core (a pytest-xdist worker) a reply includes starting a ClientApp process per
     # node, which imports torch, flwr and stocfl: more than 30 s when the three nodes start at once
-    exp = _experiment(tmp_path / "exp.toml", 3, 4, "client_timeout = 60.0\n")
+    # 5 rounds: the killed node can rejoin only once the SuperLink has marked it offline (about 60 s
+    # after the kill, whatever the run does), and a busy machine may need another round for it
+    exp = _experiment(tmp_path / "exp.toml", 5, 4, "client_timeout = 60.0\n")
     with Deployment(tmp_path, certs, auth=True) as d:
         keys = {name: d.node_key(name) for name in ("n0", "n12", "n3", "evil")}
         ids = {name: d.register(path) for name, path in keys.items()}
@@ -93,22 +95,23 @@ def test_stocfl_over_tls_with_a_supernode_killed_and_restarted(tmp_path):
         server_log = d.log("flwr_run.log")
         assert f"Flower node {ids['evil']} did not say which clients it serves" in server_log, server_log[-3000:]
     metrics = rows(out)
-    assert [r["round"] for r in metrics] == [1, 2, 3]
-    assert metrics[0]["dropped_clients"] == [] and metrics[1]["dropped_clients"] == [3], metrics
-    assert metrics[-1]["dropped_clients"] == [], "the restarted SuperNode must serve client 3 again"
+    assert [r["round"] for r in metrics] == [1, 2, 3, 4, 5]
+    dropped = [r["dropped_clients"] for r in metrics]
+    assert dropped[0] == [] and dropped[1] == [3], metrics
+    back = next(t for t, d in enumerate(dropped) if t > 1 and d == [])  # the round it serves client 3 again
+    assert all(d == [3] for d in dropped[1:back]) and all(d == [] for d in dropped[back:]), dropped
     assert all(r["node_takeovers"] == 0 for r in metrics), "no node takes a bound client over"
-    assert summary["rounds_done"] == 3 and summary["n_clusters"] == 2 and summary["ari"] == 1.0, summary
+    assert summary["rounds_done"] == 5 and summary["n_clusters"] == 2 and summary["ari"] == 1.0, summary
     assert d.all_stopped(), "every process started by the test must be gone"
     assert not list(ROOT.glob(":flwr*")), "the SuperLink's state must not land in the project"
-    # the same config in-process, client 3 failing in round 2: the same numbers
+    # the same config in-process, client 3 failing in the rounds it failed over Flower: the same numbers
     cfg = configure.load(str(exp))
     probe = Experiment(cfg, None)
     ex = DropWhileFailing(probe.fed, probe.model)
     local_run = Experiment.create(cfg, tmp_path / "local", ex)
-    local_run.run(progress=False, stop_after=1)
-    ex.failing = True
-    local_run.run(progress=False, stop_after=2)
-    ex.failing = False
+    for t, d in enumerate(dropped, 1):
+        ex.failing = d == [3]
+        local_run.run(progress=False, stop_after=t)
     local = local_run.run(progress=False)
     assert [r["dropped_clients"] for r in local_run.rows] == [r["dropped_clients"] for r in metrics]
     assert local["n_clusters"] == summary["n_clusters"]

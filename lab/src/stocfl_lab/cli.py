@@ -1,4 +1,5 @@
-"""The ``stocfl-lab`` command: the papers' tables (``reproduce``) and the benchmarks (``bench``).
+"""The ``stocfl-lab`` command: the papers' tables (``reproduce``), the executor benchmarks (``bench``)
+and the clustered-FL benchmark (``benchmark``).
 
 The lab is stocfl's first user: it imports only stocfl's public API (``stocfl``, its folder
 packages' exports, ``stocfl.config``, ``stocfl.errors``, ``stocfl.cli``'s parser helpers).
@@ -72,7 +73,28 @@ def _parser() -> Parser:
         type=int,
         help="with --peers: repetitions of each system but Flower (default 3; the figure is their median)",
     )
+    grid = sub.add_parser(
+        "benchmark",
+        help="the clustered-FL benchmark: every method x scenario x participation x seed, resumable; "
+        "writes BENCHMARK.json and the leaderboard",
+    )
+    grid.add_argument("--grid", type=path_arg, help="the grid's TOML (default: benchmark/grid.toml)")
+    grid.add_argument("--record", type=path_arg, help="the runs' record (default: BENCHMARK.json beside the grid)")
+    grid.add_argument("--runs", type=path_arg, help="where the run directories go (default: runs/ beside the grid)")
+    grid.add_argument("--quick", action="store_true", help="the grid's quick cells (a few minutes, digits)")
+    grid.add_argument("--shard", help="run cells I, I + N, ... only (I/N, e.g. 0/4): for processes and machines")
+    grid.add_argument("--page", action="store_true", help="run nothing: write the leaderboard from the record")
+    grid.add_argument("--merge", nargs="+", type=path_arg, help="fold other machines' records into this one")
+    grid.add_argument("--out", type=path_arg, help="write the leaderboard (Markdown) here, e.g. docs/benchmark.md")
+    grid.add_argument("--data-dir", type=path_arg, help="the data sets (default: $STOCFL_DATA_DIR)")
+    grid.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
+
+
+def _benchmark(args) -> int:
+    from stocfl_lab.benchmark import main as benchmark_main
+
+    return benchmark_main(args)
 
 
 def _reproduce(args) -> int:
@@ -113,9 +135,8 @@ def _bench(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    return guarded(
-        "stocfl-lab", args.command, lambda: _reproduce(args) if args.command == "reproduce" else _bench(args)
-    )
+    act = {"reproduce": _reproduce, "bench": _bench, "benchmark": _benchmark}[args.command]
+    return guarded("stocfl-lab", args.command, lambda: act(args))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ loop, the Flower ClientApp, new-client placement (``stocfl assign``) and the tes
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import tomllib
 from dataclasses import dataclass
@@ -140,9 +141,11 @@ def checked(execute, fed: Federation):
     bad result are dropped (:class:`ClientsDropped`, counted in metrics.jsonl), whatever the
     engine."""
     train, test = fed.train_sizes, fed.test_sizes
+    traffic = {"down": 0, "up": 0}  # bytes of the tensors in the tasks sent and in the replies received
 
     def run_checked(tasks):
         out, why = [], {}
+        traffic["down"] += sum(tensor_bytes(t) for t in tasks)
         results = execute(tasks)
         if not isinstance(results, (list, tuple)) or len(results) != len(tasks):  # a user's engine or batched path
             got = f"{len(results)} results" if isinstance(results, (list, tuple)) else f"a {type(results).__name__}"
@@ -152,6 +155,7 @@ def checked(execute, fed: Federation):
             )
         results = list(results)
         passed = []  # positions of the replies that passed their own checks
+        traffic["up"] += sum(tensor_bytes(r) for r in results)
         for k, t in enumerate(tasks):
             r, results[k] = results[k], None  # a raw result goes once checked: replies can be large (Psi)
             try:
@@ -167,7 +171,21 @@ def checked(execute, fed: Federation):
             raise ClientsDropped(sorted(why), [why[c] for c in sorted(why)])
         return out
 
+    run_checked.traffic = traffic  # type: ignore[attr-defined]
     return run_checked
+
+
+def tensor_bytes(item: Any) -> int:
+    """The bytes of the tensors a task or a result carries (its dataclass fields and the tensors
+    inside them, e.g. a Mixture's models): what crosses the network in either direction, but for
+    a few numbers of bookkeeping (counts, losses, seeds) that no method's cost depends on."""
+    if isinstance(item, torch.Tensor):
+        return item.numel() * item.element_size()
+    if dataclasses.is_dataclass(item) and not isinstance(item, type):
+        return sum(tensor_bytes(getattr(item, f.name)) for f in dataclasses.fields(item))
+    if isinstance(item, (list, tuple)):
+        return sum(tensor_bytes(x) for x in item)
+    return 0
 
 
 def pin_data_dir(cfg: Config) -> None:
@@ -237,6 +255,7 @@ class Built:
     algorithm: Algorithm
     threads: int  # the torch threads in use
     drifting: Drifting | None = None  # with drift: sets the round whose data the tasks run on
+    traffic: dict[str, int] | None = None  # bytes of tensors sent to clients ("down") and back ("up") so far
 
 
 def build_run(
@@ -274,6 +293,7 @@ def build_run(
     if fed.drift is not None:
         drifting = execute = Drifting(executor.execute, fed.drift, cfg.run.rounds)
     ask = checked(execute, fed)
+    traffic = ask.traffic
     local = None
     if cfg.train.local_bn:
         entries = model.batchnorm_entries()
@@ -286,4 +306,4 @@ def build_run(
         ask = local.wrap(ask)
     ctx = build_context(cfg, fed, model, w0, module, out)
     algorithm = algorithm_class(cfg.algorithm["name"])(cfg.params, ctx)
-    return Built(fed, label_dists, model, module, executor, engine, ask, local, algorithm, threads, drifting)
+    return Built(fed, label_dists, model, module, executor, engine, ask, local, algorithm, threads, drifting, traffic)

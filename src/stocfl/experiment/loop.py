@@ -89,6 +89,7 @@ class Experiment:
         b = build_run(self.cfg, self.out, self.executor, self.federation, self.module, self.loss)
         self.fed, self.label_dists, self.model = b.fed, b.label_dists, b.model
         self.executor, self.engine, self.ask, self.local = b.executor, b.engine, b.ask, b.local
+        self.traffic = b.traffic
         self.algorithm, self.threads, self.drifting = b.algorithm, b.threads, b.drifting
         self.sampler = np.random.default_rng([self.cfg.run.seed, 1])
         self.round = 0
@@ -336,6 +337,7 @@ class Experiment:
             if self.drifting is not None:
                 self.drifting.at(t)
             told = [i for i in changed if i not in arriving] if self.algorithm.ctx.drift_notice else []
+            sent = dict(self.traffic or {})
             diag, dropped = self.play_round(t, self.sample(t), arriving, told)
             row: dict[str, Any] = {
                 "round": t,
@@ -345,6 +347,9 @@ class Experiment:
                 "dropped_clients": dropped,
                 **self.engine_counts(),
             }
+            if self.traffic is not None:  # the round's own traffic, its evaluation left out
+                row["bytes_down"] = self.traffic["down"] - sent["down"]
+                row["bytes_up"] = self.traffic["up"] - sent["up"]
             if t % r.eval_every == 0 or t == r.rounds:
                 row.update(self.evaluate(t))
                 if drift is not None:  # each drift cohort's accuracy on the data it holds now
