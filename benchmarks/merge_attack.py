@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from resumable import resumable  # benchmarks/, beside this script
 
 from stocfl.algorithms.stocfl.algorithm import StoCFL
 from stocfl.algorithms.stocfl.clustering import ClusterSet
@@ -171,12 +172,7 @@ def main(argv=None) -> int:
     p.add_argument("--leave-out", type=float, default=0.1, help="the check's setting measured on clean runs")
     args = p.parse_args(argv)
     set_threads(0)
-    out = Path(args.out)
-    done = json.loads(out.read_text()) if out.exists() else {}
-
-    def save(key, row):
-        done[key] = row
-        out.write_text(json.dumps(done, indent=1) + "\n")
+    done, save = resumable(args.out)
 
     attack(args.data_dir, done, save)
     clean(args.data_dir, done, save, args.leave_out)

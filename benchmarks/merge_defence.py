@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from resumable import resumable  # benchmarks/, beside this script
 from sklearn.metrics import adjusted_rand_score
 
 from stocfl.algorithms.stocfl.clustering import ClusterSet
@@ -154,13 +155,7 @@ def main(argv=None) -> int:
         print("\n".join(f"{k}: ARI {v['ari']:.3f} (min {v['ari_min']:.3f})" for k, v in clean))
         return 0
     set_threads(0)
-    out = Path(args.out)
-    done = json.loads(out.read_text()) if out.exists() else {}
-
-    def save(key, row):
-        done[key] = row
-        out.write_text(json.dumps(done, indent=1) + "\n")
-        print(json.dumps({key: row}), flush=True)
+    done, save = resumable(args.out, echo=True)
 
     for prefix, (dataset, d) in ATTACKED.items():
         feds = [representations(args.data_dir, "rotated", 40, d, seed, dataset) for seed in range(3)]

@@ -23,18 +23,12 @@ from stocfl.errors import UserError
 from stocfl.executors import SequentialExecutor
 from stocfl.experiment import configure
 from stocfl.experiment.loop import Experiment
+from tests.experiment.test_hostile import EVIL, SMALL
 
 RAW = {  # SMALL as a dict, for runs given a model in Python (no [model] section)
     "scenario": {"n_clients": 12, "samples_per_client": 20},
     "run": {"rounds": 4, "sample_rate": 0.5, "engine": "sequential"},
 }
-SMALL = [
-    "scenario.n_clients=12",
-    "scenario.samples_per_client=20",
-    "run.rounds=4",
-    "run.sample_rate=0.5",
-    "run.engine=sequential",
-]
 
 
 @settings(max_examples=300, deadline=None)
@@ -89,9 +83,6 @@ def test_honest_replies_of_a_batchnorm_model_on_inputs_of_scale_1e4_pass():
     module = nn.Sequential(nn.Flatten(), nn.BatchNorm1d(d), nn.Linear(d, 10))
     result = stocfl.run({"run": RAW["run"]}, federation=big, model=module, progress=False)
     assert all(r["dropped"] == 0 for r in result.metrics) and result.summary["accuracy"] > 0.3
-
-
-EVIL = 3
 
 
 class Crafting(SequentialExecutor):

@@ -264,10 +264,18 @@ def run(
     data_dir: str | None = None,
     progress: bool = False,
     log=print,
+    only: str | None = None,
 ) -> dict[str, int]:
-    """Run (or reuse) every (cell, seed) of this shard; returns counts of runs run and reused."""
+    """Run (or reuse) every (cell, seed) of this shard (``only``: the cells whose key, "method /
+    scenario / participation", matches this shell pattern); returns counts of runs run and reused."""
+    import fnmatch
+
     counts = {"ran": 0, "reused": 0}
     cells = grid.cells(quick)
+    if only is not None:
+        cells = [c for c in cells if fnmatch.fnmatchcase(c.key, only)]
+        if not cells:
+            raise UserError(f"--only {only!r} matches no cell; cells are named 'method / scenario / participation'")
     machine = f"{platform.machine()} ({platform.processor() or 'cpu'}), {stocfl.__version__}"
     for index, cell in enumerate(cells):
         if index % shard[1] != shard[0]:
@@ -501,6 +509,7 @@ def main(args) -> int:
             args.data_dir,
             not args.quiet,
             log=(lambda m: None) if args.quiet else print,
+            only=args.only,
         )
         print(f"stocfl-lab benchmark: {counts['ran']} runs run, {counts['reused']} reused ({record})")
     out = Path(args.out) if args.out else None
