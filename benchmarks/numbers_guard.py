@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ALGORITHMS = ["fedavg", "fedprox", "ditto", "ifca", "cfl", "flhc", "fesem", "stocfl", "fedem", "fedrc", "fedsoft"]
 VOLATILE = {
@@ -100,15 +101,29 @@ def record(path: Path, data_dir: str | None, only: str | None, stocfl: str, conf
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _kept(old: Any, new: Any, added: set[str]) -> Any:
+    """``new`` restricted to the keys ``old`` has (dicts, recursively; rows in lists): a figure
+    a later version adds is no change of the numbers an earlier one printed. Keys dropped are
+    kept as missing, so they count as a difference."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        added.update(k for k in new if k not in old)
+        return {k: _kept(old[k], new.get(k, "<missing>"), added) for k in old}
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [_kept(a, b, added) for a, b in zip(old, new)]
+    return new
+
+
 def check(old: Path, new: Path) -> int:
     a, b = json.loads(old.read_text()), json.loads(new.read_text())
     bad = 0
+    added: set[str] = set()
     for name in sorted(set(a) | set(b)):
         if name not in a or name not in b:
             print(f"{name}: only in {'new' if name in b else 'old'}")
             bad += 1
-        elif a[name] != b[name]:
-            x, y = a[name], b[name]
+            continue
+        x, y = a[name], _kept(a[name], b[name], added)
+        if x != y:
             diff = [
                 k
                 for k in sorted(set(x.get("summary", {})) | set(y.get("summary", {})))
@@ -116,6 +131,8 @@ def check(old: Path, new: Path) -> int:
             ]
             print(f"{name}: differs (summary keys {diff}; metrics equal: {x.get('metrics') == y.get('metrics')})")
             bad += 1
+    if added:
+        print(f"figures the new recording adds (not compared): {', '.join(sorted(added))}")
     print(f"{len(set(a) & set(b)) - bad} equal, {bad} differ or missing")
     return 1 if bad else 0
 

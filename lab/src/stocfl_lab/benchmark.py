@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import time
 import tomllib
@@ -276,7 +277,7 @@ def run(
         cells = [c for c in cells if fnmatch.fnmatchcase(c.key, only)]
         if not cells:
             raise UserError(f"--only {only!r} matches no cell; cells are named 'method / scenario / participation'")
-    machine = f"{platform.machine()} ({platform.processor() or 'cpu'}), {stocfl.__version__}"
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, stocfl {stocfl.__version__}"
     for index, cell in enumerate(cells):
         if index % shard[1] != shard[0]:
             continue
