@@ -81,7 +81,13 @@ def run_python(page: Path, cwd: Path) -> None:
 def test_every_page_with_commands_is_covered():
     """A page whose shell blocks hold stocfl commands is run by a test below (add it there)."""
     pages = {p.relative_to(REPO).as_posix() for p in PAGES if commands(p)}
-    assert pages <= {"README.md", "docs/running.md", "docs/quickstart.md", "docs/flower.md"}, pages
+    assert pages <= {
+        "README.md",
+        "docs/running.md",
+        "docs/quickstart.md",
+        "docs/flower.md",
+        "docs/benchmark-design.md",
+    }, pages
 
 
 def test_the_readme_runs_as_printed(tmp_path):
@@ -109,6 +115,20 @@ def test_the_quickstart_and_the_python_api_page_run_as_printed(tmp_path):
         p = subprocess.run([str(BIN / words[0]), *words[1:]], cwd=cwd, capture_output=True, text=True)
         assert p.returncode == 0, f"quickstart: {shlex.join(words)}: {p.stderr[-2000:]}"
     run_python(REPO / "docs" / "python-api.md", cwd)
+
+
+def test_the_benchmark_page_runs_as_printed(tmp_path):
+    """The quick grid and the leaderboard, from a copy of the grid and its record: the page it
+    writes is the committed one."""
+    import shutil
+
+    (tmp_path / "benchmark").mkdir()
+    (tmp_path / "docs").mkdir()
+    for name in ("grid.toml", "BENCHMARK.json"):
+        shutil.copy(REPO / "benchmark" / name, tmp_path / "benchmark" / name)
+    run_commands(REPO / "docs" / "benchmark-design.md", tmp_path)
+    assert (tmp_path / "quick.md").read_text().startswith("# The clustered-FL benchmark (quick grid)")
+    assert (tmp_path / "docs" / "benchmark.md").read_text() == (REPO / "docs" / "benchmark.md").read_text()
 
 
 def test_the_flower_page_certificates_command_runs(tmp_path):
