@@ -27,7 +27,7 @@ CHECKPOINT = "checkpoint.safetensors"
 
 # The checkpoint's format. 2: it says so, and carries every digest below (and, once the run has
 # finished, its summary's); a checkpoint without a "format" is of format 1, written before
-# 2026-12-06, whose digests are checked where they are present.
+# checkpoints declared a format, whose digests are checked where they are present.
 FORMAT = 2
 DIGESTS = ("config_sha256", "config_core_sha256", "metrics_sha256", "data_sha256")
 
