@@ -96,7 +96,10 @@ class ScenarioConfig(Section):
     data_dir: str = Field("", description="directory of the data sets; empty = $STOCFL_DATA_DIR (digits needs none)")
     n_clients: int = Field(40, ge=1, le=MAX_COUNT, description="number of clients N (writers: number of writers)")
     samples_per_client: int = Field(
-        30, ge=1, le=MAX_COUNT, description="train samples per client |D| (dirichlet: the mean; writers: a cap)"
+        30,
+        ge=1,
+        le=MAX_COUNT,
+        description="train samples per client |D| (dirichlet, quantity: the mean; writers: a cap)",
     )
     test_per_client: int = Field(
         0,
@@ -105,9 +108,19 @@ class ScenarioConfig(Section):
         description="test samples per client; 0 = an equal share of the group's test pool, at most |D|",
     )
     alpha: float = Field(
-        0.5, ge=1e-3, le=1e6, description="Dirichlet concentration: over labels (dirichlet), over groups (*_mixture)"
+        0.5,
+        ge=1e-3,
+        le=1e6,
+        description="Dirichlet concentration: over labels (dirichlet), over groups (*_mixture), over sizes (quantity)",
     )
     severity: int = Field(3, ge=1, le=5, description="corruption severity 1..5 (corrupted, corrupted_mixture)")
+    validation: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="tuning: this fraction of each client's train samples is held out and used as its test data "
+        "(the test data unused); 0 = off",
+    )
     holdout: float = Field(
         0.0, ge=0, lt=1, description="fraction of clients kept out of training and placed as new clients at the end"
     )

@@ -171,3 +171,52 @@ def test_apportioned_counts_sum_to_the_total_and_stay_within_one_of_the_shares(r
     counts = apportion(shares, total)
     assert (counts.sum(1) == total).all() and (counts >= 0).all()
     assert (np.abs(counts - shares * total) < 1 + 1e-9).all()
+
+
+def test_quantity_skews_sizes_alone():
+    """Sizes ~ Dirichlet over clients, every client at least one sample, N x |D| in all; the same
+    test size for every client; labels drawn at random (no client far from the pooled mix)."""
+    fed = build("quantity", DIGITS, 20, 30, alpha=0.5, seed=0)
+    sizes = fed.train_sizes
+    assert fed.groups is None and sizes.sum() == 600 and sizes.min() >= 2 and sizes.max() > 3 * sizes.min()
+    assert fed.test_sizes.tolist() == [450 // 20] * 20  # the test pool shared evenly, at most |D| each
+    big = [i for i in range(20) if sizes[i] >= 60]
+    for i in big:  # a large client's labels are near uniform
+        counts = np.bincount(fed.train_data(i)[1].numpy(), minlength=10)
+        assert counts.max() / sizes[i] < 0.3
+    again = build("quantity", DIGITS, 20, 30, alpha=0.5, seed=0)
+    assert torch.equal(fed.x_train, again.x_train) and (again.train_sizes == sizes).all()
+    # larger alpha: sizes nearer equal
+    even = build("quantity", DIGITS, 20, 30, alpha=100.0, seed=0).train_sizes
+    assert even.std() < sizes.std()
+    with pytest.raises(UserError, match="scenario quantity on digits"):
+        build("quantity", DIGITS, 100, 30)
+
+
+def test_validation_holds_out_train_samples_and_never_uses_the_test_data():
+    """scenario.validation: each client's test data are a held-out part of its own train data
+    (round(f n), at least 1), the rest its train data; nothing of the real test split is left."""
+    from stocfl.data.federation import Federation
+
+    fed = build("quantity", DIGITS, 20, 30, alpha=0.5, seed=0)
+    tuned = fed.with_validation(0.1, seed=4)
+    assert tuned.n_clients == fed.n_clients and tuned.groups is fed.groups
+    for i in range(fed.n_clients):
+        x, y = fed.train_data(i)
+        n = len(y)
+        xt, yt = tuned.train_data(i)
+        xv, yv = tuned.test_data(i)
+        assert len(yv) == min(n - 1, max(1, round(0.1 * n))) and len(yt) + len(yv) == n
+        rows = {tuple(r) for r in x.flatten(1).tolist()}
+        assert {tuple(r) for r in xv.flatten(1).tolist()} <= rows and {tuple(r) for r in xt.flatten(1).tolist()} <= rows
+        assert sorted(yt.tolist() + yv.tolist()) == sorted(y.tolist())
+    again = fed.with_validation(0.1, seed=4)
+    assert torch.equal(again.x_test, tuned.x_test) and not torch.equal(
+        fed.with_validation(0.1, seed=5).y_test, tuned.y_test
+    )
+    tiny = Federation.from_arrays(
+        [(torch.zeros(1, 3), torch.zeros(1, dtype=torch.long))] * 2,
+        [(torch.zeros(1, 3), torch.zeros(1, dtype=torch.long))] * 2,
+    )
+    with pytest.raises(UserError, match="client 0 holds 1 train sample"):
+        tiny.with_validation(0.1)

@@ -347,6 +347,7 @@ def test_tensorboard_without_a_results_directory_is_refused_in_one_line():
         ([], "run.node_wait", "600"),
         (["algorithm.name=stocfl"], "algorithm.quorum", "0.5"),
         (["algorithm.name=stocfl"], "algorithm.quorum_tau", "0.3"),
+        ([], "scenario.validation", "0.1"),
     ],
 )
 def test_a_config_key_added_later_leaves_an_older_runs_digest_as_it_was(base, key, other):
@@ -370,7 +371,7 @@ def test_a_config_key_added_later_leaves_an_older_runs_digest_as_it_was(base, ke
     d["algorithm"].pop("similarity", None)
     for k in ("present_at_start", "join_rounds", "leave", "leave_rounds", "drift", "drift_rounds"):
         d["scenario"].pop(k)
-    for k in ("drift_share", "drift_notice"):
+    for k in ("drift_share", "drift_notice", "validation"):
         d["scenario"].pop(k)
     assert config_digest(cfg) == hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
     assert config_digest(configure.load(overrides=[*base, f"{key}={other}"])) != config_digest(cfg)

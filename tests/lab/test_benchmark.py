@@ -36,10 +36,14 @@ def test_the_quick_grid_records_every_run_and_writes_the_leaderboard(quick, caps
     for entry in record.values():
         f = entry["figures"]
         assert 0 <= f["accuracy"] <= 1 and f["bytes_down_per_round"] > 0 and f["bytes_up_per_round"] > 0
+        assert f["flops_per_round"] > 0 and entry["cpu_seconds"] > 0 and entry["figures_version"] == 2
         assert len(entry["digest"]) == 64 and entry["curve"][-1][0] == 20
     text = (quick / "quick.md").read_text()
     for cell in cells:
         assert f"| {cell.key} |" in text, cell.key
+    for s in grid.quick["scenarios"]:  # a figure per (scenario, participation), linked from the page
+        name = f"figures/benchmark-quick/{s}-p0.5.png"
+        assert (quick / name).read_bytes()[:4] == b"\x89PNG" and f"]({name})" in text
     assert "| *pending*" not in text and "Nemenyi's critical difference" in text
     # run again: every run reused, none run; a fresh clone (no run directories) reuses them too
     capsys.readouterr()
@@ -149,6 +153,12 @@ def test_ranks_share_ties_and_give_friedman_and_the_critical_difference():
         (lambda t: t.replace('name = "cfl"', 'name = "fedavg"'), "method 'fedavg' is declared twice"),
         (lambda t: t.replace('family = "mixtures"\n', "", 1), "KeyError"),
         (lambda t: t + "\n[[method]\n", "cannot be read"),
+        (
+            lambda t: t.replace('name = "cfl"', 'name = "cfl"\ntune = [["train.lr=0.1"]]'),
+            "method 'cfl' declares 1 tuning settings, the budget is 4",
+        ),
+        (lambda t: t.replace('tune_on = "rotated"', 'tune_on = "nowhere"'), "tune_on = 'nowhere' is not a scenario"),
+        (lambda t: t.replace("validation = 0.1\n", ""), "KeyError 'validation'"),
     ],
 )
 def test_a_bad_grid_is_one_line(tmp_path, capsys, edit, says):
@@ -167,3 +177,68 @@ def test_the_committed_leaderboard_is_what_the_record_gives():
     assert (REPO / "docs" / "benchmark.md").read_text() == page(
         load_grid(GRID), read_record(REPO / "benchmark" / "BENCHMARK.json")
     ), "run: stocfl-lab benchmark --page --out docs/benchmark.md"
+
+
+def test_a_run_of_older_figures_runs_again_and_must_give_the_same_numbers(quick, tmp_path, capsys):
+    """A recorded run without the newer figures (an older version) is run again, not reused; the
+    same config giving the same numbers, it is not flagged; a recorded number that the run does
+    not give again is said, even with --quiet."""
+    d = tmp_path / "again"
+    d.mkdir()
+    shutil.copy(GRID, d / "grid.toml")
+    record = json.loads((quick / "BENCHMARK-quick.json").read_text())
+    keys = sorted(record["runs"])
+    old = record["runs"][keys[0]]
+    old.pop("figures_version")
+    del old["figures"]["flops_per_round"]
+    tampered = record["runs"][keys[1]]
+    tampered.pop("figures_version")
+    tampered["figures"]["accuracy"] = 0.123
+    (d / "BENCHMARK-quick.json").write_text(json.dumps(record))
+    capsys.readouterr()
+    assert lab(["benchmark", "--grid", str(d / "grid.toml"), "--quick", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "2 runs run (2 of them run again for newer figures, 1 with other numbers), 10 reused" in out, out
+    assert f"{keys[1]}: WARNING run again under the same config, its figures changed" in out
+    assert keys[0] + ":" not in out
+    again = json.loads((d / "BENCHMARK-quick.json").read_text())["runs"]
+    first = json.loads((quick / "BENCHMARK-quick.json").read_text())["runs"][keys[0]]["figures"]
+    assert again[keys[0]]["figures"] == first | {"seconds": again[keys[0]]["figures"]["seconds"]}
+
+
+@pytest.mark.long
+def test_tuning_chooses_on_the_validation_split_and_runs_the_tuned_rows(quick, capsys):
+    """--tune: each method's budget of settings once at the protocol's seed and participation,
+    with scenario.validation (the clients' test data unused); the choice is the best validation
+    accuracy; --tuned runs each cell's chosen setting at every seed, and none where the default
+    was chosen; the page gives the tuned rows and the tuning table."""
+    from stocfl_lab.benchmark import tuning_choice
+
+    base = ["benchmark", "--grid", str(quick / "grid.toml"), "--quick", "--quiet"]
+    assert lab([*base, "--tune"]) == 0
+    grid = load_grid(quick / "grid.toml")
+    record = json.loads((quick / "BENCHMARK-quick.json").read_text())
+    tune = {k: e for k, e in record["runs"].items() if k.startswith("tune / ")}
+    assert len(tune) == 3 * 2 * 2  # methods x scenarios x settings
+    for key, e in tune.items():
+        cfg = (quick / "runs" / "tune" / e["scenario"] / e["method"]).glob(f"setting{e['tune']}-*/config.toml")
+        text = next(cfg).read_text()
+        assert "validation = 0.2" in text and "sample_rate = 0.5" in text and "seed = 0" in text
+        assert e["default_setting"] == (e["setting"] == ["train.lr=0.1"]), key
+    expected = 0
+    for m in ("fedavg", "ifca", "stocfl"):
+        for s in grid.scenarios:
+            if not s.quick_only:
+                continue
+            i, chosen = tuning_choice(grid, record, m, s, True)
+            accs = [tune[f"tune / {m} / {s.name} / {j}"]["figures"]["accuracy"] for j in (0, 1)]
+            assert accs[i] == max(accs) and (accs[0] < accs[1] or i == 0)
+            expected += 0 if chosen["default_setting"] else 2  # two seeds at one participation
+    capsys.readouterr()
+    assert lab([*base, "--tuned", "--out", str(quick / "tuned.md")]) == 0
+    assert f"{expected} runs run" in capsys.readouterr().out
+    record = json.loads((quick / "BENCHMARK-quick.json").read_text())
+    tuned = [e for e in record["runs"].values() if e.get("tuned_of")]
+    assert len(tuned) == expected and all(e["setting"] == ["train.lr=0.3"] for e in tuned)
+    text = (quick / "tuned.md").read_text()
+    assert "| stocfl, tuned |" in text and "## Tuning" in text and "tuning pending" not in text

@@ -42,6 +42,10 @@ from stocfl.experiment import run_or_reuse
 from stocfl.storage import exclusive, read_jsonl, write_atomic
 
 GRID = Path("benchmark/grid.toml")
+# The figures a recorded run carries; a run recorded with an older set is run again (its
+# numbers must come out the same: the config is the same) so that every run has every figure.
+# 2: client FLOPs per round and CPU seconds.
+FIGURES_VERSION = 2
 # what a run's summary gives each cell (summary key -> its name on the page)
 FIGURES = {
     "accuracy": "accuracy",
@@ -60,6 +64,7 @@ class Method:
     name: str
     set: tuple[str, ...] = ()
     role: str = "clustered"  # or "reference" (FedAvg, FedProx, Ditto)
+    tune: tuple[tuple[str, ...], ...] | None = None  # its own tuning settings (None: the grid's)
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,7 @@ class Scenario:
     target: float
     set: tuple[str, ...]
     quick_only: bool = False
+    tune_on: str = ""  # the scenario whose tuning choice this one takes (a drifting one: its base)
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,19 @@ class Grid:
     methods: tuple[Method, ...]
     scenarios: tuple[Scenario, ...]
     quick: dict[str, Any] = field(default_factory=dict)
+    tune: dict[str, Any] = field(default_factory=dict)
+
+    def tune_protocol(self, quick: bool = False) -> dict[str, Any]:
+        """The tuning protocol: its seed, participation, validation fraction and settings."""
+        return self.tune | (self.quick.get("tune", {}) if quick else {})
+
+    def tune_settings(self, method: str, quick: bool = False) -> tuple[tuple[str, ...], ...]:
+        """The settings ``method`` is tried at: its own, else the protocol's (the same budget)."""
+        protocol = self.tune_protocol(quick)
+        own = next(m.tune for m in self.methods if m.name == method)
+        if quick and "settings" in self.quick.get("tune", {}):
+            return tuple(tuple(x) for x in protocol["settings"])
+        return own if own is not None else tuple(tuple(x) for x in protocol["settings"])
 
     def cells(self, quick: bool = False) -> list[Cell]:
         """Every cell, in a fixed order (scenario, participation, method): the order shards split."""
@@ -107,9 +126,12 @@ class Grid:
     def seeds_for(self, quick: bool) -> tuple[int, ...]:
         return tuple(self.quick.get("seeds", self.seeds)) if quick else self.seeds
 
-    def config(self, cell: Cell, seed: int, quick: bool = False, data_dir: str | None = None):
+    def config(
+        self, cell: Cell, seed: int, quick: bool = False, data_dir: str | None = None, extra: list[str] | None = None
+    ):
         """The run's config: the base, the scenario, the method (``{k}``: the scenario's true
-        groups), the participation and the seed, then the quick grid's overrides."""
+        groups), the participation and the seed, then the quick grid's overrides, then ``extra``
+        (a tuning setting)."""
         sets = [
             *self.base,
             *cell.scenario.set,
@@ -118,6 +140,7 @@ class Grid:
             f"run.sample_rate={cell.participation:g}",
             f"run.seed={seed}",
             *(self.quick.get("set", []) if quick else []),
+            *(extra or []),
         ]
         return stocfl.load_config(None, sets, data_dir=data_dir)
 
@@ -126,6 +149,12 @@ def _strings(value: Any, where: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise UserError(f"{where}: expected a list of strings (overrides KEY=VALUE)")
     return tuple(value)
+
+
+def _settings(value: Any, where: str) -> tuple[tuple[str, ...], ...]:
+    if not isinstance(value, list) or not value:
+        raise UserError(f"{where}: expected a list of settings, each a list of overrides KEY=VALUE")
+    return tuple(_strings(v, where) for v in value)
 
 
 def load_grid(path: str | Path = GRID) -> Grid:
@@ -139,7 +168,12 @@ def load_grid(path: str | Path = GRID) -> Grid:
         raise UserError(f"benchmark grid {path}: cannot be read ({err}); pass --grid FILE") from None
     try:
         methods = tuple(
-            Method(m["name"], _strings(m.get("set", []), f"{path}: method {m['name']}"), m.get("role", "clustered"))
+            Method(
+                m["name"],
+                _strings(m.get("set", []), f"{path}: method {m['name']}"),
+                m.get("role", "clustered"),
+                None if "tune" not in m else _settings(m["tune"], f"{path}: method {m['name']}: tune"),
+            )
             for m in raw["method"]
         )
         scenarios = tuple(
@@ -150,9 +184,17 @@ def load_grid(path: str | Path = GRID) -> Grid:
                 float(s["target"]),
                 _strings(s["set"], f"{path}: scenario {s['name']}"),
                 bool(s.get("quick_only", False)),
+                str(s.get("tune_on", "")),
             )
             for s in raw["scenario"]
         )
+        tune = dict(raw["tune"])
+        tune = {
+            "seed": int(tune["seed"]),
+            "participation": float(tune["participation"]),
+            "validation": float(tune["validation"]),
+            "settings": _settings(tune["settings"], f"{path}: tune.settings"),
+        }
         grid = Grid(
             str(raw["title"]),
             tuple(int(x) for x in raw["seeds"]),
@@ -161,6 +203,7 @@ def load_grid(path: str | Path = GRID) -> Grid:
             methods,
             scenarios,
             dict(raw.get("quick", {})),
+            tune,
         )
     except (KeyError, TypeError, ValueError) as err:
         raise UserError(
@@ -170,6 +213,19 @@ def load_grid(path: str | Path = GRID) -> Grid:
         twice = {n for n in names if names.count(n) > 1}
         if twice:
             raise UserError(f"benchmark grid {path}: {what} {sorted(twice)[0]!r} is declared twice")
+    budget = len(grid.tune["settings"])
+    for m in methods:
+        if m.tune is not None and len(m.tune) != budget:
+            raise UserError(
+                f"benchmark grid {path}: method {m.name!r} declares {len(m.tune)} tuning settings, the budget is "
+                f"{budget} (tune.settings): every method gets the same"
+            )
+    names = {s.name: s for s in scenarios}
+    for s in scenarios:
+        if s.tune_on and (s.tune_on not in names or names[s.tune_on].tune_on):
+            raise UserError(
+                f"benchmark grid {path}: scenario {s.name!r}: tune_on = {s.tune_on!r} is not a scenario tuned on itself"
+            )
     unknown = [m.name for m in methods if m.name not in ALGORITHMS]
     if unknown:
         raise UserError(f"benchmark grid {path}: unknown method {unknown[0]!r}; choose among {', '.join(ALGORITHMS)}")
@@ -177,6 +233,13 @@ def load_grid(path: str | Path = GRID) -> Grid:
 
 
 # ---- one run's figures ------------------------------------------------------------------------
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
 
 
 def rounds_to(rows: list[dict[str, Any]], target: float) -> int | None:
@@ -195,6 +258,8 @@ def figures(summary: dict[str, Any], rows: list[dict[str, Any]], target: float) 
     out["bytes_up_per_round"] = (
         float(np.mean([u for _, u in traffic])) if all(u is not None for _, u in traffic) else None
     )
+    flops = [r.get("flops") for r in rows]
+    out["flops_per_round"] = float(np.mean(flops)) if flops and all(f is not None for f in flops) else None
     out["seconds"] = round(float(sum(r.get("seconds", 0.0) for r in rows)), 2)
     return out
 
@@ -256,6 +321,101 @@ def parse_shard(text: str | None) -> tuple[int, int]:
     return i, n
 
 
+@dataclass(frozen=True)
+class Job:
+    """One run of the benchmark: its key in the record, its config, where it runs, and what
+    the record says of it besides its figures."""
+
+    key: str
+    cfg: Any
+    out: Path
+    meta: dict[str, Any]
+    target: float
+
+
+def _setting_text(setting: tuple[str, ...]) -> str:
+    """["train.lr=0.1"] -> "lr=0.1": how the page names a tuning setting."""
+    return ", ".join(x.split(".", 1)[-1] for x in setting) or "the defaults"
+
+
+def tuning_choice(grid: Grid, record: dict[str, Any], method: str, scenario: Scenario, quick: bool):
+    """The setting chosen for ``method`` on ``scenario`` (or the scenario it is tuned on): the
+    best validation accuracy among the budget's settings (the first of equals), as (index, its
+    entry); None while a setting's tuning run is missing."""
+    on = scenario.tune_on or scenario.name
+    entries = []
+    for i in range(len(grid.tune_settings(method, quick))):
+        e = record["runs"].get(f"tune / {method} / {on} / {i}")
+        if e is None or bool(e.get("quick")) != quick:
+            return None
+        entries.append(e)
+    best = max(range(len(entries)), key=lambda i: (entries[i]["figures"]["accuracy"], -i))
+    return best, entries[best]
+
+
+def jobs(
+    grid: Grid, stage: str, record: dict[str, Any], runs: Path, quick: bool, data_dir: str | None, only: str | None
+) -> list[list[Job]]:
+    """The runs of a stage, grouped by cell (shards split the groups): ``default``, every cell
+    at every seed with the papers' defaults; ``tune``, every (method, scenario) at the tuning
+    seed and participation, each setting of the method's budget, on the validation split;
+    ``tuned``, every cell at every seed with its tuned setting, where tuning chose one that is
+    not the default (a choice of the default is the default row itself)."""
+    import fnmatch
+
+    cells = grid.cells(quick)
+    t = grid.tune_protocol(quick)
+    if stage == "tune":  # one cell per (method, scenario tuned on itself), at the protocol's participation
+        pairs = dict.fromkeys((c.method, c.scenario) for c in cells if not c.scenario.tune_on)
+        cells = [Cell(m, sc, t["participation"]) for m, sc in pairs]
+    if only is not None:
+        cells = [c for c in cells if fnmatch.fnmatchcase(c.key, only)]
+        if not cells:
+            raise UserError(f"--only {only!r} matches no cell; cells are named 'method / scenario / participation'")
+    out: list[list[Job]] = []
+    for cell in cells:
+        m, sc = cell.method, cell.scenario
+        base = {
+            "method": m.name,
+            "scenario": sc.name,
+            "family": sc.family,
+            "participation": cell.participation,
+            "quick": quick,
+        }
+        group = []
+        if stage == "tune":
+            default = stocfl.config_digest(grid.config(cell, t["seed"], quick, data_dir))
+            for i, setting in enumerate(grid.tune_settings(m.name, quick)):
+                sets = [*setting, f"scenario.validation={t['validation']:g}"]
+                cfg = grid.config(cell, t["seed"], quick, data_dir, extra=sets)
+                plain = stocfl.config_digest(grid.config(cell, t["seed"], quick, data_dir, extra=list(setting)))
+                meta = base | {"cell": cell.key, "seed": t["seed"], "tune": i, "setting": list(setting)}
+                meta["default_setting"] = plain == default
+                path = runs / "tune" / sc.name / m.name / f"setting{i}"
+                group.append(Job(f"tune / {m.name} / {sc.name} / {i}", cfg, path, meta, sc.target))
+        elif stage == "tuned":
+            chosen = tuning_choice(grid, record, m.name, sc, quick)
+            if chosen is None or chosen[1]["default_setting"]:
+                continue
+            setting = chosen[1]["setting"]
+            name = f"{m.name} (tuned)"
+            for seed in grid.seeds_for(quick):
+                cfg = grid.config(cell, seed, quick, data_dir, extra=setting)
+                meta = base | {"cell": f"{name} / {sc.name} / {cell.participation:g}", "seed": seed}
+                meta |= {"method": name, "tuned_of": m.name, "setting": setting}
+                path = runs / sc.name / f"p{cell.participation:g}" / f"{m.name}-tuned" / f"seed{seed}"
+                group.append(Job(f"{meta['cell']} / seed {seed}", cfg, path, meta, sc.target))
+        else:
+            for seed in grid.seeds_for(quick):
+                cfg = grid.config(cell, seed, quick, data_dir)
+                path = runs / sc.name / f"p{cell.participation:g}" / m.name / f"seed{seed}"
+                group.append(
+                    Job(f"{cell.key} / seed {seed}", cfg, path, base | {"cell": cell.key, "seed": seed}, sc.target)
+                )
+        out.append(group)
+    return out
+
+
 def run(
     grid: Grid,
     record: Path,
@@ -266,54 +426,51 @@ def run(
     progress: bool = False,
     log=print,
     only: str | None = None,
+    stage: str = "default",
 ) -> dict[str, int]:
-    """Run (or reuse) every (cell, seed) of this shard (``only``: the cells whose key, "method /
-    scenario / participation", matches this shell pattern); returns counts of runs run and reused."""
-    import fnmatch
-
-    counts = {"ran": 0, "reused": 0}
-    cells = grid.cells(quick)
-    if only is not None:
-        cells = [c for c in cells if fnmatch.fnmatchcase(c.key, only)]
-        if not cells:
-            raise UserError(f"--only {only!r} matches no cell; cells are named 'method / scenario / participation'")
+    """Run (or reuse) every run of ``stage`` (:func:`jobs`) in this shard (``only``: the cells
+    whose key, "method / scenario / participation", matches this shell pattern); returns counts
+    of runs run and reused."""
+    counts = {"ran": 0, "reused": 0, "refigured": 0, "changed": 0}
     machine = f"{platform.machine()}, {os.cpu_count()} cores, stocfl {stocfl.__version__}"
-    for index, cell in enumerate(cells):
+    for index, group in enumerate(jobs(grid, stage, read_record(record), runs, quick, data_dir, only)):
         if index % shard[1] != shard[0]:
             continue
-        for seed in grid.seeds_for(quick):
-            cfg = grid.config(cell, seed, quick, data_dir)
-            digest = stocfl.config_digest(cfg)
-            key = f"{cell.key} / seed {seed}"
-            held = read_record(record)["runs"].get(key)
-            if held is not None and held["digest"] == digest:
+        for job in group:
+            digest = stocfl.config_digest(job.cfg)
+            held = read_record(record)["runs"].get(job.key)
+            same = held is not None and held["digest"] == digest
+            if same and held.get("figures_version", 1) == FIGURES_VERSION:
                 counts["reused"] += 1
                 continue
-            # the digest in the name: a grid whose settings changed runs anew beside the old run
-            out = (
-                runs / cell.scenario.name / f"p{cell.participation:g}" / cell.method.name / f"seed{seed}-{digest[:10]}"
-            )
-            t = time.perf_counter()
-            summary = run_or_reuse(cfg, out, data_dir, progress, label=cell.method.name)
+            # the digest in the name: a grid whose settings changed runs anew beside the old run;
+            # the figures' version: a run of older code (without the newer figures) is not reused
+            out = job.out.with_name(f"{job.out.name}-{digest[:10]}-f{FIGURES_VERSION}")
+            t, cpu = time.perf_counter(), _cpu_seconds()
+            summary = run_or_reuse(job.cfg, out, data_dir, progress, label=job.meta["method"])
             rows = read_jsonl(out / "metrics.jsonl")
-            entry = {
-                "cell": cell.key,
-                "method": cell.method.name,
-                "scenario": cell.scenario.name,
-                "family": cell.scenario.family,
-                "participation": cell.participation,
-                "seed": seed,
-                "quick": quick,
+            entry = job.meta | {
                 "digest": digest,
-                "figures": figures(summary, rows, cell.scenario.target),
+                "figures": figures(summary, rows, job.target),
                 "curve": [[r["round"], r["accuracy"]] for r in rows if r.get("accuracy") is not None],
                 "wall_seconds": round(time.perf_counter() - t, 2),
+                # CPU seconds of this process: less sensitive than wall time to what else runs
+                "cpu_seconds": round(_cpu_seconds() - cpu, 2),
+                "figures_version": FIGURES_VERSION,
                 "machine": machine,
                 "date": time.strftime("%Y-%m-%d"),
             }
-            _save_run(record, key, entry)
+            if same:  # run again for newer figures: its numbers must be the ones recorded
+                old = {k: held["figures"].get(k) for k in FIGURES}
+                new = {k: entry["figures"].get(k) for k in FIGURES}
+                if old != new or held.get("curve") != entry["curve"]:
+                    counts["changed"] += 1
+                    # said even when quiet: the same config gave other numbers
+                    print(f"{job.key}: WARNING run again under the same config, its figures changed: {old} -> {new}")
+                counts["refigured"] += 1
+            _save_run(record, job.key, entry)
             counts["ran"] += 1
-            log(f"{key}: accuracy {entry['figures']['accuracy']}")
+            log(f"{job.key}: accuracy {entry['figures']['accuracy']}")
     return counts
 
 
@@ -334,7 +491,7 @@ def cells_of(record: dict[str, Any], quick: bool) -> dict[str, dict[str, Any]]:
     """Per cell: its runs' figures gathered over seeds."""
     out: dict[str, dict[str, Any]] = {}
     for entry in record["runs"].values():
-        if bool(entry.get("quick")) != quick:
+        if bool(entry.get("quick")) != quick or "tune" in entry:  # a tuning run is no cell's
             continue
         cell = out.setdefault(
             entry["cell"],
@@ -348,13 +505,18 @@ def ranks(cells: dict[str, dict[str, Any]], methods: list[str]) -> dict[str, Any
     """Mean rank of each method by mean accuracy over the (scenario, participation) pairs where
     every method has a figure (rank 1 best; ties share their mean rank), Friedman's test and
     Nemenyi's critical difference at 0.05."""
-    from scipy import stats
-
     table: dict[tuple[str, float], dict[str, float]] = {}
     for c in cells.values():
         accs = [r["figures"]["accuracy"] for r in c["runs"] if r["figures"]["accuracy"] is not None]
         if accs:
             table.setdefault((c["scenario"], c["participation"]), {})[c["method"]] = float(np.mean(accs))
+    return ranks_of(table, methods)
+
+
+def ranks_of(table: dict[tuple[str, float], dict[str, float]], methods: list[str]) -> dict[str, Any]:
+    """:func:`ranks` from a table of mean accuracies per (scenario, participation) and method."""
+    from scipy import stats
+
     complete = [row for row in table.values() if all(m in row for m in methods)]
     if not complete or len(methods) < 2:
         return {"pairs": len(complete), "mean_rank": {}, "friedman_p": None, "cd": None}
@@ -376,23 +538,45 @@ def _fmt(values: list[float | None], scale: float = 100.0, digits: int = 1) -> s
     return f"{mean:.{digits}f}" + ("" if ci is None else f" ± {ci:.{digits}f}") + missing
 
 
+def _in_grid(grid: Grid, s: Scenario, quick: bool) -> bool:
+    """Whether scenario ``s`` is in the full grid (or the quick one)."""
+    return s.name in grid.quick.get("scenarios", []) if quick else not s.quick_only
+
+
+def _cell_rows(cells, scenarios, parts, methods):
+    """(scenario, participation, method, its runs' figures) for every cell with runs, in page order."""
+    for s in scenarios:
+        for p in parts:
+            for m in methods:
+                c = cells.get(f"{m} / {s.name} / {p:g}")
+                if c is not None:
+                    yield s, p, m, [r["figures"] for r in c["runs"]]
+
+
 def page(grid: Grid, record: dict[str, Any], quick: bool = False) -> str:
     """The leaderboard as Markdown, from the record alone."""
     cells = cells_of(record, quick)
     expected = grid.cells(quick)
     methods = list(dict.fromkeys(c.method.name for c in expected))  # every method of the grid, run or not
     n_seeds = len(grid.seeds_for(quick))
-    runs = [r for c in cells.values() for r in c["runs"]]
+    runs = [r for r in record["runs"].values() if bool(r.get("quick")) == quick]  # tuning runs too
     spent = sum(r["wall_seconds"] for r in runs)
+    default = [r for c in cells.values() if " (tuned)" not in c["method"] for r in c["runs"]]
+    tuned = [r for c in cells.values() if " (tuned)" in c["method"] for r in c["runs"]]
+    n_tune = sum("tune" in r for r in runs)
+    asked = sum(len(grid.tune_settings(m, quick)) for m in methods) * len(
+        [s for s in grid.scenarios if not s.tune_on and _in_grid(grid, s, quick)]
+    )
     lines = [
         f"# {grid.title}" + (" (quick grid)" if quick else ""),
         "",
         "<!-- written by `stocfl-lab benchmark --page` from benchmark/BENCHMARK.json: do not edit -->",
         "",
-        f"{len(cells)} of {len(expected)} cells have runs; {sum(len(c['runs']) for c in cells.values())} of "
-        f"{len(expected) * n_seeds} runs are recorded. Each figure is the mean ± the half-width of its 95% "
-        f"confidence interval over seeds (Student's t); (m/n): only m of the cell's n runs have the figure. "
-        f"A cell not yet run is *pending*.",
+        f"{len({r['cell'] for r in default})} of {len(expected)} cells have runs; {len(default)} of "
+        f"{len(expected) * n_seeds} runs with the papers' defaults are recorded, {n_tune} of the tuning protocol's "
+        f"{asked} runs and {len(tuned)} runs of tuned rows (a tuned setting that is the default needs none). Each "
+        f"figure is the mean ± the half-width of its 95% confidence interval over seeds (Student's t); (m/n): only "
+        f"m of the cell's n runs have the figure. A cell not yet run is *pending*.",
         "",
         f"Cost so far: {spent / 3600:.2f} hours of wall time for the {len(runs)} runs recorded"
         + (
@@ -400,18 +584,26 @@ def page(grid: Grid, record: dict[str, Any], quick: bool = False) -> str:
             if runs
             else "."
         )
-        + " Not counted yet: the client-side FLOPs of a round (they need each task kind's cost model). Not in the "
-        "grid yet: quantity skew (no scenario varies only the clients' sizes) and the tuned second row of each "
-        "method (the protocol is on the design page).",
+        + " Client FLOPs are counted by torch's FlopCounterMode on each task's reference computation (the design "
+        "page says how); CPU seconds are this process's, less sensitive than wall time to what else ran on the "
+        "machine.",
         "",
     ]
     families: dict[str, list[Scenario]] = {}
     for s in grid.scenarios:
-        if s.quick_only == quick or (quick and s.name in grid.quick.get("scenarios", [])):
+        if _in_grid(grid, s, quick):
             families.setdefault(s.family, []).append(s)
     parts = grid.quick.get("participation", grid.participation) if quick else grid.participation
+    drawn = {(c["scenario"], c["participation"]) for c in cells.values()}
+    tuning = any("tune" in e and bool(e.get("quick")) == quick for e in record["runs"].values())
+    every = [x for m in methods for x in (m, f"{m} (tuned)")]  # the per-cell tables' rows
     for family, scenarios in families.items():
         lines += [f"## {family}", ""]
+        for s in scenarios:
+            for p in parts:
+                if (s.name, p) in drawn:
+                    name = f"{figure_folder(quick)}/{figure_name(s.name, p)}"
+                    lines += [f"![{s.name}, participation {p:g}: accuracy per round and against traffic]({name})", ""]
         for p in parts:
             head = ["method"] + [f"{s.name} (k={s.k})" for s in scenarios]
             lines += [
@@ -426,46 +618,43 @@ def page(grid: Grid, record: dict[str, Any], quick: bool = False) -> str:
                     c = cells.get(f"{m} / {s.name} / {p:g}")
                     row.append("*pending*" if c is None else _fmt([r["figures"]["accuracy"] for r in c["runs"]]))
                 lines.append("| " + " | ".join(row) + " |")
+                if tuning:
+                    texts = [tuned_cell(grid, record, cells, m, s, p, quick)[0] for s in scenarios]
+                    lines.append("| " + " | ".join([f"{m}, tuned", *texts]) + " |")
             lines.append("")
-        lines += [f"Per cell, {family}: the other figures", ""]
-        head = [
-            "cell",
-            "macro acc. (%)",
-            "p10 client (%)",
-            "worst (%)",
-            "ARI",
-            "clusters",
-            "rounds to target",
-            "kB down / round",
-            "kB up / round",
-            "seconds",
-        ]
+        mixtures = any(s.family == "mixtures" for s in scenarios)
+        lines += [f"Per cell, {family}: clients and clusters", ""]
+        head = ["cell", "macro acc. (%)", "p10 client (%)", "worst (%)", "ARI", "NMI"]
+        head += ["mixture distance"] if mixtures else []
+        head += ["clusters", "rounds to target"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for s in scenarios:
-            for p in parts:
-                for m in methods:
-                    c = cells.get(f"{m} / {s.name} / {p:g}")
-                    if c is None:
-                        continue
-                    f = [r["figures"] for r in c["runs"]]
-                    lines.append(
-                        "| "
-                        + " | ".join(
-                            [
-                                f"{m} / {s.name} / {p:g}",
-                                _fmt([x["macro_accuracy"] for x in f]),
-                                _fmt([x["accuracy_p10"] for x in f]),
-                                _fmt([x["worst_client_accuracy"] for x in f]),
-                                _fmt([x["ari"] for x in f], 1.0, 3) if s.k > 1 else "-",
-                                _fmt([x["n_clusters"] for x in f], 1.0, 1),
-                                _fmt([x["rounds_to_target"] for x in f], 1.0, 1),
-                                _fmt([x["bytes_down_per_round"] for x in f], 1e-3, 0),
-                                _fmt([x["bytes_up_per_round"] for x in f], 1e-3, 0),
-                                _fmt([x["seconds"] for x in f], 1.0, 1),
-                            ]
-                        )
-                        + " |"
-                    )
+        for s, p, m, f in _cell_rows(cells, scenarios, parts, every):
+            grouped = s.k > 1
+            row = [
+                f"{m} / {s.name} / {p:g}",
+                _fmt([x["macro_accuracy"] for x in f]),
+                _fmt([x["accuracy_p10"] for x in f]),
+                _fmt([x["worst_client_accuracy"] for x in f]),
+                _fmt([x["ari"] for x in f], 1.0, 3) if grouped else "-",
+                _fmt([x["nmi"] for x in f], 1.0, 3) if grouped else "-",
+            ]
+            row += [_fmt([x.get("mixture_tv") for x in f], 1.0, 3)] if mixtures else []
+            row += [_fmt([x["n_clusters"] for x in f], 1.0, 1), _fmt([x["rounds_to_target"] for x in f], 1.0, 1)]
+            lines.append("| " + " | ".join(row) + " |")
+        lines += ["", f"Per cell, {family}: costs (per round, summed over the round's clients)", ""]
+        head = ["cell", "client GFLOP / round", "kB down / round", "kB up / round", "wall s", "CPU s"]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for s, p, m, f in _cell_rows(cells, scenarios, parts, every):
+            runs_ = cells[f"{m} / {s.name} / {p:g}"]["runs"]
+            row = [
+                f"{m} / {s.name} / {p:g}",
+                _fmt([x.get("flops_per_round") for x in f], 1e-9, 3),
+                _fmt([x["bytes_down_per_round"] for x in f], 1e-3, 0),
+                _fmt([x["bytes_up_per_round"] for x in f], 1e-3, 0),
+                _fmt([x["seconds"] for x in f], 1.0, 1),
+                _fmt([r.get("cpu_seconds") for r in runs_], 1.0, 1),
+            ]
+            lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     rk = ranks(cells, methods)
     lines += ["## Ranks", ""]
@@ -487,7 +676,144 @@ def page(grid: Grid, record: dict[str, Any], quick: bool = False) -> str:
         ]
     else:
         lines += ["No (scenario, participation) pair has runs of every method yet.", ""]
+    lines += tuning_section(grid, record, cells, methods, quick, parts)
     return "\n".join(lines) + "\n"
+
+
+def tuned_cell(grid, record, cells, method: str, scenario: Scenario, p: float, quick: bool):
+    """(the accuracy table's text, the tuned row's runs or None) for one tuned cell."""
+    choice = tuning_choice(grid, record, method, scenario, quick)
+    if choice is None:
+        return "tuning pending", None
+    entry = choice[1]
+    said = _setting_text(tuple(entry["setting"]))
+    if entry["default_setting"]:
+        c = cells.get(f"{method} / {scenario.name} / {p:g}")
+        return f"= default ({said})", None if c is None else c["runs"]
+    c = cells.get(f"{method} (tuned) / {scenario.name} / {p:g}")
+    if c is None:
+        return f"*pending* ({said})", None
+    return f"{_fmt([r['figures']['accuracy'] for r in c['runs']])} ({said})", c["runs"]
+
+
+def tuning_section(grid, record, cells, methods, quick, parts) -> list[str]:
+    """The tuning runs' validation accuracies, each method's choice, and the tuned rows' ranks."""
+    protocol = grid.tune_protocol(quick)
+    lines = [
+        "## Tuning",
+        "",
+        f"Each method tried {len(protocol['settings'])} settings (its declared budget, the same for all) once, at "
+        f"seed {protocol['seed']} and participation {protocol['participation']:g}, on a validation split: "
+        f"{protocol['validation']:g} of each client's train samples held out as its test data, the test data "
+        f"never seen. The best validation accuracy (the first of equals) is its tuned setting; a drifting "
+        f"scenario takes its base scenario's. Validation accuracy (%) per setting, the chosen one in bold:",
+        "",
+    ]
+    tuned_on = [
+        s
+        for s in grid.scenarios
+        if not s.tune_on and (s.quick_only == quick or (quick and s.name in grid.quick.get("scenarios", [])))
+    ]
+    head = ["method", *(s.name for s in tuned_on)]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for m in methods:
+        row = [m]
+        for s in tuned_on:
+            said = []
+            choice = tuning_choice(grid, record, m, s, quick)
+            for i, setting in enumerate(grid.tune_settings(m, quick)):
+                e = record["runs"].get(f"tune / {m} / {s.name} / {i}")
+                if e is None or bool(e.get("quick")) != quick:
+                    said.append(f"{_setting_text(setting)}: -")
+                    continue
+                text = f"{_setting_text(setting)}: {100 * e['figures']['accuracy']:.1f}"
+                said.append(f"**{text}**" if choice is not None and choice[0] == i else text)
+            row.append("<br>".join(said))
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    table: dict[tuple[str, float], dict[str, float]] = {}
+    for s in grid.scenarios:
+        for p in parts:
+            for m in methods:
+                _, got = tuned_cell(grid, record, cells, m, s, p, quick)
+                accs = [r["figures"]["accuracy"] for r in got or [] if r["figures"]["accuracy"] is not None]
+                if accs:
+                    table.setdefault((s.name, p), {})[m] = float(np.mean(accs))
+    rk = ranks_of(table, methods)
+    if rk["mean_rank"]:
+        order = sorted(rk["mean_rank"], key=rk["mean_rank"].get)
+        lines += [
+            f"Mean rank of the tuned rows over the {rk['pairs']} (scenario, participation) pairs where every "
+            f"method's tuned row has runs; Nemenyi's critical difference at 0.05: {rk['cd']:.2f}.",
+            "",
+            "| method | mean rank, tuned |",
+            "|---|---|",
+            *(f"| {m} | {rk['mean_rank'][m]:.2f} |" for m in order),
+            "",
+        ]
+    else:
+        lines += ["No (scenario, participation) pair has a tuned row of every method yet.", ""]
+    return lines
+
+
+# ---- figures ------------------------------------------------------------------------------
+
+
+def figure_name(scenario: str, participation: float) -> str:
+    return f"{scenario}-p{participation:g}.png"
+
+
+def _mean_curve(runs: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """(rounds, mean accuracy over the runs) on the rounds every run evaluated."""
+    common = set.intersection(*({r for r, _ in run["curve"]} for run in runs))
+    rounds = np.array(sorted(common))
+    acc = [np.mean([dict(map(tuple, run["curve"]))[r] for run in runs]) for r in rounds]
+    return rounds, np.asarray(acc)
+
+
+def write_figures(grid: Grid, record: dict[str, Any], folder: Path, quick: bool = False) -> list[Path]:
+    """Per (scenario, participation) with runs: each method's mean test accuracy (over seeds)
+    against the round, and against the traffic so far (MB down and up: the round times the
+    method's mean bytes a round). The references dashed. Returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from stocfl.storage import save_figure
+
+    cells = cells_of(record, quick)
+    methods = list(dict.fromkeys(c.method.name for c in grid.cells(quick)))
+    roles = {m.name: m.role for m in grid.methods}
+    colours = plt.get_cmap("tab20")
+    written = []
+    pairs = sorted({(c["scenario"], c["participation"]) for c in cells.values()})
+    for scenario, p in pairs:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(10.5, 3.8), sharey=True)
+        for j, m in enumerate(methods):
+            c = cells.get(f"{m} / {scenario} / {p:g}")
+            if c is None or not all(r["curve"] for r in c["runs"]):
+                continue
+            rounds, acc = _mean_curve(c["runs"])
+            style = {"color": colours(j % 20), "lw": 1.3, "ls": "--" if roles.get(m) == "reference" else "-"}
+            left.plot(rounds, 100 * acc, label=m, **style)
+            f = [r["figures"] for r in c["runs"]]
+            per_round = [x["bytes_down_per_round"] + x["bytes_up_per_round"] for x in f if x["bytes_up_per_round"]]
+            if len(per_round) == len(f):
+                right.plot(rounds * float(np.mean(per_round)) / 1e6, 100 * acc, **style)
+        left.set(xlabel="round", ylabel="test accuracy (%)", title=f"{scenario}, participation {p:g}")
+        right.set(xlabel="traffic so far (MB, down + up)", xscale="log", title="accuracy against communication")
+        for ax in (left, right):
+            ax.grid(alpha=0.3)
+        handles, labels = left.get_legend_handles_labels()
+        right.legend(handles, labels, fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
+        fig.tight_layout()
+        path = folder / figure_name(scenario, p)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_figure(fig, path, dpi=80, tight=True)
+        plt.close(fig)
+        written.append(path)
+    return written
 
 
 def main(args) -> int:
@@ -500,6 +826,8 @@ def main(args) -> int:
         added = merge(record, [Path(m) for m in args.merge])
         print(f"stocfl-lab benchmark: {added} runs added to {record}")
     elif not args.page:
+        if args.tune and args.tuned:
+            raise UserError("--tune and --tuned: run the tuning first (--tune), then the tuned rows (--tuned)")
         runs = Path(args.runs or Path(args.grid or GRID).parent / "runs")
         counts = run(
             grid,
@@ -511,11 +839,24 @@ def main(args) -> int:
             not args.quiet,
             log=(lambda m: None) if args.quiet else print,
             only=args.only,
+            stage="tune" if args.tune else "tuned" if args.tuned else "default",
         )
-        print(f"stocfl-lab benchmark: {counts['ran']} runs run, {counts['reused']} reused ({record})")
+        again = (
+            f" ({counts['refigured']} of them run again for newer figures, {counts['changed']} with other numbers)"
+            if counts["refigured"]
+            else ""
+        )
+        print(f"stocfl-lab benchmark: {counts['ran']} runs run{again}, {counts['reused']} reused ({record})")
     out = Path(args.out) if args.out else None
-    text = page(grid, read_record(record), quick)
+    held = read_record(record)
+    text = page(grid, held, quick)
     if out is not None:
         write_atomic(out, text.encode())
-        print(f"stocfl-lab benchmark: the leaderboard is in {out}")
+        drawn = write_figures(grid, held, out.parent / figure_folder(quick), quick)
+        print(f"stocfl-lab benchmark: the leaderboard is in {out}, its {len(drawn)} figures beside it")
     return 0
+
+
+def figure_folder(quick: bool) -> str:
+    """Where the figures go, relative to the page."""
+    return "figures/benchmark-quick" if quick else "figures/benchmark"

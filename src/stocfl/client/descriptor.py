@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from stocfl.client.flops import CLIENT_CACHES
 from stocfl.client.tasks import MAX_ABS, BadResult, ClientData, _count, check_vector, check_weights, register_task
 from stocfl.errors import UserError
 
@@ -101,6 +102,9 @@ def projection(d: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     axes = vh[: min(k, len(vh))]
     sign = torch.sign(axes.gather(1, axes.abs().argmax(1, keepdim=True)))
     return axes * sign, center
+
+
+CLIENT_CACHES.append(projection)  # every client computes the axes: a FLOP count includes them
 
 
 def describe(c: ClientData, t: Describe) -> Described:

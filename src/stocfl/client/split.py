@@ -369,6 +369,7 @@ register_task(
         max(largest_entry(r.weights - t.weights), largest_entry(r.balanced_head - t.balanced_head)),
         max(largest_entry(t.weights), largest_entry(t.balanced_head)),
     ),
+    cost_by_labels=True,
 )
 
 __all__ = ["Split", "SplitTrain", "SplitTrained", "madd"]

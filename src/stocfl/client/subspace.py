@@ -93,4 +93,5 @@ register_task(
     "query.subspace",
     check_subspaced,
     reply_size=lambda t: t.n_classes * t.n_basis * t.dim,
+    cost_by_labels=True,
 )

@@ -278,7 +278,10 @@ class TaskKind:
     ``reply_size(task)`` bounds the numbers a reply to ``task`` may carry in its tensors, which
     a decoder checks before it reads them (default :func:`default_reply_size`); ``moved(task,
     result)``, for replies in the model's space, is (the reply's largest change from what was
-    sent, the largest entry of what was sent), which :func:`out_of_bound` bounds."""
+    sent, the largest entry of what was sent), which :func:`out_of_bound` bounds;
+    ``cost_by_labels``: the reference's arithmetic depends on the client's label counts (a
+    per-label SVD, a class-balanced sample), so its FLOPs are counted per label histogram
+    (:mod:`stocfl.client.flops`)."""
 
     task: type
     result: type
@@ -288,6 +291,7 @@ class TaskKind:
     batched: Callable[[Any, list], list] | None = None
     reply_size: Callable[[Any], int] | None = None
     moved: Callable[[Any, Any], tuple[float, float]] | None = None
+    cost_by_labels: bool = False
 
     def max_reply(self, task) -> int:
         """The most numbers a reply to ``task`` may carry in its tensors."""
@@ -325,6 +329,7 @@ def register_task(
     batched: Callable | None = None,
     reply_size: Callable | None = None,
     moved: Callable | None = None,
+    cost_by_labels: bool = False,
 ) -> TaskKind:
     """Register a task kind (see :class:`TaskKind`). ``task`` and ``result`` are dataclasses; a
     task has a field ``client``. ``message`` defaults to ``query.<task name in lower case>``."""
@@ -347,7 +352,7 @@ def register_task(
     taken = [k for k in KINDS.values() if k.message == message and k.task is not task]
     if taken:
         raise UserError(f"register_task: message type {message!r} is taken by {taken[0].task.__name__}")
-    KINDS[task] = TaskKind(task, result, reference, message, check, batched, reply_size, moved)
+    KINDS[task] = TaskKind(task, result, reference, message, check, batched, reply_size, moved, cost_by_labels)
     return KINDS[task]
 
 

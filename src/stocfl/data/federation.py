@@ -68,6 +68,52 @@ class Federation:
         s = Schedule.checked(joins, leaves, self.participants, self.n_clients, "Federation.with_schedule")
         return replace(self, schedule=s, notes=list(self.notes))
 
+    def with_validation(self, fraction: float, seed: int = 0) -> Federation:
+        """This federation for tuning: each client holds out ``fraction`` of its train samples
+        (round(fraction x n), at least 1, drawn with ``seed``) and they become its test data;
+        the real test data are not used. So a setting is chosen on the clients' own training
+        data, never on the test data it will be judged on. A client needs 2 train samples."""
+        if not 0 < fraction < 1:
+            raise UserError(f"config: scenario.validation = {fraction}: expected a fraction in (0, 1)")
+        if self.drift is not None:
+            raise UserError(
+                "config: scenario.validation with scenario.drift: a drifting client's data are built from its "
+                "samples as they are; tune on the scenario without drift"
+            )
+        rng = np.random.default_rng([int(seed), 3])
+        train, held = [], []
+        for i in range(self.n_clients):
+            a, b = int(self.train_offsets[i]), int(self.train_offsets[i + 1])
+            n = b - a
+            if n < 2:
+                raise UserError(
+                    f"config: scenario.validation: client {i} holds {n} train sample(s); holding some out for "
+                    f"validation needs at least 2 per client"
+                )
+            v = min(n - 1, max(1, round(fraction * n)))
+            order = rng.permutation(n)
+            held.append(np.sort(order[:v]) + a)
+            train.append(np.sort(order[v:]) + a)
+
+        def stack(parts):
+            idx = torch.from_numpy(np.concatenate(parts).astype(np.int64))
+            offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])])
+            return self.x_train[idx].contiguous(), self.y_train[idx], offsets
+
+        x_tr, y_tr, off_tr = stack(train)
+        x_va, y_va, off_va = stack(held)
+        note = f"validation: {fraction:g} of each client's train samples held out as its test data (test data unused)"
+        return replace(
+            self,
+            x_train=x_tr,
+            y_train=y_tr,
+            train_offsets=off_tr,
+            x_test=x_va,
+            y_test=y_va,
+            test_offsets=off_va,
+            notes=[*self.notes, note],
+        )
+
     def groups_at(self, t: int) -> np.ndarray | None:
         """Each client's true group in round ``t``: the concept its data follow then (drift)."""
         return self.groups if self.drift is None or self.groups is None else self.drift.concepts(t)

@@ -101,6 +101,7 @@ BUILTIN_SCENARIOS = (
     "permuted_mixture",
     "corrupted_mixture",
     "dirichlet",
+    "quantity",
     "writers",
 )
 # the scenarios whose groups transform one source the same way for every label: a client's own
@@ -151,13 +152,14 @@ def build(
     n_clients : int
         N, clients in total, spread evenly over the groups (writers: number of writers).
     samples_per_client : int
-        |D|, train samples per client (dirichlet: the mean size; writers: a cap per writer).
+        |D|, train samples per client (dirichlet, quantity: the mean size; writers: a cap per writer).
     test_per_client : int, default 0
         Test samples per client; 0 = an equal share of the group's test pool, at most |D|.
     seed : int, default 0
         Seeds every shuffle and draw.
     alpha : float, default 0.5
-        Dirichlet concentration: over labels (dirichlet), over groups (``*_mixture``).
+        Dirichlet concentration: over labels (dirichlet), over groups (``*_mixture``), over the
+        clients' sizes (quantity).
     holdout : float in [0, 1), default 0
         Fraction of clients kept out of training (per true group where there is one), to be
         placed as new clients afterwards (the StoCFL paper's 70/30 generalisation study).
@@ -186,6 +188,8 @@ def build(
         fed = _writers(src, n_clients, samples_per_client, test_per_client, rng)
     elif name == "dirichlet":
         fed = _dirichlet(src, n_clients, samples_per_client, test_per_client, alpha, rng)
+    elif name == "quantity":
+        fed = _quantity(src, n_clients, samples_per_client, test_per_client, alpha, rng)
     elif name.endswith("_mixture") and name in BUILTIN_SCENARIOS:
         base = {"permuted_mixture": "permuted_labels"}.get(name, name.removesuffix("_mixture"))
         groups = _groups(base, src, data_dir, severity, seed)
@@ -446,6 +450,31 @@ def _dirichlet(src, n_clients, per_client, test_per_client, alpha, rng) -> Feder
         )
     te_parts = _split_by_label(src.y_test.numpy()[te], te, q, n_clients)
     return _from_parts("dirichlet", src, tr_parts, te_parts, None, [f"alpha = {alpha}"])
+
+
+def _quantity(src, n_clients, per_client, test_per_client, alpha, rng) -> Federation:
+    """Quantity skew alone (NIID-Bench's, Li et al., ICDE 2022): N*|D| train samples drawn at
+    random, client j's share of them ~ Dirichlet_N(alpha) (2 samples each first, so none is empty
+    and each can hold one out for validation);
+    labels and inputs identically distributed. Every client gets the same test size, so that
+    its accuracy is measured as precisely as any other's."""
+    total = n_clients * per_client
+    t = test_per_client or min(per_client, len(src.y_test) // n_clients)
+    if total > len(src.y_train) or t == 0 or n_clients * t > len(src.y_test):
+        raise UserError(
+            f"config: scenario.n_clients x scenario.samples_per_client: scenario quantity on {src.name}: "
+            f"{n_clients} clients x {per_client} train (and {max(t, 1)} test) samples, the data set has "
+            f"{len(src.y_train)} ({len(src.y_test)}); lower n_clients or samples_per_client"
+        )
+    tr = rng.choice(len(src.y_train), total, replace=False)
+    te = rng.choice(len(src.y_test), n_clients * t, replace=False)
+    least = min(2, per_client)  # 2: a client can hold one out for validation (scenario.validation)
+    sizes = least + apportion(rng.dirichlet(np.full(n_clients, alpha))[None], total - least * n_clients)[0]
+    cuts = np.cumsum(sizes)[:-1]
+    tr_parts = [np.sort(p) for p in np.split(tr, cuts)]
+    te_parts = [np.sort(p) for p in np.split(te, n_clients)]
+    note = f"client sizes ~ Dirichlet({alpha:g}) x {total}: {int(sizes.min())} to {int(sizes.max())} samples"
+    return _from_parts("quantity", src, tr_parts, te_parts, None, [note])
 
 
 def _split_by_label(y, idx, q, n_clients) -> list[np.ndarray]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import math
 import tomllib
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import torch
 from stocfl import config as schema
 from stocfl.algorithms import Algorithm, Context, algorithm_class
 from stocfl.algorithms.aggregation import Aggregator
+from stocfl.client.flops import FlopCount
 from stocfl.client.models import FlatModel, build_module, make_model
 from stocfl.client.tasks import BadResult, ClientsDropped, check_result, out_of_bound
 from stocfl.client.training import LocalTraining
@@ -31,6 +33,8 @@ from stocfl.executors.drifting import Drifting
 from stocfl.executors.localbn import LocalBatchNorm
 from stocfl.experiment import configure
 from stocfl.storage.tensorboard import Scalars
+
+log = logging.getLogger("stocfl")
 
 
 def build_federation(cfg: Config) -> Federation:
@@ -51,6 +55,8 @@ def build_federation(cfg: Config) -> Federation:
         drift_rounds=tuple(s.drift_rounds),
         drift_share=s.drift_share,
     )
+    if s.validation > 0:  # before the schedule: replace() keeps none, and it holds no data
+        fed = fed.with_validation(s.validation, cfg.run.seed)
     fed.schedule = Schedule.from_shares(
         fed.participants, fed.n_clients, s.present_at_start, s.join_rounds, s.leave, s.leave_rounds, cfg.run.seed
     )
@@ -135,17 +141,36 @@ def check_model_fits(model: FlatModel, w0: torch.Tensor, fed: Federation, name: 
         )
 
 
-def checked(execute, fed: Federation):
+def checked(execute, fed: Federation, model: FlatModel | None = None):
     """``execute`` (an executor's) with every result checked against its task and the client's
     sizes (:func:`stocfl.client.tasks.check_result`) before any algorithm sees it: the clients with a
     bad result are dropped (:class:`ClientsDropped`, counted in metrics.jsonl), whatever the
-    engine."""
+    engine. Its ``traffic`` counts what the task lists cost: the bytes of the tensors in the tasks
+    sent ("down") and in the replies received ("up") and, given the ``model``, the FLOPs of the
+    tasks sent (:mod:`stocfl.client.flops`; "flops" None once a count failed, "flop_seconds" the
+    time counting took)."""
     train, test = fed.train_sizes, fed.test_sizes
-    traffic = {"down": 0, "up": 0}  # bytes of the tensors in the tasks sent and in the replies received
+    traffic: dict[str, Any] = {"down": 0, "up": 0, "flops": None, "flop_seconds": 0.0}
+    count = None
+    if model is not None:
+        count, traffic["flops"] = FlopCount(fed, model), 0
 
     def run_checked(tasks):
         out, why = [], {}
         traffic["down"] += sum(tensor_bytes(t) for t in tasks)
+        # the work asked, as the bytes sent: a client that does not answer was asked it too
+        if count is not None and traffic["flops"] is not None:
+            try:
+                traffic["flops"] += sum(count(t) for t in tasks)
+            except Exception as err:  # noqa: BLE001 - a user's kind or model may refuse to be counted
+                log.warning(
+                    "client FLOPs are not counted in this run: counting a %s task failed (%s: %s)",
+                    type(tasks[0]).__name__,
+                    type(err).__name__,
+                    err,
+                )
+                traffic["flops"] = None
+            traffic["flop_seconds"] = count.seconds
         results = execute(tasks)
         if not isinstance(results, (list, tuple)) or len(results) != len(tasks):  # a user's engine or batched path
             got = f"{len(results)} results" if isinstance(results, (list, tuple)) else f"a {type(results).__name__}"
@@ -255,7 +280,7 @@ class Built:
     algorithm: Algorithm
     threads: int  # the torch threads in use
     drifting: Drifting | None = None  # with drift: sets the round whose data the tasks run on
-    traffic: dict[str, int] | None = None  # bytes of tensors sent to clients ("down") and back ("up") so far
+    traffic: dict[str, Any] | None = None  # what the task lists cost so far (:func:`checked`)
 
 
 def build_run(
@@ -292,7 +317,7 @@ def build_run(
     execute, drifting = executor.execute, None
     if fed.drift is not None:
         drifting = execute = Drifting(executor.execute, fed.drift, cfg.run.rounds)
-    ask = checked(execute, fed)
+    ask = checked(execute, fed, model)
     traffic = ask.traffic
     local = None
     if cfg.train.local_bn:

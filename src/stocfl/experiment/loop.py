@@ -347,9 +347,11 @@ class Experiment:
                 "dropped_clients": dropped,
                 **self.engine_counts(),
             }
-            if self.traffic is not None:  # the round's own traffic, its evaluation left out
+            if self.traffic is not None:  # the round's own traffic and client FLOPs, its evaluation left out
                 row["bytes_down"] = self.traffic["down"] - sent["down"]
                 row["bytes_up"] = self.traffic["up"] - sent["up"]
+                if self.traffic.get("flops") is not None and sent.get("flops") is not None:
+                    row["flops"] = self.traffic["flops"] - sent["flops"]
             if t % r.eval_every == 0 or t == r.rounds:
                 row.update(self.evaluate(t))
                 if drift is not None:  # each drift cohort's accuracy on the data it holds now
@@ -366,7 +368,10 @@ class Experiment:
                 row["drifted"] = changed
             check_diagnostics(self.algorithm, t, diag, row)
             row.update(diag)
-            row["seconds"] = time.perf_counter() - t0
+            counting = 0.0  # counting FLOPs is not the method's time
+            if self.traffic is not None:
+                counting = self.traffic.get("flop_seconds", 0.0) - sent.get("flop_seconds", 0.0)
+            row["seconds"] = time.perf_counter() - t0 - counting
             self.elapsed += row["seconds"]
             self.rows.append(row)
             if self.out is not None:

@@ -55,6 +55,7 @@ ADDED_KEYS = {
     "run.node_wait": 120.0,
     "algorithm.quorum": 0.0,
     "algorithm.quorum_tau": 0.35,
+    "scenario.validation": 0.0,
 }
 
 GIVEN = (("custom_data", "federation"), ("custom_model", "model"), ("custom_loss", "loss"))
