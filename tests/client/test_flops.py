@@ -94,14 +94,26 @@ def test_a_users_kind_is_counted():
         x = c.x.flatten(1)
         return Grammed(float(torch.trace(x.T @ x)))
 
+    @dataclass(frozen=True, eq=False)
+    class Kernel:  # the samples' Gram matrix: a count quadratic in the client's size
+        client: int
+
+    def kernel(c, t):
+        x = c.x.flatten(1)
+        return Grammed(float((x @ x.T).sum()))
+
     try:
         register_task(Gram, Grammed, gram, "query.flopsgram")
-        n = int(FED.train_sizes[2])
-        assert FlopCount(FED, MODEL)(Gram(2)) == 2 * n * D * D
+        register_task(Kernel, Grammed, kernel, "query.flopskernel")
+        count = FlopCount(FED, MODEL)
+        for i in range(FED.n_clients):  # clients of other sizes: each count exact, affine or not
+            n = int(FED.train_sizes[i])
+            assert count(Gram(i)) == 2 * n * D * D and count(Kernel(i)) == 2 * n * n * D, i
     finally:
         from stocfl.client.tasks import KINDS
 
         KINDS.pop(Gram, None)
+        KINDS.pop(Kernel, None)
 
 
 @pytest.mark.parametrize("algorithm", ["stocfl", "fedem", "pacfl"])

@@ -108,6 +108,42 @@ def test_which_models_qualify_and_what_each_path_costs():
     assert low > plain
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(2, 40),
+    st.integers(1, 24),
+    st.integers(2, 6),
+    st.integers(1, 3),
+    st.integers(1, 30),
+    st.integers(1, 3),
+    st.sampled_from([0, 1, 4, 7]),
+    st.booleans(),
+    st.booleans(),
+)
+def test_the_cost_model_counts_what_each_path_computes(d, h, k, depth, n, epochs, batch, prox, bias):
+    """``flops`` is the arithmetic each path does, as FlopCounterMode counts it running it:
+    plain local SGD (4dh a sample for the first layer: its input needs no gradient) and the
+    low-rank trainer (with a proximal center other than the start, its dearer case)."""
+    from stocfl.client.flops import count_flops
+
+    flat = FlatModel(mlp(d, h, k, bias, depth))
+    s = structure(flat)
+    g = torch.Generator().manual_seed(0)
+    w = 0.1 * torch.randn(flat.n_params, generator=g)
+    center = w + 0.1 if prox else None
+    x, y = torch.randn(n, 1, d, generator=g), torch.randint(0, k, (n,), generator=g)
+    local = LocalTraining.sgd(epochs, batch, 0.1)
+    plain, low = flops(s, n, epochs, batch, prox_distinct=prox)
+    assert count_flops(lambda: local_sgd(flat, x, y, w, local, 1, center, 0.1 if prox else 0.0)) == plain
+    trainer = LowRankTrainer(s)
+    mu = torch.tensor([0.1 if prox else 0.0])
+    centers = None if center is None else center[None]
+    assert (
+        count_flops(lambda: trainer.train(w[None].clone(), centers, mu, x[None], y[None], [n], epochs, batch, 0.1, [1]))
+        == low
+    )
+
+
 @pytest.mark.parametrize("prox", [None, "other"])
 def test_a_client_out_of_batches_is_frozen_in_the_stack(prox):
     ref, got, w = reference_and_lowrank(torch.float64, 12, 5, 3, [2, 9], 2, 2, 0.1, 0.5, prox, True, 1, 3)

@@ -61,14 +61,38 @@ def structure(model: FlatModel) -> Structure | None:
     return Structure(first.in_features, first.out_features, first.bias is not None, tail)
 
 
+def tail_flops(s: Structure) -> float:
+    """FLOPs of one sample's forward and backward through the layers after the first (the
+    gradient of their input included: the first layer's update needs it), as torch's
+    ``FlopCounterMode`` counts them (matrix products, two a multiply-add)."""
+    from stocfl.client.flops import count_flops
+
+    if s.tail not in _TAIL:
+        z = torch.zeros(2, s.h, requires_grad=True)
+        w = torch.zeros(s.tail.n_params, requires_grad=True)
+        y = torch.zeros(2, dtype=torch.long)
+
+        def step():
+            torch.autograd.grad(s.tail.mean_loss(s.tail.forward(w, z), y), (w, z))
+
+        _TAIL[s.tail] = count_flops(step) / 2
+    return _TAIL[s.tail]
+
+
+_TAIL: dict[FlatModel, float] = {}
+
+
 def flops(s: Structure, n: int, epochs: int, batch: int, prox_distinct: bool) -> tuple[float, float]:
-    """Multiply-adds (x2) of local training on one client of ``n`` samples: (plain, low-rank)."""
-    steps = epochs * max(1, -(-n // batch)) if batch else epochs
-    per_sample_tail = 6.0 * s.tail.n_params
-    plain = epochs * n * (6.0 * s.d * s.h + per_sample_tail)
+    """FLOPs of local training on one client of ``n`` samples, (plain, low-rank), each path as
+    it computes (a test counts both with ``FlopCounterMode``). Plain: per sample, the first
+    layer's forward and its weights' gradient (4dh; the input needs no gradient) and the
+    tail's (:func:`tail_flops`). Low-rank: P_0 = X W_0^T, P_C = X C^T (a proximal center other
+    than the start) and K = X X^T once, W = alpha W_0 + beta C + A^T X at the end; per sample
+    of a step, its row of K times A (2nh) and the tail."""
+    per_sample_tail = tail_flops(s)
+    plain = epochs * n * (4.0 * s.d * s.h + per_sample_tail)
     once = 2.0 * n * s.d * s.h * (3 if prox_distinct else 2) + 2.0 * n * n * s.d
-    b = min(batch or n, n)
-    lowrank = once + steps * b * (4.0 * n * s.h + per_sample_tail)
+    lowrank = once + epochs * n * (2.0 * n * s.h + per_sample_tail)
     return plain, lowrank
 
 
