@@ -93,6 +93,21 @@ def test_auto_engine_rule():
     assert choose_engine("auto", 2410, 10, 30) == "batched"  # digits model: overhead-bound
     assert choose_engine("auto", 1_628_170, 0, 200) == "sequential"  # MLP-2048, full batch: compute-bound
     assert choose_engine("sequential", 10, 1, 1) == "sequential"
+    assert choose_engine("auto", 2410, 10, 30, padding=3.0) == "sequential"  # a padded stack wastes 3x
+
+
+def test_padding_factor_against_its_definition():
+    """Equal sizes: no padding; otherwise the mean over draws of m x max / sum, as written."""
+    import numpy as np
+
+    from stocfl.executors.registry import padding_factor
+
+    assert padding_factor([50] * 40, 4) == 1.0
+    sizes = np.array([1, 1, 1, 97])
+    assert padding_factor(sizes, 4) == 4 * 97 / 100  # every client each round
+    rng = np.random.default_rng(0)
+    want = np.mean([2 * sizes[p].max() / sizes[p].sum() for p in (rng.choice(4, 2, replace=False) for _ in range(32))])
+    assert padding_factor(sizes, 2) == want
 
 
 def test_batch_plan_covers_every_sample_once_per_epoch():

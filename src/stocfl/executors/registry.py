@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from stocfl.client.training import LocalTraining
@@ -42,11 +44,37 @@ def set_threads(threads: int = 0) -> int:
     return n
 
 
-def choose_engine(engine: str, n_params: int, batch_size: int, mean_client_size: float) -> str:
+def choose_engine(engine: str, n_params: int, batch_size: int, mean_client_size: float, padding: float = 1.0) -> str:
+    """``engine``, or for ``auto`` on the CPU: batched where per-client overhead dominates and the
+    stack's padding (:func:`padding_factor`) wastes at most MAX_PADDING times the work, else
+    sequential."""
     if engine != "auto":
         return engine
     b = mean_client_size if batch_size == 0 else min(batch_size, mean_client_size)
-    return "batched" if 6.0 * n_params * b < BATCHED_BELOW_FLOPS else "sequential"
+    small = 6.0 * n_params * b < BATCHED_BELOW_FLOPS
+    return "batched" if small and padding <= MAX_PADDING else "sequential"
+
+
+# A batched stack trains every client for as many steps as its largest client needs: where the
+# round's clients differ much in size (a Dirichlet split, quantity skew, real writers), the
+# padded work outgrows what batching saves in overhead.
+MAX_PADDING = 2.0
+
+
+def padding_factor(sizes, per_round: int, draws: int = 32) -> float:
+    """The work of training a round's clients in one padded stack over their own work: the mean
+    over ``draws`` draws of ``per_round`` clients of (clients x the largest size) / (their total
+    size). Drawn from a generator of its own, so a run's draws do not change."""
+    sizes = np.asarray(sizes, dtype=float)
+    m = max(1, min(int(per_round), len(sizes)))
+    if len(sizes) == 0 or sizes.sum() == 0:
+        return 1.0
+    rng = np.random.default_rng(0)
+    ratios = []
+    for _ in range(draws):
+        pick = sizes[rng.choice(len(sizes), m, replace=False)]
+        ratios.append(m * pick.max() / max(pick.sum(), 1.0))
+    return float(np.mean(ratios))
 
 
 @dataclass(frozen=True)
@@ -120,7 +148,9 @@ def _auto(federation, model, cfg) -> Executor:
     workers where torch has more than one thread."""
     t, n = LocalTraining.from_config(cfg.train), float(federation.train_sizes.mean())
     on_cpu = resolve_device(cfg.run.device).type == "cpu"
-    chosen = choose_engine("auto", model.n_params, t.batch_size, n) if on_cpu else "batched"
+    sizes = federation.train_sizes
+    padding = padding_factor(sizes, math.ceil(cfg.run.sample_rate * len(sizes)))
+    chosen = choose_engine("auto", model.n_params, t.batch_size, n, padding) if on_cpu else "batched"
     plain_sgd = t.optimizer.plain
     if (chosen == "sequential" or not on_cpu) and choose_lowrank(model, t.epochs, t.batch_size, n, plain_sgd):
         chosen = "lowrank"
