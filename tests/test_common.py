@@ -416,3 +416,39 @@ def test_evaluating_changes_no_algorithms_training(name, tmp_path):
     for k in a:
         assert torch.equal(a[k], b[k]), k
     assert (sa["accuracy"], sa["n_clusters"], sa["heldout"]) == (sb["accuracy"], sb["n_clusters"], sb["heldout"])
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=() if n in ("ifca", "flhc", "ditto") else pytest.mark.long) for n in ALGORITHMS],
+)
+def test_evaluations_computed_once_give_the_numbers_of_computing_each(name, tmp_path, monkeypatch):
+    """An evaluation answered from memory (the same client, split and weights evaluated before)
+    gives every number of the run evaluated afresh each time, to the bit: every metrics row
+    (times aside) and every state tensor; IFCA, FL+HC and Ditto reuse some."""
+    from stocfl.executors.base import Executor
+
+    runs = []
+    for memo in (False, True):
+        monkeypatch.setattr(Executor, "memo_evaluations", memo)
+        cfg = configure.load(
+            overrides=[
+                "scenario.n_clients=16",
+                "scenario.holdout=0.25",
+                "run.rounds=6",
+                "run.eval_every=2",
+                "run.sample_rate=0.5",
+                f"algorithm.name={name}",
+                *(f"algorithm.{k}={json.dumps(v)}" for k, v in PARAMS.get(name, {}).items()),
+            ]
+        )
+        out = tmp_path / str(memo)
+        exp = Experiment.create(cfg, out)
+        exp.run(progress=False)
+        rows = [{k: v for k, v in json.loads(x).items() if k != "seconds"} for x in (out / "metrics.jsonl").open()]
+        runs.append((rows, checkpoint.load(out / "checkpoint.safetensors")[0], exp))
+    (rows, state, _), (rows_memo, state_memo, exp) = runs
+    assert rows_memo == rows
+    assert set(state) == set(state_memo) and all(torch.equal(state[k], state_memo[k]) for k in state)
+    if name in ("ifca", "flhc", "ditto"):
+        assert exp.executor.evaluations_reused > 0
