@@ -642,7 +642,7 @@ def page(grid: Grid, record: dict[str, Any], quick: bool = False) -> str:
             row += [_fmt([x["n_clusters"] for x in f], 1.0, 1), _fmt([x["rounds_to_target"] for x in f], 1.0, 1)]
             lines.append("| " + " | ".join(row) + " |")
         lines += ["", f"Per cell, {family}: costs (per round, summed over the round's clients)", ""]
-        head = ["cell", "client GFLOP / round", "kB down / round", "kB up / round", "wall s", "CPU s"]
+        head = ["cell", "client GFLOP / round", "kB down / round", "kB up / round", "rounds, wall s", "run, CPU s"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for s, p, m, f in _cell_rows(cells, scenarios, parts, every):
             runs_ = cells[f"{m} / {s.name} / {p:g}"]["runs"]

@@ -28,6 +28,12 @@ def _parser() -> Parser:
     rep.add_argument("table", nargs="?", help="table name (stocfl-lab reproduce --list)")
     rep.add_argument("--list", action="store_true", help="list the tables")
     rep.add_argument(
+        "--coverage",
+        action="store_true",
+        help="check reproductions/coverage.toml against the tables and print (or --out) the coverage page",
+    )
+    rep.add_argument("--out", type=path_arg, help="with --coverage: write the page here, e.g. docs/coverage.md")
+    rep.add_argument(
         "--tables",
         type=path_arg,
         default="reproductions",
@@ -103,6 +109,17 @@ def _benchmark(args) -> int:
 def _reproduce(args) -> int:
     from stocfl_lab.reproduce import listing, reproduce, table_files
 
+    if args.coverage:
+        from stocfl.storage import write_atomic
+        from stocfl_lab.coverage import page
+
+        text = page(Path(args.tables))
+        if args.out:
+            write_atomic(Path(args.out), text.encode())
+            print(f"coverage: {args.out}")
+        else:
+            print(text, end="")
+        return 0
     if args.list:
         if args.table:
             raise UserError(f"reproduce --list lists every table; drop {args.table!r}, or drop --list to run it")
