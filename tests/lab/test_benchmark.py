@@ -235,7 +235,11 @@ def test_tuning_chooses_on_the_validation_split_and_runs_the_tuned_rows(quick, c
             assert accs[i] == max(accs) and (accs[0] < accs[1] or i == 0)
             expected += 0 if chosen["default_setting"] else 2  # two seeds at one participation
     capsys.readouterr()
+    stale = quick / "figures" / "benchmark-quick" / "gone-p0.5.png"  # a cell the record no longer has
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_bytes(b"\x89PNG")
     assert lab([*base, "--tuned", "--out", str(quick / "tuned.md")]) == 0
+    assert not stale.exists(), "the page's figures are the record's: a figure of no cell goes"
     assert f"{expected} runs run" in capsys.readouterr().out
     record = json.loads((quick / "BENCHMARK-quick.json").read_text())
     tuned = [e for e in record["runs"].values() if e.get("tuned_of")]

@@ -22,12 +22,16 @@ def test_the_committed_page_is_what_the_coverage_file_and_records_give():
     )
 
 
-def test_every_number_of_the_stocfl_paper_is_accounted_for():
-    """Table 1's 56 numbers, the CFL-setting table's 8, Tables 2-4 (7, 28, 8), Figs. 3, 4, 5, 8."""
+def test_every_number_of_the_stocfl_and_flhc_papers_is_accounted_for():
+    """StoCFL: Table 1's 56 numbers, the CFL-setting table's 8, Tables 2-4 (7, 28, 8), Figs. 3,
+    4, 5, 8. FL+HC: Tables I-VI."""
     cov = check(ROOT)
     results = [r for r in cov["result"] if r["paper"] == "stocfl"]
     total = sum(len(r["rows"]) if "table" in r else r.get("numbers", 0) for r in results)
     assert total == 56 + 8 + 7 + 28 + 8 + 4 + 1 + 2 + 6
+    flhc = [r for r in cov["result"] if r["paper"] == "flhc"]
+    # Tables I and II 16 settings x 4, III 15 x 4, IV-VI 10, 9 and 10 settings x 4
+    assert sum(len(r["rows"]) if "table" in r else r["numbers"] for r in flhc) == 64 + 64 + 60 + 40 + 36 + 40
 
 
 def _copy(tmp_path):

@@ -813,6 +813,10 @@ def write_figures(grid: Grid, record: dict[str, Any], folder: Path, quick: bool 
         save_figure(fig, path, dpi=80, tight=True)
         plt.close(fig)
         written.append(path)
+    if folder.is_dir():  # a figure of a cell no longer in the record goes too: the page is the record's
+        for old in folder.glob("*.png"):
+            if old not in written:
+                old.unlink()
     return written
 
 

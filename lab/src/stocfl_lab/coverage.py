@@ -52,12 +52,17 @@ def _table_rows(root: Path, name: str) -> list[dict[str, Any]]:
     return [{"name": r["name"], "paper": r.get("paper"), **recorded.get(r["name"], {})} for r in declared]
 
 
-def _named(result: dict[str, Any]) -> list[tuple[str, str]]:
-    """(table, row) of every row a result names, headline and diagnostic."""
+def _named(result: dict[str, Any], root: Path | None = None) -> list[tuple[str, str]]:
+    """(table, row) of every row a result names, headline and diagnostic (every row of its
+    ``diagnostic_tables``, given ``root``)."""
     out = [(result["table"], r) for r in result.get("rows", [])]
     for d in result.get("diagnostics", []):
         table, _, row = d.partition(": ")
         out.append((table, row))
+    for table in result.get("diagnostic_tables", []) if root is not None else []:
+        if not (root / f"{table}.toml").exists():
+            raise UserError(f"coverage: result {result['where']!r} names table {table!r}, which reproductions/ lacks")
+        out += [(table, row["name"]) for row in _table_rows(root, table)]
     return out
 
 
@@ -67,7 +72,7 @@ def check(root: Path) -> dict[str, Any]:
     cov = load(root)
     named: set[tuple[str, str]] = set()
     for r in cov["result"]:
-        for table, row in _named(r):
+        for table, row in _named(r, root):
             if not (root / f"{table}.toml").exists():
                 raise UserError(f"coverage: result {r['where']!r} names table {table!r}, which reproductions/ lacks")
             if row not in {x["name"] for x in _table_rows(root, table)}:
@@ -153,7 +158,7 @@ def page(root: Path) -> str:
                 row = rows[name]
                 ours, diff = _ours(row)
                 lines.append(f"| {name} | {_paper(row)} | {ours} | {diff} |")
-            diag = [(t, n) for t, n in _named(r) if n not in r.get("rows", []) or t != r["table"]]
+            diag = [(t, n) for t, n in _named(r, root) if n not in r.get("rows", []) or t != r["table"]]
             if diag:
                 lines += ["", "Diagnostic rows (another setting than the paper's, to test an explanation):", ""]
                 lines += ["| table: row | paper | ours | difference |", "|---|---|---|---|"]
