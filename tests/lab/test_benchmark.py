@@ -37,6 +37,7 @@ def test_the_quick_grid_records_every_run_and_writes_the_leaderboard(quick, caps
         f = entry["figures"]
         assert 0 <= f["accuracy"] <= 1 and f["bytes_down_per_round"] > 0 and f["bytes_up_per_round"] > 0
         assert f["flops_per_round"] > 0 and entry["cpu_seconds"] > 0 and entry["figures_version"] == 2
+        assert entry["load_average"] >= 0 and entry["cores"] >= 1
         assert len(entry["digest"]) == 64 and entry["curve"][-1][0] == 20
     text = (quick / "quick.md").read_text()
     for cell in cells:
@@ -246,3 +247,23 @@ def test_tuning_chooses_on_the_validation_split_and_runs_the_tuned_rows(quick, c
     assert len(tuned) == expected and all(e["setting"] == ["train.lr=0.3"] for e in tuned)
     text = (quick / "tuned.md").read_text()
     assert "| stocfl, tuned |" in text and "## Tuning" in text and "tuning pending" not in text
+
+
+def test_the_tuning_choice_is_the_best_validation_accuracy_first_of_equals_none_worst():
+    from stocfl_lab.benchmark import tuning_choice
+
+    grid = load_grid(GRID)
+    rotated = next(s for s in grid.scenarios if s.name == "rotated")
+    drift = next(s for s in grid.scenarios if s.name == "rotated-drift")
+
+    def record(accs):
+        runs = {
+            f"tune / ifca / rotated / {i}": {"figures": {"accuracy": a}, "setting": [f"s{i}"], "quick": False}
+            for i, a in enumerate(accs)
+        }
+        return {"runs": runs}
+
+    assert tuning_choice(grid, record([None, 0.5, 0.7, 0.7]), "ifca", rotated, False)[0] == 2
+    assert tuning_choice(grid, record([None, None, None, None]), "ifca", rotated, False)[0] == 0
+    assert tuning_choice(grid, record([0.1, 0.9, 0.2, 0.3]), "ifca", drift, False)[0] == 1  # drift: rotated's
+    assert tuning_choice(grid, record([0.1, 0.9, 0.2]), "ifca", rotated, False) is None  # a setting missing

@@ -349,7 +349,11 @@ def tuning_choice(grid: Grid, record: dict[str, Any], method: str, scenario: Sce
         if e is None or bool(e.get("quick")) != quick:
             return None
         entries.append(e)
-    best = max(range(len(entries)), key=lambda i: (entries[i]["figures"]["accuracy"], -i))
+    def score(i: int) -> tuple[float, int]:  # a run that trained to nothing (no accuracy) is the worst
+        acc = entries[i]["figures"]["accuracy"]
+        return (-math.inf if acc is None else acc, -i)
+
+    best = max(range(len(entries)), key=score)
     return best, entries[best]
 
 
@@ -456,6 +460,10 @@ def run(
                 "wall_seconds": round(time.perf_counter() - t, 2),
                 # CPU seconds of this process: less sensitive than wall time to what else runs
                 "cpu_seconds": round(_cpu_seconds() - cpu, 2),
+                # the machine's load over the last minute as the run ended: above its cores, the
+                # times were measured beside other work
+                "load_average": round(os.getloadavg()[0], 2),
+                "cores": os.cpu_count(),
                 "figures_version": FIGURES_VERSION,
                 "machine": machine,
                 "date": time.strftime("%Y-%m-%d"),
@@ -538,6 +546,16 @@ def _fmt(values: list[float | None], scale: float = 100.0, digits: int = 1) -> s
     return f"{mean:.{digits}f}" + ("" if ci is None else f" ± {ci:.{digits}f}") + missing
 
 
+def _loaded(runs: list[dict[str, Any]]) -> str:
+    """How many runs ended with the machine's load above its cores (recorded since the load was)."""
+    known = [r for r in runs if r.get("load_average") is not None and r.get("cores")]
+    busy = sum(r["load_average"] > r["cores"] for r in known)
+    return (
+        f"{busy} of the {len(known)} runs that recorded it ended with the load average above their machine's "
+        f"cores ({len(runs) - len(known)} runs recorded no load)."
+    )
+
+
 def _in_grid(grid: Grid, s: Scenario, quick: bool) -> bool:
     """Whether scenario ``s`` is in the full grid (or the quick one)."""
     return s.name in grid.quick.get("scenarios", []) if quick else not s.quick_only
@@ -585,8 +603,9 @@ def page(grid: Grid, record: dict[str, Any], quick: bool = False) -> str:
             else "."
         )
         + " Client FLOPs are counted by torch's FlopCounterMode on each task's reference computation (the design "
-        "page says how); CPU seconds are this process's, less sensitive than wall time to what else ran on the "
-        "machine.",
+        "page says how). Times depend on what else ran: "
+        + _loaded(runs)
+        + " CPU seconds are the run's process's (its threads' waits included).",
         "",
     ]
     families: dict[str, list[Scenario]] = {}
