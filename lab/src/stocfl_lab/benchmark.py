@@ -349,6 +349,7 @@ def tuning_choice(grid: Grid, record: dict[str, Any], method: str, scenario: Sce
         if e is None or bool(e.get("quick")) != quick:
             return None
         entries.append(e)
+
     def score(i: int) -> tuple[float, int]:  # a run that trained to nothing (no accuracy) is the worst
         acc = entries[i]["figures"]["accuracy"]
         return (-math.inf if acc is None else acc, -i)
