@@ -94,7 +94,9 @@ class Table:
 
 
 def tables(root: Path = ROOT) -> dict[str, Path]:
-    return {p.stem: p for p in sorted(root.glob("*.toml"))}
+    """The reproduction tables: every TOML file there but coverage.toml (what of the papers the
+    tables cover, :mod:`stocfl_lab.coverage`)."""
+    return {p.stem: p for p in sorted(root.glob("*.toml")) if p.name != "coverage.toml"}
 
 
 def _paper(value) -> tuple[float, float | None]:
