@@ -106,11 +106,10 @@ class Grid:
 
     def tune_settings(self, method: str, quick: bool = False) -> tuple[tuple[str, ...], ...]:
         """The settings ``method`` is tried at: its own, else the protocol's (the same budget)."""
-        protocol = self.tune_protocol(quick)
         own = next(m.tune for m in self.methods if m.name == method)
-        if quick and "settings" in self.quick.get("tune", {}):
-            return tuple(tuple(x) for x in protocol["settings"])
-        return own if own is not None else tuple(tuple(x) for x in protocol["settings"])
+        if own is None or (quick and "settings" in self.quick.get("tune", {})):
+            return tuple(tuple(x) for x in self.tune_protocol(quick)["settings"])
+        return own
 
     def cells(self, quick: bool = False) -> list[Cell]:
         """Every cell, in a fixed order (scenario, participation, method): the order shards split."""
@@ -250,16 +249,10 @@ def rounds_to(rows: list[dict[str, Any]], target: float) -> int | None:
 def figures(summary: dict[str, Any], rows: list[dict[str, Any]], target: float) -> dict[str, Any]:
     """What the benchmark records of one finished run."""
     out = {k: summary.get(k) for k in FIGURES}
-    traffic = [(r.get("bytes_down"), r.get("bytes_up")) for r in rows]
     out["rounds_to_target"] = rounds_to(rows, target)
-    out["bytes_down_per_round"] = (
-        float(np.mean([d for d, _ in traffic])) if all(d is not None for d, _ in traffic) else None
-    )
-    out["bytes_up_per_round"] = (
-        float(np.mean([u for _, u in traffic])) if all(u is not None for _, u in traffic) else None
-    )
-    flops = [r.get("flops") for r in rows]
-    out["flops_per_round"] = float(np.mean(flops)) if flops and all(f is not None for f in flops) else None
+    for key in ("bytes_down", "bytes_up", "flops"):
+        values = [r.get(key) for r in rows]  # every round's, or none: a mean of some rounds misleads
+        out[f"{key}_per_round"] = float(np.mean(values)) if values and None not in values else None
     out["seconds"] = round(float(sum(r.get("seconds", 0.0) for r in rows)), 2)
     return out
 
@@ -438,14 +431,21 @@ def run(
     of runs run and reused."""
     counts = {"ran": 0, "reused": 0, "refigured": 0, "changed": 0}
     machine = f"{platform.machine()}, {os.cpu_count()} cores, stocfl {stocfl.__version__}"
-    for index, group in enumerate(jobs(grid, stage, read_record(record), runs, quick, data_dir, only)):
+    start = read_record(record)
+
+    def reusable(held, digest) -> bool:
+        return held is not None and held["digest"] == digest and held.get("figures_version", 1) == FIGURES_VERSION
+
+    for index, group in enumerate(jobs(grid, stage, start, runs, quick, data_dir, only)):
         if index % shard[1] != shard[0]:
             continue
         for job in group:
             digest = stocfl.config_digest(job.cfg)
-            held = read_record(record)["runs"].get(job.key)
+            held = start["runs"].get(job.key)
+            if not reusable(held, digest):  # read again: another shard may have recorded it since
+                held = read_record(record)["runs"].get(job.key)
             same = held is not None and held["digest"] == digest
-            if same and held.get("figures_version", 1) == FIGURES_VERSION:
+            if reusable(held, digest):
                 counts["reused"] += 1
                 continue
             # the digest in the name: a grid whose settings changed runs anew beside the old run;

@@ -11,6 +11,7 @@ JSON record (ours, seeds, the difference), so it never drifts from the runs.
 
 from __future__ import annotations
 
+import functools
 import json
 import tomllib
 from pathlib import Path
@@ -41,15 +42,22 @@ def load(root: Path) -> dict[str, Any]:
     return raw
 
 
-def _table_rows(root: Path, name: str) -> list[dict[str, Any]]:
-    """The rows of table ``name`` as declared (name, paper) with their record's figures where
-    the table has a JSON record."""
+def _table_rows(root: Path, name: str) -> dict[str, dict[str, Any]]:
+    """The rows of table ``name`` by name, in order, as declared (name, paper) with their
+    record's figures where the table has a JSON record; read once while its files are unchanged
+    (a page names a table's rows one by one)."""
+    stamps = tuple(p.stat().st_mtime_ns if p.exists() else 0 for p in (root / f"{name}.toml", root / f"{name}.json"))
+    return _read_rows(root, name, stamps)
+
+
+@functools.lru_cache(maxsize=64)
+def _read_rows(root: Path, name: str, stamps: tuple[int, int]) -> dict[str, dict[str, Any]]:
     declared = tomllib.loads((root / f"{name}.toml").read_text(encoding="utf-8"))["run"]
     record = root / f"{name}.json"
     recorded = {}
     if record.exists():
         recorded = {r["name"]: r for r in json.loads(record.read_text(encoding="utf-8")).get("rows", [])}
-    return [{"name": r["name"], "paper": r.get("paper"), **recorded.get(r["name"], {})} for r in declared]
+    return {r["name"]: {"name": r["name"], "paper": r.get("paper"), **recorded.get(r["name"], {})} for r in declared}
 
 
 def _named(result: dict[str, Any], root: Path | None = None) -> list[tuple[str, str]]:
@@ -62,7 +70,7 @@ def _named(result: dict[str, Any], root: Path | None = None) -> list[tuple[str, 
     for table in result.get("diagnostic_tables", []) if root is not None else []:
         if not (root / f"{table}.toml").exists():
             raise UserError(f"coverage: result {result['where']!r} names table {table!r}, which reproductions/ lacks")
-        out += [(table, row["name"]) for row in _table_rows(root, table)]
+        out += [(table, row) for row in _table_rows(root, table)]
     return out
 
 
@@ -75,7 +83,7 @@ def check(root: Path) -> dict[str, Any]:
         for table, row in _named(r, root):
             if not (root / f"{table}.toml").exists():
                 raise UserError(f"coverage: result {r['where']!r} names table {table!r}, which reproductions/ lacks")
-            if row not in {x["name"] for x in _table_rows(root, table)}:
+            if row not in _table_rows(root, table):
                 raise UserError(f"coverage: result {r['where']!r} names row {row!r}, which table {table} lacks")
             named.add((table, row))
     for paper in cov["paper"]:
@@ -84,7 +92,7 @@ def check(root: Path) -> dict[str, Any]:
         results = [r for r in cov["result"] if r["paper"] == paper["key"]]
         prefixes = {r["table"]: r.get("diagnostic_prefixes", []) for r in results if "table" in r}
         for toml in sorted(root.glob(f"{paper['tables']}*.toml")):
-            for row in _table_rows(root, toml.stem):
+            for row in _table_rows(root, toml.stem).values():
                 if row["paper"] is None or (toml.stem, row["name"]) in named:
                     continue
                 if any(p in row["name"] for p in prefixes.get(toml.stem, [])):
@@ -147,7 +155,7 @@ def page(root: Path) -> str:
             lines.append("")
             if "table" not in r:
                 continue
-            rows = {x["name"]: x for x in _table_rows(root, r["table"])}
+            rows = _table_rows(root, r["table"])
             lines += [
                 f"Table `{r['table']}` (reproductions/{r['table']}.md):",
                 "",
@@ -163,7 +171,7 @@ def page(root: Path) -> str:
                 lines += ["", "Diagnostic rows (another setting than the paper's, to test an explanation):", ""]
                 lines += ["| table: row | paper | ours | difference |", "|---|---|---|---|"]
                 for t, n in diag:
-                    row = {x["name"]: x for x in _table_rows(root, t)}[n]
+                    row = _table_rows(root, t)[n]
                     ours, diff = _ours(row)
                     lines.append(f"| {t}: {n} | {_paper(row)} | {ours} | {diff} |")
             lines.append("")

@@ -136,32 +136,35 @@ class FlopCount:
     def __call__(self, task) -> int:
         kind = kind_of(type(task))
         i = task.client
-        n_train = int(self.fed.train_offsets[i + 1] - self.fed.train_offsets[i])
-        n_test = int(self.fed.test_offsets[i + 1] - self.fed.test_offsets[i])
+        a, b = int(self.fed.train_offsets[i]), int(self.fed.train_offsets[i + 1])
+        n_train, n_test = b - a, int(self.fed.test_offsets[i + 1] - self.fed.test_offsets[i])
         shape = _shape_key(task)
         if kind.cost_by_labels:
-            a, b = self.fed.train_offsets[i], self.fed.train_offsets[i + 1]
             shape += (tuple(torch.bincount(self.fed.y_train[a:b], minlength=self.fed.n_classes).tolist()),)
         key = (shape, n_train, n_test)
-        if key in self.known:
-            return self.known[key]
-        t = time.perf_counter()
-        if not kind.cost_by_labels and shape not in self.affine:
-            self.affine[shape] = self._fit(kind, task, n_train, n_test)
-        coef = None if kind.cost_by_labels else self.affine[shape]
-        if coef is None:
-            self.known[key] = count_flops(kind.reference, self.client(i), task)
-        else:
-            self.known[key] = coef[0] + coef[1] * n_train + coef[2] * n_test
-        self.seconds += time.perf_counter() - t
+        if key not in self.known:
+            t = time.perf_counter()
+            if kind.cost_by_labels:
+                self.known[key] = count_flops(kind.reference, self.client(i), task)
+            else:
+                if shape not in self.affine:  # counts this client whole on the way
+                    self.affine[shape] = self._fit(kind, task, key)
+                coef = self.affine[shape]
+                if key not in self.known:
+                    self.known[key] = (
+                        count_flops(kind.reference, self.client(i), task)
+                        if coef is None
+                        else coef[0] + coef[1] * n_train + coef[2] * n_test
+                    )
+            self.seconds += time.perf_counter() - t
         return self.known[key]
 
-    def _fit(self, kind, task, n_train: int, n_test: int) -> tuple[int, int, int] | None:
+    def _fit(self, kind, task, key: tuple) -> tuple[int, int, int] | None:
         """(a, b, c) with count = a + b n_train + c n_test for this task's shape, checked on
-        (3, 3) samples and on the whole client (whose count it records); None where the count
-        is not of that form."""
-        whole = count_flops(kind.reference, self.client(task.client), task)
-        self.known[(_shape_key(task), n_train, n_test)] = whole
+        (3, 3) samples and on the whole client (whose count it records under ``key``, its
+        (shape, n_train, n_test)); None where the count is not of that form."""
+        _, n_train, n_test = key
+        whole = self.known[key] = count_flops(kind.reference, self.client(task.client), task)
         if n_train < 3 or n_test < 3:
             return None
         try:

@@ -14,6 +14,14 @@ from stocfl.data.schedule import Schedule
 from stocfl.errors import UserError
 
 
+def gather(x: torch.Tensor, y: torch.Tensor, parts: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """The samples of each client's index array in ``parts``, stacked client after client, and
+    the clients' offsets into them."""
+    idx = torch.from_numpy(np.concatenate(parts).astype(np.int64))
+    offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])])
+    return x[idx].contiguous(), y[idx], offsets
+
+
 @dataclass(repr=False)
 class Federation:
     """Every client's train and test data, stacked: client i's train set is
@@ -95,13 +103,8 @@ class Federation:
             held.append(np.sort(order[:v]) + a)
             train.append(np.sort(order[v:]) + a)
 
-        def stack(parts):
-            idx = torch.from_numpy(np.concatenate(parts).astype(np.int64))
-            offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])])
-            return self.x_train[idx].contiguous(), self.y_train[idx], offsets
-
-        x_tr, y_tr, off_tr = stack(train)
-        x_va, y_va, off_va = stack(held)
+        x_tr, y_tr, off_tr = gather(self.x_train, self.y_train, train)
+        x_va, y_va, off_va = gather(self.x_train, self.y_train, held)
         note = f"validation: {fraction:g} of each client's train samples held out as its test data (test data unused)"
         return replace(
             self,

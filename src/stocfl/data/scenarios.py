@@ -44,7 +44,7 @@ import torch
 from stocfl.data.corruptions import corrupt, corruption_seed
 from stocfl.data.datasets import Dataset, load_dataset
 from stocfl.data.drift import Drift
-from stocfl.data.federation import Federation
+from stocfl.data.federation import Federation, gather
 from stocfl.errors import UserError, refuse_builtin
 
 LABEL_GROUPS = ((0, 1, 2), (3, 4), (5, 6), (7, 8, 9))
@@ -423,21 +423,7 @@ def _dirichlet(src, n_clients, per_client, test_per_client, alpha, rng) -> Feder
 
     A random subset of N*|D| train samples (and N*test samples) is split so client sizes vary;
     draws are repeated (up to 100 times) until every client has at least one train sample."""
-    total = n_clients * per_client
-    if total > len(src.y_train):
-        raise UserError(
-            f"config: scenario.n_clients x scenario.samples_per_client: scenario dirichlet on {src.name}: "
-            f"{n_clients} x {per_client} = {total} train samples, "
-            f"the data set has {len(src.y_train)}; lower n_clients or samples_per_client"
-        )
-    t = test_per_client or min(per_client, len(src.y_test) // n_clients)
-    if t == 0 or n_clients * t > len(src.y_test):
-        raise UserError(
-            f"config: scenario.n_clients: scenario dirichlet on {src.name}: {len(src.y_test)} test samples are too few "
-            f"for {n_clients} clients"
-        )
-    tr = rng.choice(len(src.y_train), total, replace=False)
-    te = rng.choice(len(src.y_test), n_clients * t, replace=False)
+    tr, te = _random_pool("dirichlet", src, n_clients, per_client, test_per_client, rng)
     for _ in range(100):
         q = rng.dirichlet(np.full(n_clients, alpha), size=src.n_classes)  # (classes, clients)
         tr_parts = _split_by_label(src.y_train.numpy()[tr], tr, q, n_clients)
@@ -452,6 +438,27 @@ def _dirichlet(src, n_clients, per_client, test_per_client, alpha, rng) -> Feder
     return _from_parts("dirichlet", src, tr_parts, te_parts, None, [f"alpha = {alpha}"])
 
 
+def _random_pool(scenario, src, n_clients, per_client, test_per_client, rng):
+    """N x |D| train samples and N x t test samples drawn at random (t = ``test_per_client``, or
+    an equal share of the test split, at most |D|); too few samples is one line."""
+    total = n_clients * per_client
+    if total > len(src.y_train):
+        raise UserError(
+            f"config: scenario.n_clients x scenario.samples_per_client: scenario {scenario} on {src.name}: "
+            f"{n_clients} x {per_client} = {total} train samples, "
+            f"the data set has {len(src.y_train)}; lower n_clients or samples_per_client"
+        )
+    t = test_per_client or min(per_client, len(src.y_test) // n_clients)
+    if t == 0 or n_clients * t > len(src.y_test):
+        raise UserError(
+            f"config: scenario.n_clients: scenario {scenario} on {src.name}: {len(src.y_test)} test samples are too "
+            f"few for {n_clients} clients"
+        )
+    tr = rng.choice(len(src.y_train), total, replace=False)
+    te = rng.choice(len(src.y_test), n_clients * t, replace=False)
+    return tr, te
+
+
 def _quantity(src, n_clients, per_client, test_per_client, alpha, rng) -> Federation:
     """Quantity skew alone (NIID-Bench's, Li et al., ICDE 2022): N*|D| train samples drawn at
     random, client j's share of them ~ Dirichlet_N(alpha) (2 samples each first, so none is empty
@@ -459,15 +466,7 @@ def _quantity(src, n_clients, per_client, test_per_client, alpha, rng) -> Federa
     labels and inputs identically distributed. Every client gets the same test size, so that
     its accuracy is measured as precisely as any other's."""
     total = n_clients * per_client
-    t = test_per_client or min(per_client, len(src.y_test) // n_clients)
-    if total > len(src.y_train) or t == 0 or n_clients * t > len(src.y_test):
-        raise UserError(
-            f"config: scenario.n_clients x scenario.samples_per_client: scenario quantity on {src.name}: "
-            f"{n_clients} clients x {per_client} train (and {max(t, 1)} test) samples, the data set has "
-            f"{len(src.y_train)} ({len(src.y_test)}); lower n_clients or samples_per_client"
-        )
-    tr = rng.choice(len(src.y_train), total, replace=False)
-    te = rng.choice(len(src.y_test), n_clients * t, replace=False)
+    tr, te = _random_pool("quantity", src, n_clients, per_client, test_per_client, rng)
     least = min(2, per_client)  # 2: a client can hold one out for validation (scenario.validation)
     sizes = least + apportion(rng.dirichlet(np.full(n_clients, alpha))[None], total - least * n_clients)[0]
     cuts = np.cumsum(sizes)[:-1]
@@ -488,13 +487,8 @@ def _split_by_label(y, idx, q, n_clients) -> list[np.ndarray]:
 
 
 def _from_parts(scenario, src, tr_parts, te_parts, groups, notes) -> Federation:
-    def stack(x, y, parts):
-        idx = torch.from_numpy(np.concatenate(parts).astype(np.int64))
-        offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])])
-        return x[idx].contiguous(), y[idx], offsets
-
-    x_tr, y_tr, off_tr = stack(src.x_train, src.y_train, tr_parts)
-    x_te, y_te, off_te = stack(src.x_test, src.y_test, te_parts)
+    x_tr, y_tr, off_tr = gather(src.x_train, src.y_train, tr_parts)
+    x_te, y_te, off_te = gather(src.x_test, src.y_test, te_parts)
     return Federation(
         scenario,
         src.name,

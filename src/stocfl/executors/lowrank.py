@@ -67,19 +67,14 @@ def tail_flops(s: Structure) -> float:
     ``FlopCounterMode`` counts them (matrix products, two a multiply-add)."""
     from stocfl.client.flops import count_flops
 
-    if s.tail not in _TAIL:
-        z = torch.zeros(2, s.h, requires_grad=True)
-        w = torch.zeros(s.tail.n_params, requires_grad=True)
-        y = torch.zeros(2, dtype=torch.long)
+    z = torch.zeros(2, s.h, requires_grad=True)
+    w = torch.zeros(s.tail.n_params, requires_grad=True)
+    y = torch.zeros(2, dtype=torch.long)
 
-        def step():
-            torch.autograd.grad(s.tail.mean_loss(s.tail.forward(w, z), y), (w, z))
+    def step():
+        torch.autograd.grad(s.tail.mean_loss(s.tail.forward(w, z), y), (w, z))
 
-        _TAIL[s.tail] = count_flops(step) / 2
-    return _TAIL[s.tail]
-
-
-_TAIL: dict[FlatModel, float] = {}
+    return count_flops(step) / 2
 
 
 def flops(s: Structure, n: int, epochs: int, batch: int, prox_distinct: bool) -> tuple[float, float]:

@@ -66,9 +66,9 @@ def padding_factor(sizes, per_round: int, draws: int = 32) -> float:
     over ``draws`` draws of ``per_round`` clients of (clients x the largest size) / (their total
     size). Drawn from a generator of its own, so a run's draws do not change."""
     sizes = np.asarray(sizes, dtype=float)
-    m = max(1, min(int(per_round), len(sizes)))
     if len(sizes) == 0 or sizes.sum() == 0:
         return 1.0
+    m = max(1, min(int(per_round), len(sizes)))
     rng = np.random.default_rng(0)
     ratios = []
     for _ in range(draws):
@@ -148,9 +148,11 @@ def _auto(federation, model, cfg) -> Executor:
     workers where torch has more than one thread."""
     t, n = LocalTraining.from_config(cfg.train), float(federation.train_sizes.mean())
     on_cpu = resolve_device(cfg.run.device).type == "cpu"
-    sizes = federation.train_sizes
-    padding = padding_factor(sizes, math.ceil(cfg.run.sample_rate * len(sizes)))
-    chosen = choose_engine("auto", model.n_params, t.batch_size, n, padding) if on_cpu else "batched"
+    chosen = "batched"
+    if on_cpu:
+        sizes = federation.train_sizes
+        padding = padding_factor(sizes, math.ceil(cfg.run.sample_rate * len(sizes)))
+        chosen = choose_engine("auto", model.n_params, t.batch_size, n, padding)
     plain_sgd = t.optimizer.plain
     if (chosen == "sequential" or not on_cpu) and choose_lowrank(model, t.epochs, t.batch_size, n, plain_sgd):
         chosen = "lowrank"
