@@ -59,6 +59,13 @@ class RunConfig(Section):
     chunk_size: int = Field(
         0, ge=0, le=MAX_COUNT, description="clients per batched computation (batched engine); 0 = from a memory budget"
     )
+    store_ram: int = Field(
+        2048,
+        ge=0,
+        le=2**30,
+        description="MiB a per-client store (Ditto's personal models, FeSEM's local ones) may take in memory; "
+        "a larger one is a file mapped from the run directory (its rows read and written as clients are sampled)",
+    )
     tensorboard: bool = Field(
         False,
         description="also write each round's figures as TensorBoard scalars into DIR/tensorboard (needs "

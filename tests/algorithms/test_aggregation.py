@@ -117,3 +117,30 @@ def test_robust_rules_hold_where_the_mean_is_taken_over(tmp_path, algorithm, rul
 def test_bad_aggregation_keys_are_named(bad, key):
     with pytest.raises(UserError, match=key):
         configure.load(overrides=[bad])
+
+
+def _whole_vector_mean(vectors, weights):
+    """The weighted mean as first written: a model-sized float64 sum, each vector added whole."""
+    a = torch.as_tensor(np.asarray(weights, dtype=np.float64))
+    acc = torch.zeros_like(vectors[0], dtype=torch.float64)
+    for v, ai in zip(vectors, a):
+        acc.add_(v.double(), alpha=float(ai))
+    return (acc / a.sum()).float()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.sampled_from([1, 3, 8, aggregation.MEAN_BLOCK - 1, aggregation.MEAN_BLOCK + 5, 2 * aggregation.MEAN_BLOCK]),
+    weights=st.lists(st.floats(0.01, 1000), min_size=1, max_size=12),
+    threads=st.sampled_from([1, 2]),
+    seed=st.integers(0, 1000),
+)
+def test_the_blockwise_mean_is_the_whole_vector_mean_to_the_bit(n, weights, threads, seed):
+    g = torch.Generator().manual_seed(seed)
+    vectors = [torch.randn(n, generator=g) * 10 ** float(torch.randint(-3, 4, (1,), generator=g)) for _ in weights]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert torch.equal(aggregation.weighted_mean(vectors, weights), _whole_vector_mean(vectors, weights))
+    finally:
+        torch.set_num_threads(before)

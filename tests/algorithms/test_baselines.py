@@ -223,12 +223,13 @@ def test_ditto_personal_models_start_from_w_and_are_pulled_toward_it():
     assert torch.equal(models[0], torch.ones(P)) and models[1] is alg.w
 
 
-def test_client_store_undo_restores_rows_the_checkpoint_did_not_see(tmp_path):
-    s = ClientStore(5, P, tmp_path, "x")
+@pytest.mark.parametrize("ram", [0, 2**20])
+def test_client_store_undo_restores_rows_the_checkpoint_did_not_see(ram, tmp_path):
+    s = ClientStore(5, P, tmp_path, "x", ram)
     s.write({1: torch.ones(P), 3: torch.full((P,), 3.0)})
     tensors, seen = s.state()  # on disk, the checkpoint's part is the rows' CRCs
     s.write({1: torch.full((P,), 7.0), 4: torch.full((P,), 4.0)})  # killed before the checkpoint
-    reopened = ClientStore(5, P, tmp_path, "x")
+    reopened = ClientStore(5, P, tmp_path, "x", ram)
     reopened.load_state(tensors, seen)
     assert torch.equal(reopened.get(1), torch.ones(P)) and 4 not in reopened and 3 in reopened
     assert reopened.version == 1

@@ -89,7 +89,7 @@ def test_per_client_models_survive_a_stop_and_an_unrecorded_store_write(tmp_path
     name = algo[0].split("=")[1]
     stores = {"fesem": "local", "ditto": "personal", "fedem": "mixture", "fedrc": "mixture", "fedsoft": "local"}
     store = stores[name]  # its ClientStore
-    assert (tmp_path / "cut" / f"{name}_{store}.f32").exists()
+    assert (tmp_path / "cut" / f"{name}_{store}.journal").exists()  # within run.store_ram: memory and a journal
     resumed = Experiment.resume(tmp_path / "cut")
     assert resumed.round == 3
     s = resumed.run(progress=False)

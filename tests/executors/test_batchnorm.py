@@ -270,7 +270,7 @@ def test_local_bn_changes_the_run_checkpoints_and_needs_batchnorm(tmp_path):
     )
     again = stocfl.resume(tmp_path / "b", federation=fed, model=copy.deepcopy(module))
     assert [r["accuracy"] for r in again.metrics] == [r["accuracy"] for r in whole.metrics]
-    assert (tmp_path / "b" / "local_bn.f32").exists()
+    assert (tmp_path / "b" / "local_bn.journal").exists()
     with pytest.raises(stocfl.UserError, match="local_bn = true keeps BatchNorm layers per client, but the model"):
         stocfl.run(base, federation=fed, model=nn.Sequential(nn.Flatten(), nn.Linear(64, 10)))
 

@@ -3,6 +3,8 @@ import copy
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stocfl.algorithms.stocfl.representation import Represent
 from stocfl.client.models import build_module, linear_anchor_weights, make_model
@@ -150,3 +152,38 @@ def test_the_old_name_of_execute_still_works_or_is_refused_by_name():
             make_executor("only-run", FED, MODEL, None)
     finally:
         del ENGINES["only-run"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    batch_size=st.sampled_from([0, 7]),
+    lowrank=st.booleans(),
+    shared=st.sampled_from(["one center", "fedprox", "none"]),
+    every=st.integers(1, 3),
+    mu=st.sampled_from([0.0, 0.5]),
+    chunk=st.sampled_from([0, 5]),
+)
+def test_a_shared_center_broadcast_trains_as_the_centers_stacked(batch_size, lowrank, shared, every, mu, chunk):
+    """The batched and low-rank engines broadcast a proximal center shared by every row that has
+    one (no copy a row) and are told FedProx's center is its start (no model-sized comparison);
+    the replies are the same to the bit as with a copy of the center for every row, which they
+    once stacked and compared; and each reply is its own row."""
+    start = W0 + 0.01
+    center = W0 + 0.05 * torch.randn(W0.shape, generator=torch.Generator().manual_seed(2))
+
+    def tasks(copies: bool):
+        out = []
+        for i in range(FED.n_clients):
+            w = start if shared == "fedprox" else W0 + 0.001 * i
+            c = (w if shared == "fedprox" else center) if i % every == 0 else None
+            if copies and c is not None:
+                c = c.clone()  # the same numbers in a tensor of its own: stacked and compared as before
+            out.append(Train(i, w, LocalTraining.sgd(2, batch_size, 0.1), task_seed(0, 1, i), c, mu))
+        return out
+
+    ex = BatchedExecutor(FED, MODEL, chunk_size=chunk, lowrank=lowrank)
+    told, stacked = ex.execute(tasks(False)), ex.execute(tasks(True))
+    for a, b in zip(told, stacked):
+        assert torch.equal(a.weights, b.weights)
+    told[0].weights.add_(1.0)  # a reply's row is its own
+    assert torch.equal(told[1].weights, stacked[1].weights)

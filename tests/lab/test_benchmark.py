@@ -156,7 +156,7 @@ def test_ranks_share_ties_and_give_friedman_and_the_critical_difference():
         (lambda t: t + "\n[[method]\n", "cannot be read"),
         (
             lambda t: t.replace('name = "cfl"', 'name = "cfl"\ntune = [["train.lr=0.1"]]'),
-            "method 'cfl' declares 1 tuning settings, the budget is 4",
+            "method 'cfl' declares 1 tuning settings, the budget is 5",
         ),
         (lambda t: t.replace('tune_on = "rotated"', 'tune_on = "nowhere"'), "tune_on = 'nowhere' is not a scenario"),
         (lambda t: t.replace("validation = 0.1\n", ""), "KeyError 'validation'"),
@@ -263,7 +263,7 @@ def test_the_tuning_choice_is_the_best_validation_accuracy_first_of_equals_none_
         }
         return {"runs": runs}
 
-    assert tuning_choice(grid, record([None, 0.5, 0.7, 0.7]), "ifca", rotated, False)[0] == 2
-    assert tuning_choice(grid, record([None, None, None, None]), "ifca", rotated, False)[0] == 0
-    assert tuning_choice(grid, record([0.1, 0.9, 0.2, 0.3]), "ifca", drift, False)[0] == 1  # drift: rotated's
-    assert tuning_choice(grid, record([0.1, 0.9, 0.2]), "ifca", rotated, False) is None  # a setting missing
+    assert tuning_choice(grid, record([None, 0.5, 0.7, 0.7, 0.6]), "ifca", rotated, False)[0] == 2
+    assert tuning_choice(grid, record([None, None, None, None, None]), "ifca", rotated, False)[0] == 0
+    assert tuning_choice(grid, record([0.1, 0.9, 0.2, 0.3, 0.4]), "ifca", drift, False)[0] == 1  # drift: rotated's
+    assert tuning_choice(grid, record([0.1, 0.9, 0.2, 0.3]), "ifca", rotated, False) is None  # a setting missing

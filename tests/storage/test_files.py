@@ -44,17 +44,20 @@ _runs: dict[str, tuple] = {}
 
 
 def stopped_run(algorithm: str, factory):
-    """(the pristine run stopped after round 3 of 5, the results of the uninterrupted run)."""
+    """(the pristine run stopped after round 3 of 5, the results of the uninterrupted run);
+    ``ditto-disk``: Ditto with its store beyond run.store_ram (a mapped file and an undo log)."""
     if algorithm not in _runs:
         root = factory.mktemp(algorithm)
-        cfg = lambda: configure.load(overrides=[*SMALL, f"algorithm.name={algorithm}"])  # noqa: E731
+        name, disk = algorithm.removesuffix("-disk"), algorithm.endswith("-disk")
+        sets = [*SMALL, f"algorithm.name={name}", *(["run.store_ram=0"] if disk else [])]
+        cfg = lambda: configure.load(overrides=sets)  # noqa: E731
         Experiment.create(cfg(), root / "ref").run(progress=False)
         assert Experiment.create(cfg(), root / "stopped").run(progress=False, stop_after=3) is None
         _runs[algorithm] = (root / "stopped", _results(root / "ref"))
     return _runs[algorithm]
 
 
-@pytest.fixture(params=["stocfl", "ditto"])
+@pytest.fixture(params=["stocfl", "ditto", "ditto-disk"])
 def runs(request, tmp_path_factory):
     return stopped_run(request.param, tmp_path_factory)
 
@@ -68,11 +71,21 @@ def _corruptions(size: int):
 
 
 RUN_FILES = ["config.toml", "metrics.jsonl", "checkpoint.safetensors"]
-STORE_FILES = ["ditto_personal.f32", "ditto_personal.undo.safetensors"]  # Ditto's per-client models
+# Ditto's per-client models: in memory with a journal (within run.store_ram), or a mapped file
+# with an undo log (beyond it)
+STORE_FILES = {
+    "ditto": ["ditto_personal.journal"],
+    "ditto-disk": ["ditto_personal.f32", "ditto_personal.undo.safetensors"],
+}
 
 
 @pytest.mark.parametrize(
-    "algorithm, name", [*(("stocfl", f) for f in RUN_FILES), *(("ditto", f) for f in RUN_FILES + STORE_FILES)]
+    "algorithm, name",
+    [
+        *(("stocfl", f) for f in RUN_FILES),
+        *(("ditto", f) for f in RUN_FILES + STORE_FILES["ditto"]),
+        *(("ditto-disk", f) for f in STORE_FILES["ditto-disk"]),
+    ],
 )
 def test_a_damaged_run_file_is_refused_or_harmless(algorithm, name, tmp_path_factory, tmp_path, capsys):
     pristine, (ref_rows, ref_summary) = stopped_run(algorithm, tmp_path_factory)
@@ -153,6 +166,39 @@ def test_two_processes_writing_one_file_never_collide_and_leave_a_whole_version(
 
 
 @pytest.mark.long
+def test_a_journal_the_disk_cannot_hold_is_one_line_and_the_run_resumes_to_the_same_numbers(tmp_path):
+    """Within run.store_ram, Ditto's personal models live in memory and each round's rows are
+    appended to a journal: a disk that fills mid-run (the file-size limit, RLIMIT_FSIZE) stops the
+    run at its last checkpoint in one line, and with room it resumes to the uninterrupted run's
+    numbers (the record cut short by the full disk is dropped)."""
+    import resource
+    import subprocess
+    import sys
+
+    limit = 200_000  # the journal of 30 rounds of 4 clients x 9,640 bytes outgrows it by round 6
+    cmd = [sys.executable, "-m", "stocfl", "run", "configs/default.toml", "--quiet", "--set", "algorithm.name=ditto"]
+    cmd += ["--set", "run.rounds=30", "--set", "run.eval_every=10"]
+    full = subprocess.run(
+        [*cmd, "--out", str(tmp_path / "cut")],
+        capture_output=True,
+        text=True,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
+        timeout=300,
+    )
+    assert full.returncode == 2, full.stderr
+    line = full.stderr.strip()
+    assert line.startswith(f"stocfl: error: {tmp_path / 'cut' / 'ditto_personal.journal'}: cannot append"), line
+    assert "\n" not in line and line.endswith("free disk space, then resume the run")
+    resumed = subprocess.run(
+        [sys.executable, "-m", "stocfl", "resume", "--quiet", str(tmp_path / "cut")], capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    ref = subprocess.run([*cmd, "--out", str(tmp_path / "ref")], capture_output=True, text=True, timeout=300)
+    assert ref.returncode == 0, ref.stderr
+    assert _results(tmp_path / "cut") == _results(tmp_path / "ref")
+
+
+@pytest.mark.long
 def test_a_client_store_the_disk_cannot_hold_is_one_line_before_the_first_round(tmp_path):
     """Ditto's personal models get their disk blocks when the run starts: a write through the
     memory map into a sparse file on a full disk would kill the process (SIGBUS) mid-round
@@ -177,6 +223,8 @@ def test_a_client_store_the_disk_cannot_hold_is_one_line_before_the_first_round(
         "algorithm.name=ditto",
         "--set",
         "run.rounds=2",
+        "--set",
+        "run.store_ram=0",  # beyond the budget: a file mapped from the run directory
         "--out",
         str(out),
     ]
@@ -479,7 +527,8 @@ def _bytes_of(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file() and p.name != ".lock"}
 
 
-def test_export_assign_and_a_loaded_run_change_no_byte_of_the_run(tmp_path_factory, tmp_path, capsys):
+@pytest.mark.parametrize("form", ["ditto", "ditto-disk"])
+def test_export_assign_and_a_loaded_run_change_no_byte_of_the_run(form, tmp_path_factory, tmp_path, capsys):
     """Issue 70, finding 15: reading a run wrote to it (opening a store put back rows newer than
     the checkpoint, through the shared map). Export, assign and a loaded run now read the stores
     copy-on-write: a Ditto run killed between its store write and its checkpoint keeps every
@@ -488,13 +537,13 @@ def test_export_assign_and_a_loaded_run_change_no_byte_of_the_run(tmp_path_facto
 
     from stocfl.storage.store import ClientStore
 
-    pristine, (ref_rows, ref_summary) = stopped_run("ditto", tmp_path_factory)
+    pristine, (ref_rows, ref_summary) = stopped_run(form, tmp_path_factory)
     run = tmp_path / "killed"
     shutil.copytree(pristine, run)
     # what a kill between round 4's store write and its checkpoint leaves: newer rows, an undo file
     personal = Experiment.open(run).algorithm.state.personal  # read-only: the checkpoint's models
     want = {i: personal.get(i).clone() for i in range(personal.n) if i in personal}
-    live = ClientStore(personal.n, personal.p, run, "ditto_personal")
+    live = ClientStore(personal.n, personal.p, run, "ditto_personal", 0 if form == "ditto-disk" else 2**30)
     live.load_state(*personal.state())
     live.write({i: torch.full((personal.p,), 7.0) for i in want})
     del live

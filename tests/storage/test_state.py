@@ -87,8 +87,9 @@ def test_an_encoded_state_shares_no_memory_with_the_value():
     assert torch.equal(state.decode(t, meta, value).a[1], torch.ones(3))
 
 
-def test_a_component_loads_its_part_in_place(tmp_path):
-    store = ClientStore(4, 3, tmp_path, "rows")
+@pytest.mark.parametrize("ram", [0, 2**20])
+def test_a_component_loads_its_part_in_place(ram, tmp_path):
+    store = ClientStore(4, 3, tmp_path, "rows", ram)
     value = S(store, 1)
     store.write({2: torch.ones(3)})
     t, meta = state.encode(value)

@@ -726,7 +726,8 @@ def tuning_section(grid, record, cells, methods, quick, parts) -> list[str]:
         f"seed {protocol['seed']} and participation {protocol['participation']:g}, on a validation split: "
         f"{protocol['validation']:g} of each client's train samples held out as its test data, the test data "
         f"never seen. The best validation accuracy (the first of equals) is its tuned setting; a drifting "
-        f"scenario takes its base scenario's. Validation accuracy (%) per setting, the chosen one in bold:",
+        f"scenario takes its base scenario's. Validation accuracy (%) per setting, the chosen one in bold, "
+        f"marked (edge) where it is the budget's first or last setting (the best may lie beyond):",
         "",
     ]
     tuned_on = [
@@ -741,13 +742,17 @@ def tuning_section(grid, record, cells, methods, quick, parts) -> list[str]:
         for s in tuned_on:
             said = []
             choice = tuning_choice(grid, record, m, s, quick)
-            for i, setting in enumerate(grid.tune_settings(m, quick)):
+            budget = grid.tune_settings(m, quick)
+            for i, setting in enumerate(budget):
                 e = record["runs"].get(f"tune / {m} / {s.name} / {i}")
                 if e is None or bool(e.get("quick")) != quick:
                     said.append(f"{_setting_text(setting)}: -")
                     continue
-                text = f"{_setting_text(setting)}: {100 * e['figures']['accuracy']:.1f}"
-                said.append(f"**{text}**" if choice is not None and choice[0] == i else text)
+                acc = e["figures"]["accuracy"]
+                text = f"{_setting_text(setting)}: {'-' if acc is None else f'{100 * acc:.1f}'}"
+                chosen = choice is not None and choice[0] == i
+                edge = chosen and len(budget) > 1 and i in (0, len(budget) - 1)
+                said.append(f"**{text}**" + (" (edge)" if edge else "") if chosen else text)
             row.append("<br>".join(said))
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")

@@ -75,6 +75,15 @@ def _parser() -> Parser:
         "a_rotated_mnist_480x50_mlp2048, b_cifar10_1000x50_cnn, c_digits_500x10)",
     )
     bench.add_argument(
+        "--tables",
+        action="store_true",
+        help="each committed reproduction table's setting (its first row), a few rounds: seconds a round "
+        "against the arithmetic bound at the matmul peak (benchmarks/tables.json; resumable)",
+    )
+    bench.add_argument("--table", action="append", help="with --tables: only this table (repeatable)")
+    bench.add_argument("--rounds", type=int, help="with --tables: rounds timed per table (default 2)")
+    bench.add_argument("--again", action="store_true", help="with --tables: time tables already in the JSON again")
+    bench.add_argument(
         "--repeats",
         type=int,
         help="with --peers: repetitions of each system but Flower (default 3; the figure is their median)",
@@ -148,6 +157,12 @@ def _reproduce(args) -> int:
 
 
 def _bench(args) -> int:
+    if args.tables:
+        from stocfl_lab.tablebench import main as tables_main
+
+        return tables_main(args)
+    if args.table or args.rounds is not None or args.again:
+        raise UserError("stocfl-lab bench: --table, --rounds and --again choose what --tables times; add --tables")
     from stocfl_lab.bench import main as bench_main
 
     return bench_main(args)

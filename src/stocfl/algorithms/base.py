@@ -24,7 +24,7 @@ from stocfl.client.tasks import Evaluate, Reply, Task, Train, Trained, task_seed
 from stocfl.client.training import LocalTraining
 from stocfl.errors import UserError
 from stocfl.storage import state as state_mod
-from stocfl.storage.store import ClientStore
+from stocfl.storage.store import RAM, ClientStore
 
 # what an algorithm is handed to ask clients for work: a task list in, one reply a task out (the
 # runner's checked executor; a client that fails drops out of the round)
@@ -53,11 +53,16 @@ class Context:
     last_layer: int = 0  # entries of the output layer, the last of the parameters
     n_trainable: int = 0  # entries that are parameters (the rest: buffers such as BatchNorm's); 0 = all
     workdir: Path | None = None  # where per-client stores live (None: in memory)
+    store_ram: int = RAM  # bytes a per-client store may take in memory with a workdir (run.store_ram)
     participants: tuple[int, ...] | None = None  # clients that may train (None: all); the rest are held out
     sample_size: int = 0  # clients sampled per round, m (0: not known)
     aggregator: Aggregator = Aggregator()  # how trained models are combined ([aggregation])
     drift_notice: bool = False  # clients' data may change, and they say so (Algorithm.drifted)
     present: Callable[[int], list[int]] | None = None  # round -> the participants present (None: all, always)
+
+    def store(self, name: str, n_cols: int, n_rows: int = 0) -> ClientStore:
+        """A per-client store of the run: ``n_rows`` (default N) rows of ``n_cols`` float32."""
+        return ClientStore(n_rows or self.n_clients, n_cols, self.workdir, name, self.store_ram)
 
     @property
     def training_clients(self) -> list[int]:

@@ -44,9 +44,7 @@ class Ditto(Algorithm):
 
     def __init__(self, params: DittoParams, ctx: Context):
         super().__init__(params, ctx)
-        self.state = self.State(
-            ctx.init_weights.clone(), ClientStore(ctx.n_clients, len(ctx.init_weights), ctx.workdir, "ditto_personal")
-        )
+        self.state = self.State(ctx.init_weights.clone(), ctx.store("ditto_personal", len(ctx.init_weights)))
 
     def round(self, round_: int, sampled: list[int], ask: AskClients) -> dict[str, Any]:
         tasks = []

@@ -123,8 +123,8 @@ class FedCCFA(Algorithm):
         c, d = self.split.n_classes, self.split.features
         self.state = self.State(
             ctx.init_weights.clone(),
-            ClientStore(ctx.n_clients, self.split.size, ctx.workdir, "fedccfa_heads"),
-            ClientStore(ctx.n_clients, c * d + c, ctx.workdir, "fedccfa_anchors"),
+            ctx.store("fedccfa_heads", self.split.size),
+            ctx.store("fedccfa_anchors", c * d + c),
             np.full(ctx.n_clients, -1, dtype=np.int64),
         )
 

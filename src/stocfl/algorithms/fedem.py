@@ -79,7 +79,7 @@ class FedEM(Algorithm):
         check_models_fit(m + 1, ctx, self.models_key)  # the models and their stack, sent to clients
         self.state = FedEM.State(  # FedEM's own, which a subclass (FedRC) extends
             [ctx.init_model(ctx.seed + 1 + k) for k in range(m)],
-            ClientStore(ctx.n_clients, m, ctx.workdir, f"{self.name}_mixture"),
+            ctx.store(f"{self.name}_mixture", m),
         )
 
     @property

@@ -66,7 +66,7 @@ class FedRC(FedEM):
         k, c = self.n_models, ctx.n_classes
         if c < 1:
             raise UserError("fedrc needs Context.n_classes (its clusters' label distributions are over them)")
-        labels = ClientStore(ctx.n_clients, k * c, ctx.workdir, "fedrc_labels")
+        labels = ctx.store("fedrc_labels", k * c)
         self.state = self.State(self.state.components, self.state.mixture, labels)
 
     @property

@@ -96,8 +96,8 @@ class FedSoft(Algorithm):
         check_models_fit(s + 2, ctx, self.models_key)  # the centres, their stack and the local model sent
         self.state = self.State(
             [ctx.init_model(ctx.seed + 1 + k) for k in range(s)],
-            ClientStore(ctx.n_clients, p, ctx.workdir, "fedsoft_local"),
-            ClientStore(ctx.n_clients, s, ctx.workdir, "fedsoft_importance"),
+            ctx.store("fedsoft_local", p),
+            ctx.store("fedsoft_importance", s),
         )
 
     def _own(self, i: int) -> torch.Tensor:

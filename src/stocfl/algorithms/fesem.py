@@ -80,7 +80,7 @@ class FeSEM(Algorithm):
             )
         check_models_fit(params.n_centers, ctx, "n_centers")
         self.state = self.State(
-            ClientStore(ctx.n_clients, len(ctx.init_weights), ctx.workdir, "fesem_local"),
+            ctx.store("fesem_local", len(ctx.init_weights)),
             None,
             np.full(ctx.n_clients, -1, dtype=np.int64),
         )

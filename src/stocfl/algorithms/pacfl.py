@@ -140,7 +140,7 @@ class PACFL(OneShotClusters):
             ctx.init_weights.clone(),
             np.full(ctx.n_clients, -1, dtype=np.int64),
             {},
-            ClientStore(ctx.n_clients, width, ctx.workdir, "pacfl_bases"),
+            ctx.store("pacfl_bases", width),
             np.zeros(ctx.n_clients, dtype=np.int64),
         )
 

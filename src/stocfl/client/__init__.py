@@ -1,6 +1,7 @@
 """What a client computes: task kinds and their messages, local training, optimizers, models."""
 
 from stocfl.client.descriptor import Describe, Described
+from stocfl.client.flops import FlopCount
 from stocfl.client.gradient import Gradient, Gradiented
 from stocfl.client.mixture import EvaluateMixture, Mixture, MixtureTrain, MixtureTrained, evaluation_task
 from stocfl.client.models import FlatModel, build_module, make_model, register_model
@@ -21,6 +22,7 @@ from stocfl.client.tasks import (
 from stocfl.client.training import LocalTraining, local_sgd
 
 __all__ = [
+    "FlopCount",
     "ClientData",
     "Describe",
     "Described",

@@ -20,6 +20,7 @@ from stocfl.client.tasks import (
     check_vector,
     check_weights,
     largest_entry,
+    largest_sent,
     register_task,
 )
 
@@ -68,7 +69,7 @@ def check_gradiented(t: Gradient, r: Gradiented, train_size: int, test_size: int
 
 def moved_gradient(t: Gradient, r: Gradiented) -> tuple[float, float]:
     """A gradient is a move from nothing: its largest entry, beside the model's."""
-    return largest_entry(r.gradient), largest_entry(t.weights)
+    return largest_entry(r.gradient), largest_sent(t.weights)
 
 
 register_task(

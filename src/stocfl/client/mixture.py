@@ -26,6 +26,7 @@ from stocfl.client.tasks import (
     _count,
     check_evaluated,
     check_vector,
+    largest_change,
     largest_entry,
     register_task,
 )
@@ -277,7 +278,7 @@ def moved_mixture(t: MixtureTrain, r: MixtureTrained) -> tuple[float, float]:
     """The models' largest change from those they trained from (the client's own model, or the
     K sent), beside the largest entry of what was sent."""
     sent = t.models if t.personal is None else t.personal.reshape(1, -1)
-    return largest_entry(r.models - sent), largest_entry(sent)
+    return largest_change(r.models, sent), largest_entry(sent)
 
 
 register_task(

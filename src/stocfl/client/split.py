@@ -54,7 +54,8 @@ from stocfl.client.tasks import (
     _count,
     check_vector,
     check_weights,
-    largest_entry,
+    largest_change,
+    largest_sent,
     register_task,
 )
 from stocfl.client.training import LocalTraining, _seeded, batch_plan
@@ -366,8 +367,8 @@ register_task(
     check_split_trained,
     reply_size=lambda t: t.weights.numel() + t.balanced_head.numel() + t.anchors.numel() + t.anchor_mask.numel(),
     moved=lambda t, r: (
-        max(largest_entry(r.weights - t.weights), largest_entry(r.balanced_head - t.balanced_head)),
-        max(largest_entry(t.weights), largest_entry(t.balanced_head)),
+        max(largest_change(r.weights, t.weights), largest_change(r.balanced_head, t.balanced_head)),
+        max(largest_sent(t.weights), largest_sent(t.balanced_head)),
     ),
     cost_by_labels=True,
 )

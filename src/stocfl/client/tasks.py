@@ -12,6 +12,7 @@ representation beside StoCFL (``stocfl.algorithms.stocfl.representation``).
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import re
 from collections.abc import Callable
@@ -89,7 +90,7 @@ def check_vector(t, what: str, n: int, bound: float = float("inf")) -> torch.Ten
     else :class:`BadResult` (one pass over the entries: max |t| is NaN or inf if any is)."""
     if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.numel() != n or not t.is_floating_point():
         raise BadResult(f"{what} has shape {tuple(getattr(t, 'shape', ()))}, expected ({n},) floats")
-    top = float(t.abs().max()) if n else 0.0
+    top = largest_entry(t)
     if not np.isfinite(top):
         raise BadResult(f"{what} holds NaN or inf")
     if top > bound:
@@ -108,13 +109,52 @@ def check_trained(task: Train, result: Trained, train_size: int, test_size: int)
     return result
 
 
+BLOCK = 1 << 16  # entries of a block that a reply's check reads at a time (a few hundred KB: in cache)
+
+
 def largest_entry(t: torch.Tensor) -> float:
-    return float(t.abs().max()) if t.numel() else 0.0
+    """max |t| (NaN where t holds one, inf where it holds one), in one pass and no copy."""
+    if not t.numel():
+        return 0.0
+    lo, hi = torch.aminmax(t)
+    return float(torch.maximum(-lo, hi))  # torch.maximum passes a NaN on, Python's max need not
+
+
+def largest_change(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| (NaN where either holds one), a block at a time: a model-sized difference is
+    never made (a round's checks would write and read one per reply)."""
+    if a.shape != b.shape:  # broadcast (a list of models against one): as written
+        return largest_entry(a - b)
+    a, b = a.reshape(-1), b.reshape(-1)
+    if not a.numel():
+        return 0.0
+    top = torch.tensor(0.0, dtype=a.dtype)
+    for s in range(0, a.numel(), BLOCK):
+        lo, hi = torch.aminmax(a[s : s + BLOCK] - b[s : s + BLOCK])
+        top = torch.maximum(top, torch.maximum(-lo, hi))
+    return float(top)
+
+
+_SENT: contextvars.ContextVar[dict[tuple[int, int], tuple[torch.Tensor, float]] | None] = contextvars.ContextVar(
+    "stocfl_sent_scales", default=None
+)
+
+
+def largest_sent(t: torch.Tensor) -> float:
+    """:func:`largest_entry` of a tensor a task sent: within one :func:`out_of_bound` it is found
+    once per tensor (a round sends one global model to hundreds of clients)."""
+    cache = _SENT.get()
+    if cache is None:
+        return largest_entry(t)
+    key = (id(t), t._version)
+    if key not in cache:  # the tensor is kept with its scale: its id cannot be reused meanwhile
+        cache[key] = (t, largest_entry(t))
+    return cache[key][1]
 
 
 def moved_trained(task: Train, result: Trained) -> tuple[float, float]:
     """(the largest change of the reply's weights from those sent, the sent weights' largest entry)."""
-    return largest_entry(result.weights - task.weights), largest_entry(task.weights)
+    return largest_change(result.weights, task.weights), largest_sent(task.weights)
 
 
 def out_of_bound(tasks: list, results: list) -> dict[int, str]:
@@ -126,10 +166,14 @@ def out_of_bound(tasks: list, results: list) -> dict[int, str]:
     far (BatchNorm statistics on large inputs, in round 1) passes, while one reply far beyond
     the rest does not. A list of one reply has no others: only its model's scale bounds it."""
     moves = {}
-    for k, (t, r) in enumerate(zip(tasks, results)):
-        kind = kind_of(type(t))
-        if kind.moved is not None:
-            moves[k] = kind.moved(t, r)
+    token = _SENT.set({})
+    try:
+        for k, (t, r) in enumerate(zip(tasks, results)):
+            kind = kind_of(type(t))
+            if kind.moved is not None:
+                moves[k] = kind.moved(t, r)
+    finally:
+        _SENT.reset(token)
     order = sorted(moves, key=lambda k: moves[k][0])
     rank = {k: j for j, k in enumerate(order)}
     n_others = len(order) - 1

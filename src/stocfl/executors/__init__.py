@@ -5,6 +5,7 @@ from stocfl.executors.base import Executor
 from stocfl.executors.batched import BatchedExecutor
 from stocfl.executors.drifting import Drifting
 from stocfl.executors.lowrank import Structure, structure
+from stocfl.executors.lowrank import flops as lowrank_flops
 from stocfl.executors.parallel import ParallelExecutor
 from stocfl.executors.registry import (
     BATCHED_BELOW_FLOPS,
@@ -22,6 +23,7 @@ from stocfl.executors.registry import (
 from stocfl.executors.sequential import SequentialExecutor
 
 __all__ = [
+    "lowrank_flops",
     "BATCHED_BELOW_FLOPS",
     "BUILTIN_ENGINES",
     "ENGINES",

@@ -139,11 +139,11 @@ class BatchedExecutor(Executor):
             q_pad = torch.zeros((c, n_max), device=dev)
             for i, q in enumerate(sample_weights):
                 q_pad[i, : len(q)] = q
-        w = torch.stack([t.weights for t in tasks]).clone()
+        w = torch.stack([t.weights for t in tasks])  # a new tensor: trained in place
         mu = torch.tensor([t.prox_weight if t.prox_center is not None else 0.0 for t in tasks], device=dev)
         has_prox = bool((mu != 0).any())
         if has_prox:
-            centers = torch.stack([t.prox_center if t.prox_center is not None else t.weights for t in tasks])
+            centers = _centers(tasks)
         if self.lowrank is not None and opt.plain:
             trained = self.lowrank.train(
                 w,
@@ -157,8 +157,10 @@ class BatchedExecutor(Executor):
                 opt.lr,
                 [t.seed for t in tasks],
                 q_pad,
+                center_is_start=all(t.prox_center is None or t.prox_center is t.weights for t in tasks),
             )
-            return [Trained(trained[i].clone(), sizes[i]) for i in range(c)]
+            # each reply a row of the chunk's tensor, not a copy of it (the rows are the replies')
+            return [Trained(row, n) for row, n in zip(trained.unbind(0), sizes)]
         plans = [batch_plan(sizes[i], epochs, batch_size, t.seed) for i, t in enumerate(tasks)]
         rows = torch.arange(c, device=dev)[:, None]
         state = None if opt.plain else opt.init(w)
@@ -180,4 +182,15 @@ class BatchedExecutor(Executor):
                     w.sub_(opt.lr * active * g)
                 else:
                     opt.step(w, g, state, active)
-        return [Trained(w[i].clone(), sizes[i]) for i in range(c)]
+        return [Trained(row, n) for row, n in zip(w.unbind(0), sizes)]
+
+
+def _centers(tasks: list[Train]) -> torch.Tensor:
+    """The proximal centers of a chunk's rows (a row without one: its start, where mu = 0 makes
+    it weigh nothing). One center shared by every row that has one (StoCFL's and Ditto's global
+    model, FedProx's when every client starts from it) is broadcast, not copied once a row; a
+    row without one then carries it too, at mu = 0."""
+    given = [t.prox_center for t in tasks if t.prox_center is not None]
+    if given and all(x is given[0] for x in given):
+        return given[0].expand(len(tasks), -1)
+    return torch.stack([t.prox_center if t.prox_center is not None else t.weights for t in tasks])

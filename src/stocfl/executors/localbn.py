@@ -23,13 +23,13 @@ from pathlib import Path
 import torch
 
 from stocfl.client.tasks import Evaluate, Train
-from stocfl.storage.store import ClientStore
+from stocfl.storage.store import RAM, ClientStore
 
 
 class LocalBatchNorm:
-    def __init__(self, entries: torch.Tensor, n_clients: int, workdir: Path | None = None):
+    def __init__(self, entries: torch.Tensor, n_clients: int, workdir: Path | None = None, ram: int = RAM):
         self.idx = entries
-        self.store = ClientStore(n_clients, len(entries), workdir, "local_bn")
+        self.store = ClientStore(n_clients, len(entries), workdir, "local_bn", ram)
 
     def own(self, client: int, w: torch.Tensor | None) -> torch.Tensor | None:
         """``w`` with the client's BatchNorm entries, once it has any."""

@@ -124,12 +124,15 @@ class LowRankTrainer:
         lr: float,
         seeds: list[int],
         q: torch.Tensor | None = None,
+        center_is_start: bool = False,
     ) -> torch.Tensor:
         """Trained weights (c x P) from ``w`` (c x P, trained in place and returned); ``x``
         (c x n_max x ...) padded, ``sizes`` the true sizes; ``centers`` (c x P) with weights
         ``mu`` (c), or None; ``q`` (c x n_max), each sample's weight in its loss, or None. The
         weights scale each sample's gradient with respect to its first-layer output, so the
-        first layer's update stays in the span of the samples: the low-rank form holds."""
+        first layer's update stays in the span of the samples: the low-rank form holds.
+        ``center_is_start``: every row's center is its start (FedProx), so X C^T is X W_0^T,
+        formed once (told, not found by comparing two model-sized stacks)."""
         c, hd, h, d, dev = len(w), self.hd, self.s.h, self.s.d, w.device
         X = x.reshape(c, x.shape[1], -1).to(w.dtype)
         W0 = w[:, :hd].reshape(c, h, d)
@@ -140,7 +143,7 @@ class LowRankTrainer:
         has_prox = centers is not None and bool((mu != 0).any())
         if has_prox and centers is not None:
             C = centers[:, :hd].reshape(c, h, d)
-            PC = P0 if torch.equal(C, W0) else torch.bmm(X, C.transpose(1, 2))  # FedProx: the center is the start
+            PC = P0 if center_is_start else torch.bmm(X, C.transpose(1, 2))
             cb, crest = centers[:, hd : hd + nb], centers[:, hd + nb :]
         K = torch.bmm(X, X.transpose(1, 2))
         n_max = X.shape[1]
@@ -198,8 +201,9 @@ class LowRankTrainer:
         if not bool((alpha == 1).all()):
             W0.mul_(alpha[:, None, None])
         W0.baddbmm_(A.transpose(1, 2), X)
-        if has_prox:
-            W0.add_(beta[:, None, None] * C)
+        if has_prox:  # row by row: a model-sized product at a time, none for a row without a center
+            for i in torch.nonzero(mu).flatten().tolist():
+                W0[i].add_(beta[i] * C[i])
         w[:, hd : hd + nb] = b
         w[:, hd + nb :] = rest
         return w

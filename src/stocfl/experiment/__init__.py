@@ -4,6 +4,7 @@ metrics and plots, new clients, model files, comparisons."""
 from stocfl.experiment.compare import run_or_reuse
 from stocfl.experiment.configure import load as load_config
 from stocfl.experiment.configure import settle
+from stocfl.experiment.loop import Experiment
 from stocfl.experiment.metrics import cluster_numbers, clustering_scores
 from stocfl.experiment.modelfiles import export_models, load_model
 from stocfl.experiment.plots import integer_rounds
@@ -11,6 +12,7 @@ from stocfl.experiment.provenance import config_digest, finished_summary
 from stocfl.experiment.saved import LoadedRun, SavedRun, open_run
 
 __all__ = [
+    "Experiment",
     "LoadedRun",
     "SavedRun",
     "cluster_numbers",

@@ -257,6 +257,7 @@ def build_context(
         last_layer=sum(model.numels[model.n_tensors - 2 : model.n_tensors]),
         n_trainable=model.n_trainable,
         workdir=workdir,
+        store_ram=cfg.run.store_ram * 2**20,
         participants=tuple(fed.participants),
         sample_size=sample_size(cfg, fed),
         aggregator=Aggregator(**cfg.aggregation.model_dump()),
@@ -327,7 +328,7 @@ def build_run(
                 "config: train.local_bn = true keeps BatchNorm layers per client, but the model has "
                 "none; set it false or use a model with BatchNorm"
             )
-        local = LocalBatchNorm(entries, fed.n_clients, out)
+        local = LocalBatchNorm(entries, fed.n_clients, out, cfg.run.store_ram * 2**20)
         ask = local.wrap(ask)
     ctx = build_context(cfg, fed, model, w0, module, out)
     algorithm = algorithm_class(cfg.algorithm["name"])(cfg.params, ctx)

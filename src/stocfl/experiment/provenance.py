@@ -33,7 +33,7 @@ DIGESTS = ("config_sha256", "config_core_sha256", "metrics_sha256", "data_sha256
 
 # Keys a resumed run may change: they change nothing computed in the rounds already done (and
 # leave the checkpoint's core digest as it was before they existed).
-EXTENDABLE = ("run.rounds", "run.eval_every", "run.tensorboard", "run.node_wait")
+EXTENDABLE = ("run.rounds", "run.eval_every", "run.tensorboard", "run.node_wait", "run.store_ram")
 
 # Keys added after checkpoints began to store a digest of the whole config, with the default
 # that reproduces the behaviour before them.
@@ -56,6 +56,7 @@ ADDED_KEYS = {
     "algorithm.quorum": 0.0,
     "algorithm.quorum_tau": 0.35,
     "scenario.validation": 0.0,
+    "run.store_ram": 2048,
 }
 
 GIVEN = (("custom_data", "federation"), ("custom_model", "model"), ("custom_loss", "loss"))

@@ -42,10 +42,12 @@ def save(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> 
     write_atomic(path, to_bytes(tensors, metadata={"stocfl": meta_json, "sha256": digest(tensors, meta_json)}))
 
 
-def save_rows(path: Path, name: str, rows, n_rows: int, n_cols: int, meta: dict[str, Any]) -> None:
+def save_rows(path: Path, name: str, rows, n_rows: int, n_cols: int, meta: dict[str, Any], sync: bool = True) -> None:
     """What ``save(path, {name: (n_rows, n_cols) float32}, meta)`` writes, with the rows taken
     one at a time from ``rows`` (an iterable of float32 arrays), so that writing them never
-    holds more than one: the undo log of a store of large models stays off the heap."""
+    holds more than one: the undo log of a store of large models stays off the heap. Moved into
+    place by a rename either way (a killed process leaves the old file or the new one);
+    ``sync=False`` leaves the forcing of its bytes to the disk to the system."""
     meta_json = json.dumps(meta)
     h = hashlib.sha256(meta_json.encode())
     h.update(f"\0{name}\0{torch.float32}\0{(n_rows, n_cols)}\0".encode())
@@ -80,12 +82,14 @@ def save_rows(path: Path, name: str, rows, n_rows: int, n_cols: int, meta: dict[
             f.seek(0)
             f.write(header(h.hexdigest()))
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    if sync:
+        fsync_dir(path.parent)
 
 
 def _unreadable(path: Path, err: Exception) -> UserError:

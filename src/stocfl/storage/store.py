@@ -1,15 +1,29 @@
 """Per-client vectors (Ditto's personal models, FeSEM's local models) off the hot path.
 
-A float32 array of shape (N, P) in a memory-mapped file of the run directory (in memory when
-there is none); only the rows of the round's sampled clients are read or written, so a 4,800
-client run with the 1.6M-parameter MLP keeps 31 GB on disk, not in RAM.
+A float32 array of shape (N, P). Where it fits the run's budget (``run.store_ram``) it lives in
+memory, and what a resume needs goes to disk as a journal: each write appends the rows it set
+(one record, no copy of the rows it replaced), and once the journal holds twice the store it is
+folded into a snapshot of the rows as of the last checkpoint. Beyond the budget it lives in a
+memory-mapped file of the run directory and only the rows of the round's sampled clients are
+read or written, so a 4,800 client run with the 1.6M-parameter MLP keeps 31 GB on disk, not in
+RAM. Without a run directory it lives in memory and the checkpoint holds its rows.
 
-Exact resume: before rows are overwritten, their old values go to an undo file (written
-atomically) tagged with the store's next version; the checkpoint records the version it saw.
-Reopening at an older version puts the old rows back, so a kill between the store write and
-the checkpoint leaves nothing half-applied. The checkpoint also holds a CRC-32 of every row
-written: on reopening, a file of the wrong size, a missing file or a row that does not match
-is an error, never a silently zeroed or altered model.
+Exact resume. On disk: before rows are overwritten, the values the last checkpoint has for
+them go to an undo file (written atomically, kept across every write until the next
+checkpoint) tagged with the checkpoint's version; reopening at that version puts them back, so a
+kill between the store writes and the checkpoint leaves nothing half-applied. In memory:
+reopening replays the snapshot and the journal's records up to the checkpoint's version and
+cuts off any later record (a round that was not checkpointed, or a record cut short by a
+kill). Either way the checkpoint also holds a CRC-32 of every row written: on reopening, a file
+of the wrong size, a missing file or a row that does not match is an error, never a silently
+zeroed or altered model.
+
+What a write puts in the store's files reaches the system's page cache, which outlives the
+process: a killed run (SIGKILL, the OOM killer) resumes to the same numbers. It is not forced
+to the disk each round (the checkpoint is): that would write every sampled row through to the
+disk before the round may end, where the page cache writes it back on its own. After a power
+cut, a store behind its checkpoint is found on resume (a journal that ends early, a row whose
+CRC does not match) and refused in one line.
 """
 
 from __future__ import annotations
@@ -17,8 +31,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import errno
+import json
 import os
 import shutil
+import struct
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +49,9 @@ from stocfl.storage.files import open_nofollow
 # 2: the state declares its format, and every row set has its CRC (format 1 stores, written
 # before row checksums, may have none)
 FORMAT = 2
+RAM = 2 * 2**30  # the default budget of a store kept in memory (run.store_ram)
+FOLD = 2  # the journal is folded into a snapshot once it holds this many stores' worth of rows
+JOURNAL_MAGIC = b"STOCFLJ1"  # opens every journal record: the magic, the header's length, the header, the rows
 
 _READ_ONLY = contextvars.ContextVar("stocfl_store_read_only", default=False)
 
@@ -51,7 +70,13 @@ def read_only() -> Iterator[None]:
 
 
 class ClientStore:
-    def __init__(self, n_clients: int, n_params: int, directory: Path | None = None, name: str = "clients"):
+    """N rows of P float32 numbers; ``ram``: the bytes it may take in memory with a ``directory``
+    (beyond them it is a file mapped from there). A store that exists in the directory keeps
+    the form it was written in, whatever the budget now."""
+
+    def __init__(
+        self, n_clients: int, n_params: int, directory: Path | None = None, name: str = "clients", ram: int = RAM
+    ):
         self.n, self.p = n_clients, n_params
         self.has = np.zeros(n_clients, dtype=bool)
         self.crc = np.zeros(n_clients, dtype=np.int64)
@@ -61,11 +86,21 @@ class ClientStore:
         self.read_only = _READ_ONLY.get()  # see read_only(): nothing written to disk
         self.path = None if directory is None else Path(directory) / f"{name}.f32"
         self.undo_path = None if directory is None else Path(directory) / f"{name}.undo.safetensors"
-        if self.path is None or (self.read_only and not self.path.exists()):
+        self.journal = None if directory is None else Path(directory) / f"{name}.journal"
+        self.snapshot = None if directory is None else Path(directory) / f"{name}.snapshot.safetensors"
+        self.in_ram = False  # kept in memory with a journal on disk
+        self.stated = 0  # the version of the last checkpoint taken or loaded: the one a snapshot may hold
+        self.covered: set[int] = set()  # on disk: rows whose checkpoint value the undo file holds or needs not
+        size = n_clients * n_params * 4
+        if self.path is not None and not (self.path.exists() or self.path.is_symlink()):
+            assert self.journal is not None and self.snapshot is not None
+            kept = [f for f in (self.journal, self.snapshot) if f.exists() or f.is_symlink()]
+            self.in_ram = bool(kept) or size <= ram
+            self.existed = bool(kept)
+        if self.path is None or self.in_ram or (self.read_only and not self.path.exists()):
             self.rows: np.ndarray = np.zeros((n_clients, n_params), dtype=np.float32)
         elif self.read_only:
             self.existed = True
-            size = n_clients * n_params * 4
             os.close(open_nofollow(self.path, os.O_RDONLY))  # a link is refused, not followed
             if self.path.stat().st_size != size:
                 raise UserError(
@@ -76,7 +111,6 @@ class ClientStore:
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.existed = self.path.exists()
-            size = n_clients * n_params * 4
             if self.path.is_symlink():  # a link to a store elsewhere: never mapped and rewritten
                 open_nofollow(self.path, os.O_RDWR)
             if self.existed and self.path.stat().st_size != size:
@@ -124,49 +158,153 @@ class ClientStore:
 
     def write(self, rows: dict[int, torch.Tensor]) -> None:
         ids = sorted(rows)
-        if (
-            self.undo_path is not None and not self.read_only
-        ):  # only rows that held a model need undoing: the others are unset at the checkpoint
-            had = [i for i in ids if self.has[i]]
-            checkpoint.save_rows(
-                self.undo_path,
-                "rows",
-                (self.rows[i] for i in had),
-                len(had),
-                self.p,
-                {"version": self.version + 1, "ids": had},
-            )
+        if self.in_ram:
+            self._journal(ids, rows)
+        elif self.undo_path is not None and not self.read_only:
+            self._undo(ids)
         for i in ids:
             row = rows[i].numpy()
             self.rows[i] = row
             self.has[i] = True
             self.crc[i] = _crc(row)
         self.trusted = True
-        if isinstance(self.rows, np.memmap) and not self.read_only:
-            self.rows.flush()
         self.version += 1
+
+    def _undo(self, ids: list[int]) -> None:
+        """Keep, before they are overwritten, the rows as the last checkpoint has them: those of
+        ``ids`` that held a model then (the others are unset at the checkpoint), added to the
+        ones kept by earlier writes since it (a store written twice in a round)."""
+        assert self.undo_path is not None
+        if self.version == self.stated:
+            self.covered = set()
+            kept_ids, kept = [], None
+        else:
+            kept, meta = checkpoint.load(self.undo_path)
+            kept_ids = meta["ids"]
+        need = [i for i in ids if self.has[i] and i not in self.covered]
+        self.covered |= set(ids)
+        rows = ([kept["rows"][k].numpy() for k in range(len(kept_ids))] if kept is not None else []) + [
+            self.rows[i] for i in need
+        ]
+        checkpoint.save_rows(
+            self.undo_path,
+            "rows",
+            iter(rows),
+            len(rows),
+            self.p,
+            {"version": self.version + 1, "base": self.stated, "ids": kept_ids + need},
+            sync=False,
+        )
+
+    def _journal(self, ids: list[int], rows: dict[int, torch.Tensor]) -> None:
+        """Append version + 1's record (its rows as given); first fold the journal into a
+        snapshot where it has outgrown the store and the rows are those of the last
+        checkpoint (a snapshot never holds a version no checkpoint has seen)."""
+        if self.read_only:
+            return
+        assert self.journal is not None and self.snapshot is not None
+        if (
+            self.version == self.stated
+            and self.journal.exists()
+            and self.journal.stat().st_size > FOLD * self.n * self.p * 4
+        ):
+            had = np.flatnonzero(self.has).tolist()
+            checkpoint.save_rows(
+                self.snapshot,
+                "rows",
+                (self.rows[i] for i in had),
+                len(had),
+                self.p,
+                {"version": self.version, "ids": had},
+                sync=False,
+            )
+            os.close(open_nofollow(self.journal, os.O_WRONLY | os.O_TRUNC))
+        self.journal.parent.mkdir(parents=True, exist_ok=True)
+        head = json.dumps({"version": self.version + 1, "ids": ids}).encode()
+        fd = open_nofollow(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            with open(fd, "ab") as f:
+                f.write(JOURNAL_MAGIC + struct.pack("<Q", len(head)) + head)
+                for i in ids:
+                    f.write(memoryview(np.ascontiguousarray(rows[i].numpy(), dtype=np.float32)).cast("B"))
+        except OSError as err:  # the rows in memory are still the checkpoint's: resume goes on from it
+            raise UserError(
+                f"{self.journal}: cannot append {_size(len(ids) * self.p * 4)} of client models "
+                f"({err.strerror or err}); free disk space, then resume the run"
+            ) from None
+
+    def _replay(self, version: int) -> None:
+        """The rows as of ``version``, from the snapshot and the journal; a later record (a
+        round no checkpoint saw, or one cut short) is cut off the journal."""
+        assert self.journal is not None and self.snapshot is not None
+        self.rows[:] = 0
+        at = 0
+        if self.snapshot.exists() or self.snapshot.is_symlink():
+            os.close(open_nofollow(self.snapshot, os.O_RDONLY))
+            old, meta = checkpoint.load(self.snapshot)
+            at = int(meta["version"])
+            if at > version:
+                raise UserError(
+                    f"{self.snapshot} holds version {at} of the store, later than the checkpoint's {version} "
+                    f"(written by another run?); the run cannot resume"
+                )
+            self.rows[meta["ids"]] = old["rows"].numpy()
+        if not (self.journal.exists() or self.journal.is_symlink()):
+            if at != version:
+                raise UserError(f"{self.journal} is missing; the checkpoint needs its records, the run cannot resume")
+            return
+        fd = open_nofollow(self.journal, os.O_RDONLY)
+        with open(fd, "rb") as f:
+            data = f.read()
+        pos, row_bytes = 0, self.p * 4
+        while at < version:
+            record = _record(data, pos, row_bytes, self.n)
+            if record is None:
+                raise UserError(
+                    f"{self.journal} ends at version {at} of the store, the checkpoint has {version} (cut short "
+                    f"or damaged); the run cannot resume"
+                )
+            v, ids, start, end = record
+            if v > at:
+                if v != at + 1:
+                    raise UserError(f"{self.journal}: version {at + 1} is missing (damaged); the run cannot resume")
+                if ids:
+                    self.rows[ids] = np.frombuffer(data, np.float32, len(ids) * self.p, start).reshape(len(ids), -1)
+                at = v
+            pos = end
+        if pos < len(data) and not self.read_only:  # later records: rounds this checkpoint never saw
+            fd = open_nofollow(self.journal, os.O_WRONLY)
+            try:
+                os.ftruncate(fd, pos)
+            finally:
+                os.close(fd)
 
     def state(self) -> tuple[dict[str, torch.Tensor], dict]:
         """The checkpoint's part: the version and which rows are set; the rows themselves only
-        when the store lives in memory (on disk they stay in the store's file)."""
+        when the store lives in memory with no run directory (otherwise they are in its files)."""
         has = np.flatnonzero(self.has).tolist()
         tensors = {"rows": torch.from_numpy(self.rows[has].copy())} if self.path is None and has else {}
         if has:
             tensors["crc"] = torch.from_numpy(self.crc[has].copy())
+        self.stated = self.version
         return tensors, {"version": self.version, "has": has, "format": FORMAT}
 
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         """Back to the checkpoint's version (undoing a write the checkpoint did not see)."""
         if "rows" in tensors:
             self.rows[meta["has"]] = tensors["rows"].numpy()
-        if self.undo_path is not None and self.undo_path.exists():
+        if self.in_ram:
+            if not self.trusted or self.version != meta["version"]:
+                self._replay(meta["version"])
+        elif self.undo_path is not None and self.undo_path.exists():
             old, undo = checkpoint.load(self.undo_path)
-            if undo["version"] > meta["version"]:
+            # the rows of the checkpoint this undo file was kept for (older files: of the write before)
+            if undo.get("base", meta["version"]) == meta["version"] and undo["version"] > meta["version"]:
                 for k, i in enumerate(undo["ids"]):
                     self.rows[i] = old["rows"][k].numpy()
                 if isinstance(self.rows, np.memmap) and not self.read_only:
                     self.rows.flush()
-        self.version = meta["version"]
+        self.version = self.stated = meta["version"]
         self.has[:] = False
         self.has[meta["has"]] = True
         self.crc[:] = 0
@@ -182,7 +320,7 @@ class ClientStore:
         self.trusted = True
 
     def verify(self, ids: list[int]) -> None:
-        if self.path is not None and ids and not self.existed:  # (read-only: a missing file is not created)
+        if self.path is not None and ids and not self.existed and not self.in_ram:  # (read-only: not created)
             raise UserError(
                 f"{self.path} is missing; the checkpoint has {len(ids)} client models in it, the run cannot resume"
             )
@@ -197,6 +335,25 @@ class ClientStore:
 
 def _size(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
+
+
+def _record(data: bytes, pos: int, row_bytes: int, n_rows: int) -> tuple[int, list[int], int, int] | None:
+    """The journal record at ``pos``: (version, ids, where its rows start, where it ends), or
+    None where there is none whole (the end, or a record cut short or damaged)."""
+    n = len(JOURNAL_MAGIC)
+    if data[pos : pos + n] != JOURNAL_MAGIC or pos + n + 8 > len(data):
+        return None
+    (length,) = struct.unpack_from("<Q", data, pos + n)
+    start = pos + n + 8 + length
+    try:
+        head = json.loads(data[pos + n + 8 : start])
+        version, ids = int(head["version"]), [int(i) for i in head["ids"]]
+    except (ValueError, TypeError, KeyError):
+        return None
+    if any(not 0 <= i < n_rows for i in ids):
+        return None
+    end = start + len(ids) * row_bytes
+    return None if start > len(data) or end > len(data) else (version, ids, start, end)
 
 
 def _crc(row: np.ndarray) -> int:

@@ -1,0 +1,145 @@
+"""The StoCFL paper's round at (N, |D|) = (4800, 50) against its arithmetic bound.
+
+Rotated MNIST, 480 clients sampled per round, MLP 784-2048-10, 5 full-batch epochs at lr 0.1,
+StoCFL's two trainings a client (its cluster's model, pulled toward the global one, and the
+global model). The algorithm's rounds (clients' work, aggregation, clustering; no evaluation)
+run on the low-rank engine and on the dense batched one, side by side in one process, rounds
+1..R each. The bound of a round is the arithmetic of the tasks it ran at the float32 matmul
+peak measured in the same run: each training as the path computes it
+(:func:`stocfl.executors.lowrank.flops`: low-rank on the low-rank engine, dense on the other),
+every other task (the one-off representations) as counted by FlopCounterMode. Printed per
+engine and round: seconds, the bound, their ratio; the two engines' clusters and models must
+agree (checked: same clusters, models within 1e-4).
+
+    .venv/bin/python benchmarks/paper_round.py --data-dir ../shared/data
+    .venv/bin/python benchmarks/paper_round.py --rounds 3 --profile lowrank   # cProfile's top lines
+
+Writes benchmarks/paper_round.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import platform
+import pstats
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "paper_round.json"
+CONFIG = ROOT / "src" / "stocfl" / "configs" / "rotated_mnist_4800x50.toml"
+
+
+def matmul_peak(n: int = 2048, reps: int = 10) -> float:
+    """float32 FLOP/s of an n x n matrix product on this machine, now."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    t = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2.0 * n**3 * reps / (time.perf_counter() - t)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data-dir", default="")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--engines", default="lowrank,batched")
+    ap.add_argument("--profile", default="", help="an engine whose rounds run under cProfile (its top lines printed)")
+    args = ap.parse_args()
+
+    import torch
+
+    from stocfl.client.flops import FlopCount
+    from stocfl.client.tasks import Train
+    from stocfl.executors import set_threads
+    from stocfl.executors.lowrank import flops, structure
+    from stocfl.experiment import configure
+    from stocfl.experiment.build import build_federation
+    from stocfl.experiment.loop import Experiment
+
+    set_threads(args.threads)
+    sets = ["algorithm.name=stocfl", f"run.threads={args.threads}", "run.eval_every=1000"]
+    sets += [f"scenario.data_dir={args.data_dir}"] if args.data_dir else []
+    base = configure.load(str(CONFIG), overrides=sets)
+    t = time.perf_counter()
+    fed = build_federation(base)
+    print(f"federation built in {time.perf_counter() - t:.1f} s", flush=True)
+    peaks = [matmul_peak()]
+    out: dict = {"engines": {}}
+    finals = {}
+    for engine in args.engines.split(","):
+        cfg = configure.load(str(CONFIG), overrides=[*sets, f"run.engine={engine}"])
+        exp = Experiment.create(cfg, None, federation=fed)
+        s = structure(exp.model)
+        assert s is not None, "the MLP's first layer is dense"
+        counter = FlopCount(fed, exp.model)
+        ran: list = []
+        ask = exp.ask
+
+        def recording(tasks, _ask=ask, _ran=ran):
+            _ran.extend(tasks)
+            return _ask(tasks)
+
+        local = exp.algorithm.ctx.local
+        rows = []
+        prof = cProfile.Profile() if engine == args.profile else None
+        for r in range(1, args.rounds + 1):
+            sampled = exp.sample(r)
+            ran.clear()
+            if prof:
+                prof.enable()
+            t = time.perf_counter()
+            exp.algorithm.round(r, sampled, recording)
+            seconds = time.perf_counter() - t
+            if prof:
+                prof.disable()
+            train = [x for x in ran if type(x) is Train]
+            other = sum(counter(x) for x in ran if type(x) is not Train)
+            path = 1 if engine == "lowrank" else 0
+            train_flops = 0.0
+            for x in train:
+                distinct = x.prox_center is not None and x.prox_center is not x.weights
+                n = int(fed.train_sizes[x.client])
+                train_flops += flops(s, n, local.epochs, local.batch_size, distinct)[path]
+            bound = (train_flops + other) / peaks[0]
+            rows.append(
+                {
+                    "round": r,
+                    "seconds": round(seconds, 3),
+                    "trainings": len(train),
+                    "other_tasks": len(ran) - len(train),
+                    "gflop": round((train_flops + other) / 1e9, 1),
+                    "bound_s": round(bound, 3),
+                    "over_bound": round(seconds / bound, 2),
+                }
+            )
+            print(engine, json.dumps(rows[-1]), flush=True)
+        if prof:
+            pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        models = exp.algorithm.cluster_models()
+        finals[engine] = (exp.algorithm.assignments(), {k: m.clone() for k, m in models.items()})
+        out["engines"][engine] = rows
+        peaks.append(matmul_peak())
+    if len(finals) == 2:
+        (la, ma), (lb, mb) = finals.values()
+        same = la is None and lb is None or (la is not None and lb is not None and bool((la == lb).all()))
+        close = ma.keys() == mb.keys() and all(torch.allclose(ma[k], mb[k], rtol=1e-4, atol=1e-4) for k in ma)
+        out["engines_agree"] = {"clusters": same, "models_1e-4": close}
+        print("engines agree:", out["engines_agree"])
+    out |= {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {args.threads} threads",
+        "matmul_peak_gflops": [round(p / 1e9, 1) for p in peaks],
+    }
+    OUT.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

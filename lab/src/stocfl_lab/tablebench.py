@@ -1,0 +1,159 @@
+"""``stocfl-lab bench --tables``: each committed reproduction table's declared setting (its first
+row, the config and overrides it runs), a few rounds, against the arithmetic bound.
+
+Per table: the seconds of each of its first rounds (what the run's rows record: the algorithm's
+round, the clients' work and the server's; no evaluation, so that the rounds' cost is compared
+with their own arithmetic), the client FLOPs the rounds asked as the run counts them (each task's
+reference computation under FlopCounterMode), the bound those FLOPs take at the float32 matmul
+peak measured just before, and seconds / bound. Where the run takes the low-rank path, the
+bound of the arithmetic that path itself does is given too (its trainings by
+:func:`stocfl.executors.lowrank.flops`, its other tasks as counted): the first says how far the
+engine is from the dense work, the second how far the low-rank path is from its own.
+
+Resumable: the JSON is written as each table ends, and a table already in it (same rounds, same
+config digest) is kept unless --again; each table's peak is measured in its own turn, so a
+ratio never mixes two moments of a shared machine.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stocfl.errors import UserError
+
+DEFAULT_OUT = Path(__file__).resolve().parents[3] / "benchmarks" / "tables.json"
+
+
+def _peak() -> float:
+    from stocfl_lab.bench import matmul_peak
+
+    return matmul_peak(2048) * 1e9
+
+
+def path_flops(tasks: list, fed, model, counter, lowrank: bool) -> float:
+    """The FLOPs of ``tasks`` as the engine computes them: counted by ``counter`` (the dense
+    reference), or with ``lowrank`` each plain-SGD training as the low-rank path computes it."""
+    from stocfl.client import Train
+    from stocfl.executors import lowrank_flops as flops
+    from stocfl.executors import structure
+
+    s = structure(model) if lowrank else None
+    total = 0.0
+    for t in tasks:
+        if s is not None and type(t) is Train and t.local.optimizer.plain:
+            distinct = t.prox_center is not None and t.prox_weight != 0 and t.prox_center is not t.weights
+            n = int(fed.train_sizes[t.client])
+            total += flops(s, n, t.local.epochs, t.local.batch_size, distinct)[1]
+        else:
+            total += counter(t)
+    return total
+
+
+def bench_table(name: str, rounds: int, data_dir: str | None) -> dict[str, Any]:
+    import stocfl
+    from stocfl.client import FlopCount
+    from stocfl.experiment import Experiment, config_digest
+    from stocfl_lab.reproduce import load_table
+
+    table = load_table(name)
+    row = table.rows[0]
+    sets = [*row.overrides, "run.seed=0"]
+    declared = stocfl.load_config(table.config, sets, data_dir)
+    # no evaluation in the rounds timed (it comes every eval_every rounds, and at the end, which
+    # these rounds do not reach)
+    cfg = stocfl.load_config(table.config, [*sets, f"run.eval_every={declared.run.rounds}"], data_dir)
+    exp = Experiment.create(cfg, None)
+    lowrank = exp.engine == "lowrank"
+    counter = FlopCount(exp.fed, exp.model)
+    asked: list[list] = []
+    ask = exp.ask
+
+    def recording(tasks, _ask=ask):
+        asked[-1].extend(tasks)
+        return _ask(tasks)
+
+    exp.ask = recording
+    peak = _peak()
+    per_round = []
+    for r in range(1, rounds + 1):
+        asked.append([])
+        exp.run(progress=False, stop_after=r)
+        got = exp.rows[-1]
+        dense = float(got.get("flops") or 0.0)
+        entry = {"round": r, "seconds": round(got["seconds"], 3), "gflop": round(dense / 1e9, 2)}
+        entry["over_bound"] = round(got["seconds"] / (dense / peak), 2) if dense else None
+        if lowrank:
+            own = path_flops(asked[-1], exp.fed, exp.model, counter, True)
+            entry["lowrank_gflop"] = round(own / 1e9, 2)
+            entry["over_lowrank_bound"] = round(got["seconds"] / (own / peak), 2) if own else None
+        per_round.append(entry)
+    seconds = sum(e["seconds"] for e in per_round)
+    dense_total = sum(e["gflop"] for e in per_round) * 1e9
+    out = {
+        "table": name,
+        "row": row.name,
+        "config_sha256": config_digest(cfg),
+        "engine": exp.engine,
+        "model": cfg.model.name,
+        "clients": exp.fed.n_clients,
+        "rounds": rounds,
+        "matmul_peak_gflops": round(peak / 1e9, 1),
+        "seconds_per_round": round(seconds / rounds, 3),
+        "bound_s_per_round": round(dense_total / peak / rounds, 3),
+        "over_bound": round(seconds / (dense_total / peak), 2) if dense_total else None,
+        "per_round": per_round,
+    }
+    if lowrank:
+        own_total = sum(e["lowrank_gflop"] for e in per_round) * 1e9
+        out["lowrank_bound_s_per_round"] = round(own_total / peak / rounds, 3)
+        out["over_lowrank_bound"] = round(seconds / (own_total / peak), 2) if own_total else None
+    return out
+
+
+def main(args) -> int:
+    import sys
+
+    from stocfl.executors import set_threads
+    from stocfl.storage import write_atomic
+    from stocfl_lab.reproduce import tables
+
+    rounds = 2 if getattr(args, "rounds", None) is None else args.rounds
+    if rounds < 1:
+        raise UserError(f"stocfl-lab bench --tables: --rounds must be >= 1, got {rounds}")
+    names = sorted(n for n in tables() if n != "coverage")
+    only = getattr(args, "table", None)
+    if only:
+        unknown = [t for t in only if t not in names]
+        if unknown:
+            raise UserError(f"stocfl-lab bench --tables: no table {unknown[0]!r}; choose among {', '.join(names)}")
+        names = [n for n in names if n in only]
+    out = Path(args.out) if getattr(args, "out", None) else DEFAULT_OUT
+    threads = set_threads(0)
+    result: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {}
+    result.setdefault("tables", {})
+    result |= {"machine": f"{platform.machine()}, {threads} torch threads", "torch": torch.__version__}
+    for name in names:
+        kept = result["tables"].get(name)
+        if kept and kept.get("rounds") == rounds and not getattr(args, "again", False):
+            print(f"{name}: kept ({kept['date']})", file=sys.stderr, flush=True)
+            continue
+        entry = bench_table(name, rounds, getattr(args, "data_dir", None))
+        entry["date"] = time.strftime("%Y-%m-%d")
+        result["tables"][name] = entry
+        print(
+            f"{name}: {entry['seconds_per_round']:.2f} s a round, bound {entry['bound_s_per_round']:.3f} s, "
+            f"x{entry['over_bound']}"
+            + (f"; low-rank bound x{entry['over_lowrank_bound']}" if "over_lowrank_bound" in entry else ""),
+            file=sys.stderr,
+            flush=True,
+        )
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(out, (json.dumps(result, indent=1, sort_keys=True) + "\n").encode())
+    print(json.dumps(result, indent=1, sort_keys=True))
+    return 0
