@@ -32,6 +32,7 @@ import contextlib
 import contextvars
 import errno
 import json
+import mmap
 import os
 import shutil
 import struct
@@ -222,16 +223,21 @@ class ClientStore:
         self.journal.parent.mkdir(parents=True, exist_ok=True)
         head = json.dumps({"version": self.version + 1, "ids": ids}).encode()
         fd = open_nofollow(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        end = os.fstat(fd).st_size
         try:
-            with open(fd, "ab") as f:
+            with open(fd, "ab", closefd=False) as f:
                 f.write(JOURNAL_MAGIC + struct.pack("<Q", len(head)) + head)
                 for i in ids:
                     f.write(memoryview(np.ascontiguousarray(rows[i].numpy(), dtype=np.float32)).cast("B"))
-        except OSError as err:  # the rows in memory are still the checkpoint's: resume goes on from it
+        except OSError as err:  # the rows in memory are still those before: resume goes on from them
+            with contextlib.suppress(OSError):  # no record cut short for a later append to follow
+                os.ftruncate(fd, end)
             raise UserError(
                 f"{self.journal}: cannot append {_size(len(ids) * self.p * 4)} of client models "
                 f"({err.strerror or err}); free disk space, then resume the run"
             ) from None
+        finally:
+            os.close(fd)
 
     def _replay(self, version: int) -> None:
         """The rows as of ``version``, from the snapshot and the journal; a later record (a
@@ -249,13 +255,33 @@ class ClientStore:
                     f"(written by another run?); the run cannot resume"
                 )
             self.rows[meta["ids"]] = old["rows"].numpy()
+        self.at_snapshot = at
         if not (self.journal.exists() or self.journal.is_symlink()):
             if at != version:
                 raise UserError(f"{self.journal} is missing; the checkpoint needs its records, the run cannot resume")
             return
         fd = open_nofollow(self.journal, os.O_RDONLY)
-        with open(fd, "rb") as f:
-            data = f.read()
+        try:  # mapped, not read: the journal may hold twice the store
+            size = os.fstat(fd).st_size
+            data = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else b""
+        finally:
+            os.close(fd)
+        try:
+            pos = self._apply(data, version)
+        finally:
+            if isinstance(data, mmap.mmap):
+                data.close()
+        if pos < size and not self.read_only:  # later records: rounds this checkpoint never saw
+            fd = open_nofollow(self.journal, os.O_WRONLY)
+            try:
+                os.ftruncate(fd, pos)
+            finally:
+                os.close(fd)
+
+    def _apply(self, data, version: int) -> int:
+        """Apply the journal's records after the snapshot's version up to ``version``; where the
+        applied ones end."""
+        at = self.at_snapshot
         pos, row_bytes = 0, self.p * 4
         while at < version:
             record = _record(data, pos, row_bytes, self.n)
@@ -272,12 +298,7 @@ class ClientStore:
                     self.rows[ids] = np.frombuffer(data, np.float32, len(ids) * self.p, start).reshape(len(ids), -1)
                 at = v
             pos = end
-        if pos < len(data) and not self.read_only:  # later records: rounds this checkpoint never saw
-            fd = open_nofollow(self.journal, os.O_WRONLY)
-            try:
-                os.ftruncate(fd, pos)
-            finally:
-                os.close(fd)
+        return pos
 
     def state(self) -> tuple[dict[str, torch.Tensor], dict]:
         """The checkpoint's part: the version and which rows are set; the rows themselves only
