@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-fast test-slow lint types docs check bench bench-peers clean
+.PHONY: setup run test test-fast test-slow lint types docs check bench bench-peers bench-tables clean
 
 $(STAMP): pyproject.toml lab/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -47,6 +47,9 @@ test-slow: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/stocfl-lab bench --out benchmarks/results.json
+
+bench-tables: $(STAMP)
+	$(BIN)/stocfl-lab bench --tables --again
 
 bench-peers: $(STAMP)
 	$(BIN)/pip install --disable-pip-version-check -q -e '.[bench]' -e './lab[peers]'
