@@ -32,18 +32,6 @@ OUT = ROOT / "benchmarks" / "paper_round.json"
 CONFIG = ROOT / "src" / "stocfl" / "configs" / "rotated_mnist_4800x50.toml"
 
 
-def matmul_peak(n: int = 2048, reps: int = 10) -> float:
-    """float32 FLOP/s of an n x n matrix product on this machine, now."""
-    import torch
-
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    t = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    return 2.0 * n**3 * reps / (time.perf_counter() - t)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-dir", default="")
@@ -55,13 +43,13 @@ def main() -> int:
 
     import torch
 
-    from stocfl.client.flops import FlopCount
-    from stocfl.client.tasks import Train
-    from stocfl.executors import set_threads
-    from stocfl.executors.lowrank import flops, structure
+    from stocfl.client import FlopCount, Train
+    from stocfl.executors import set_threads, structure
     from stocfl.experiment import configure
     from stocfl.experiment.build import build_federation
     from stocfl.experiment.loop import Experiment
+    from stocfl_lab.bench import matmul_peak
+    from stocfl_lab.tablebench import path_flops
 
     set_threads(args.threads)
     sets = ["algorithm.name=stocfl", f"run.threads={args.threads}", "run.eval_every=1000"]
@@ -70,14 +58,13 @@ def main() -> int:
     t = time.perf_counter()
     fed = build_federation(base)
     print(f"federation built in {time.perf_counter() - t:.1f} s", flush=True)
-    peaks = [matmul_peak()]
+    peaks = [matmul_peak(2048) * 1e9]
     out: dict = {"engines": {}}
     finals = {}
     for engine in args.engines.split(","):
         cfg = configure.load(str(CONFIG), overrides=[*sets, f"run.engine={engine}"])
         exp = Experiment.create(cfg, None, federation=fed)
-        s = structure(exp.model)
-        assert s is not None, "the MLP's first layer is dense"
+        assert structure(exp.model) is not None, "the MLP's first layer is dense"
         counter = FlopCount(fed, exp.model)
         ran: list = []
         ask = exp.ask
@@ -86,7 +73,6 @@ def main() -> int:
             _ran.extend(tasks)
             return _ask(tasks)
 
-        local = exp.algorithm.ctx.local
         rows = []
         prof = cProfile.Profile() if engine == args.profile else None
         for r in range(1, args.rounds + 1):
@@ -99,22 +85,16 @@ def main() -> int:
             seconds = time.perf_counter() - t
             if prof:
                 prof.disable()
-            train = [x for x in ran if type(x) is Train]
-            other = sum(counter(x) for x in ran if type(x) is not Train)
-            path = 1 if engine == "lowrank" else 0
-            train_flops = 0.0
-            for x in train:
-                distinct = x.prox_center is not None and x.prox_center is not x.weights
-                n = int(fed.train_sizes[x.client])
-                train_flops += flops(s, n, local.epochs, local.batch_size, distinct)[path]
-            bound = (train_flops + other) / peaks[0]
+            trainings = sum(type(x) is Train for x in ran)
+            work = path_flops(ran, fed, exp.model, counter, engine == "lowrank")
+            bound = work / peaks[0]
             rows.append(
                 {
                     "round": r,
                     "seconds": round(seconds, 3),
-                    "trainings": len(train),
-                    "other_tasks": len(ran) - len(train),
-                    "gflop": round((train_flops + other) / 1e9, 1),
+                    "trainings": trainings,
+                    "other_tasks": len(ran) - trainings,
+                    "gflop": round(work / 1e9, 1),
                     "bound_s": round(bound, 3),
                     "over_bound": round(seconds / bound, 2),
                 }
@@ -125,7 +105,7 @@ def main() -> int:
         models = exp.algorithm.cluster_models()
         finals[engine] = (exp.algorithm.assignments(), {k: m.clone() for k, m in models.items()})
         out["engines"][engine] = rows
-        peaks.append(matmul_peak())
+        peaks.append(matmul_peak(2048) * 1e9)
     if len(finals) == 2:
         (la, ma), (lb, mb) = finals.values()
         same = la is None and lb is None or (la is not None and lb is not None and bool((la == lb).all()))

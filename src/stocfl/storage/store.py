@@ -255,7 +255,6 @@ class ClientStore:
                     f"(written by another run?); the run cannot resume"
                 )
             self.rows[meta["ids"]] = old["rows"].numpy()
-        self.at_snapshot = at
         if not (self.journal.exists() or self.journal.is_symlink()):
             if at != version:
                 raise UserError(f"{self.journal} is missing; the checkpoint needs its records, the run cannot resume")
@@ -267,7 +266,7 @@ class ClientStore:
         finally:
             os.close(fd)
         try:
-            pos = self._apply(data, version)
+            pos = self._apply(data, at, version)
         finally:
             if isinstance(data, mmap.mmap):
                 data.close()
@@ -278,10 +277,9 @@ class ClientStore:
             finally:
                 os.close(fd)
 
-    def _apply(self, data, version: int) -> int:
-        """Apply the journal's records after the snapshot's version up to ``version``; where the
-        applied ones end."""
-        at = self.at_snapshot
+    def _apply(self, data, at: int, version: int) -> int:
+        """Apply the journal's records after version ``at`` (the snapshot's) up to ``version``;
+        where the applied ones end."""
         pos, row_bytes = 0, self.p * 4
         while at < version:
             record = _record(data, pos, row_bytes, self.n)
