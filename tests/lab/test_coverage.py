@@ -62,3 +62,33 @@ def test_a_name_that_is_no_row_is_one_line(tmp_path, capsys):
     (d / "coverage.toml").write_text(text.replace('status = "not attempted"', 'status = "maybe"', 1))
     assert lab(["reproduce", "--coverage", "--tables", str(d)]) == 2
     assert "has status 'maybe'" in capsys.readouterr().err
+
+
+def test_a_diagnostic_row_named_among_the_headline_rows_is_refused_and_an_unlabelled_one_must_be_named(tmp_path):
+    d = _copy(tmp_path)
+    text = (d / "coverage.toml").read_text()
+    (d / "coverage.toml").write_text(
+        text.replace(
+            'rows = ["FedAvg", "IFCA", "CFL", "StoCFL"]',
+            'rows = ["FedAvg", "IFCA", "CFL", "StoCFL", "StoCFL, w in a chain (the authors\' code)"]',
+            1,
+        )
+    )
+    with pytest.raises(
+        UserError,
+        match=r"names stocfl-cfl-setting's diagnostic row \"StoCFL, w in a chain \(the "
+        r"authors' code\)\" among its headline rows",
+    ):
+        check(d)
+    # a row that lost its diagnostic label runs the table's protocol: it must be named as a headline row
+    (d / "coverage.toml").write_text(text)
+    table = (d / "stocfl-fig3-clustering.toml").read_text()
+    label = 'name = "Rotated, paper\'s Psi"\ndiagnostic = '
+    assert label in table
+    (d / "stocfl-fig3-clustering.toml").write_text(table.replace(label, 'name = "Rotated, paper\'s Psi"\nnote = '))
+    with pytest.raises(
+        UserError,
+        match=r"row \"Rotated, paper's Psi\" of stocfl-fig3-clustering compares with the "
+        r"paper but no result",
+    ):
+        check(d)

@@ -12,6 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -516,7 +517,7 @@ def test_a_sweep_table_compares_the_measure_it_names(tmp_path):
     summary = json.loads((root / "runs" / "sweep" / "low-seed0" / "summary.json").read_text())
     assert glob["ours"]["mean"] == round(100 * summary["global_accuracy"], 2)
     assert glob["authors_metric"] == {} and low["authors_metric"] == {}  # the authors' metric is of accuracy
-    assert "| low | n_clusters | 1.00 +- 0.00 | 1.00 +- 0.00 (n=1) | +0.00 |" in (root / "sweep.md").read_text()
+    assert "| low | n_clusters | 1.00 +- 0.00 | 1.00 (n=1) | +0.00 |" in (root / "sweep.md").read_text()
     assert (root / "sweep.png").stat().st_size > 10_000
 
 
@@ -795,7 +796,7 @@ def test_a_reproduction_stopped_mid_table_keeps_the_later_rows_recorded_in_its_f
     assert listing(root).endswith("; 1 of 2 rows done, 1 running)")
     assert on_disk["rows"][1]["runs"] == doc["rows"][1]["runs"]
     assert (
-        f"| StoCFL | accuracy | 60.00 +- 2.00 | {doc['rows'][1]['ours']['mean']:.2f} +- "
+        f"| StoCFL | accuracy | 60.00 +- 2.00 | {doc['rows'][1]['ours']['mean']:.2f} (n=1) | "
         in (root / "tiny.md").read_text()
     )
     again = reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)
@@ -956,3 +957,26 @@ def test_plain_fedavg_reference_trains_one_domain(data_dir):
         few = _plain("fashion_mnist", "--data-dir", str(data_dir))
         assert few.returncode == 2 and len(few.stderr.strip().splitlines()) == 1
         assert "need 60,000" in few.stderr and "Traceback" not in few.stderr
+
+
+def test_diagnostic_rows_are_shown_in_their_own_blocks_and_ours_carries_its_95_percent_interval(tmp_path):
+    from scipy import stats
+
+    root = tiny_root(tmp_path)
+    (root / "tiny.toml").write_text(
+        TABLE.replace("paper = [50.0, 1.0]", "paper = [50.0, 1.0]\nseeds = [0, 1, 2]")
+        + '\n[[run]]\nname = "FedAvg, lr 0.2"\nset = ["algorithm.name=fedavg", "train.lr=0.2"]\n'
+        'diagnostic = "a larger step"\npaper = [50.0, 1.0]\n'
+    )
+    doc = reproduce("tiny", root=root, progress=False, log=lambda m: None)
+    fedavg, stocfl_row, diag = doc["rows"]
+    assert "diagnostic" not in fedavg and diag["diagnostic"] == "a larger step"
+    values = [100 * r["accuracy"] for r in fedavg["runs"]]
+    half = stats.t.ppf(0.975, 2) * np.std(values, ddof=1) / np.sqrt(3)
+    assert fedavg["ours"]["n"] == 3 and fedavg["ours"]["ci95"] == pytest.approx(half, abs=0.006)
+    assert stocfl_row["ours"]["ci95"] is None  # one seed: no interval
+    md = (root / "tiny.md").read_text()
+    head, _, block = md.partition("Diagnostic rows, a larger step")
+    assert "| FedAvg | accuracy |" in head and "| StoCFL |" in head and "FedAvg, lr 0.2" not in head
+    assert "| FedAvg, lr 0.2 | accuracy |" in block.split("Notes:")[0]
+    assert f"| {fedavg['ours']['mean']:.2f} ± {fedavg['ours']['ci95']:.2f} (n=3) |" in head

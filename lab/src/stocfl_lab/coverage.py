@@ -52,22 +52,35 @@ def _table_rows(root: Path, name: str) -> dict[str, dict[str, Any]]:
 
 @functools.lru_cache(maxsize=64)
 def _read_rows(root: Path, name: str, stamps: tuple[int, int]) -> dict[str, dict[str, Any]]:
-    declared = tomllib.loads((root / f"{name}.toml").read_text(encoding="utf-8"))["run"]
+    raw = tomllib.loads((root / f"{name}.toml").read_text(encoding="utf-8"))
     record = root / f"{name}.json"
     recorded = {}
     if record.exists():
         recorded = {r["name"]: r for r in json.loads(record.read_text(encoding="utf-8")).get("rows", [])}
-    return {r["name"]: {"name": r["name"], "paper": r.get("paper"), **recorded.get(r["name"], {})} for r in declared}
+    return {
+        r["name"]: {
+            **recorded.get(r["name"], {}),
+            "name": r["name"],
+            "paper": r.get("paper"),
+            "diagnostic": str(r.get("diagnostic", raw.get("diagnostic", ""))),
+        }
+        for r in raw["run"]
+    }
 
 
 def _named(result: dict[str, Any], root: Path | None = None) -> list[tuple[str, str]]:
-    """(table, row) of every row a result names, headline and diagnostic (every row of its
-    ``diagnostic_tables``, given ``root``)."""
+    """(table, row) of every row a result names, headline and diagnostic (given ``root``: every
+    diagnostic row of its table where it says ``all_diagnostics``, and every row of its
+    ``diagnostic_tables``)."""
     out = [(result["table"], r) for r in result.get("rows", [])]
     for d in result.get("diagnostics", []):
         table, _, row = d.partition(": ")
         out.append((table, row))
-    for table in result.get("diagnostic_tables", []) if root is not None else []:
+    if root is None:
+        return out
+    if result.get("all_diagnostics"):
+        out += [(result["table"], n) for n, r in _table_rows(root, result["table"]).items() if r["diagnostic"]]
+    for table in result.get("diagnostic_tables", []):
         if not (root / f"{table}.toml").exists():
             raise UserError(f"coverage: result {result['where']!r} names table {table!r}, which reproductions/ lacks")
         out += [(table, row) for row in _table_rows(root, table)]
@@ -80,22 +93,26 @@ def check(root: Path) -> dict[str, Any]:
     cov = load(root)
     named: set[tuple[str, str]] = set()
     for r in cov["result"]:
+        headline = {(r.get("table"), n) for n in r.get("rows", [])}
         for table, row in _named(r, root):
             if not (root / f"{table}.toml").exists():
                 raise UserError(f"coverage: result {r['where']!r} names table {table!r}, which reproductions/ lacks")
-            if row not in _table_rows(root, table):
+            rows = _table_rows(root, table)
+            if row not in rows:
                 raise UserError(f"coverage: result {r['where']!r} names row {row!r}, which table {table} lacks")
+            # the headline column is the paper's protocol alone; a diagnostic is never mixed into it
+            if (table, row) in headline and rows[row]["diagnostic"]:
+                raise UserError(
+                    f"coverage: result {r['where']!r} names {table}'s diagnostic row {row!r} among its headline "
+                    f"rows; name it under diagnostics, or drop its diagnostic label if it runs the table's protocol"
+                )
             named.add((table, row))
     for paper in cov["paper"]:
         if paper.get("pending"):
             continue
-        results = [r for r in cov["result"] if r["paper"] == paper["key"]]
-        prefixes = {r["table"]: r.get("diagnostic_prefixes", []) for r in results if "table" in r}
         for toml in sorted(root.glob(f"{paper['tables']}*.toml")):
             for row in _table_rows(root, toml.stem).values():
                 if row["paper"] is None or (toml.stem, row["name"]) in named:
-                    continue
-                if any(p in row["name"] for p in prefixes.get(toml.stem, [])):
                     continue
                 raise UserError(
                     f"coverage: row {row['name']!r} of {toml.stem} compares with the paper but no result in "
@@ -116,7 +133,13 @@ def _ours(row: dict[str, Any]) -> tuple[str, str]:
     ours = row.get("ours")
     if not ours or ours.get("n", 0) == 0:
         return row.get("status", "not run"), "-"
-    spread = f" ± {ours['std']:.2f} ({ours['n']} seeds)" if ours["n"] > 1 else " (1 seed)"
+    half = ours.get("ci95")
+    if ours["n"] == 1:
+        spread = " (1 seed)"
+    elif half is None:  # a record written before intervals were kept
+        spread = f" ({ours['n']} seeds, no interval recorded)"
+    else:
+        spread = f" ± {half:.2f} ({ours['n']} seeds)"
     diff = row.get("difference")
     return f"{ours['mean']:.2f}{spread}", "-" if diff is None else f"{diff:+.2f}"
 
@@ -132,7 +155,10 @@ def page(root: Path) -> str:
         "Every quantitative result of the papers, by group (a table's column, a figure): reproduced (the "
         "paper's setting), reduced (a changed setting, and why) or not attempted (why), with our figure beside "
         "the paper's for every row and what explains the difference where a run does. A test checks that "
-        "every row of a covered paper's tables that compares with the paper is named here.",
+        "every row of a covered paper's tables that compares with the paper is named here. Headline rows run "
+        "the table's one protocol (the training the paper states); a diagnostic row varies one setting to test "
+        "an explanation and says which. Ours is the mean ± the half-width of its 95% confidence interval over "
+        "seeds (Student's t).",
         "",
     ]
     for paper in cov["paper"]:
@@ -169,10 +195,10 @@ def page(root: Path) -> str:
             diag = [(t, n) for t, n in _named(r, root) if n not in r.get("rows", []) or t != r["table"]]
             if diag:
                 lines += ["", "Diagnostic rows (another setting than the paper's, to test an explanation):", ""]
-                lines += ["| table: row | paper | ours | difference |", "|---|---|---|---|"]
+                lines += ["| table: row | what it varies | paper | ours | difference |", "|---|---|---|---|---|"]
                 for t, n in diag:
                     row = _table_rows(root, t)[n]
                     ours, diff = _ours(row)
-                    lines.append(f"| {t}: {n} | {_paper(row)} | {ours} | {diff} |")
+                    lines.append(f"| {t}: {n} | {row['diagnostic'] or '-'} | {_paper(row)} | {ours} | {diff} |")
             lines.append("")
     return "\n".join(lines) + "\n"

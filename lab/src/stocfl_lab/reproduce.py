@@ -45,6 +45,8 @@ from stocfl.errors import UserError, first_repeated
 from stocfl.experiment import LoadedRun, finished_summary, integer_rounds, run_or_reuse
 from stocfl.storage import exclusive, holder, read_jsonl, save_figure, write_atomic
 
+from .benchmark import mean_ci
+
 ROOT = Path("reproductions")  # the tables of the working directory (stocfl-lab reproduce --tables DIR: others)
 MAX_DISTINCT_MODELS = 64  # the authors' metric evaluates each distinct model on a whole pool
 LEGEND_LINES = 24  # a figure legend's entries a column; more curves than this split a panel by row group
@@ -74,6 +76,10 @@ class Row:
     at_round: int | None = None  # read the measure at this round, not the last (FL+HC: "post cluster")
     authors: str = "group"  # the authors' metric: each client's model on its group's pool, or "pooled"
     seeds: tuple[int, ...] | None = None  # this row's seeds where they are not the table's
+    # what this row changes from the paper's stated training ("w in a chain (the authors' code)"):
+    # a diagnostic row tests an explanation and is shown in its own block, never in the headline
+    # column; "" for the headline rows, which all run the one protocol the table declares
+    diagnostic: str = ""
 
     @property
     def measure(self) -> str:
@@ -128,6 +134,7 @@ def load_table(name: str, root: Path = ROOT) -> Table:
                 int(r["round"]) if r.get("round") is not None else None,
                 str(r.get("authors", "group")),
                 tuple(int(s) for s in r["seeds"]) if r.get("seeds") is not None else None,
+                str(r.get("diagnostic", raw.get("diagnostic", ""))),
             )
             for r in raw["run"]
         )
@@ -227,15 +234,17 @@ def authors_metric(run: LoadedRun, kind: str = "group") -> float | None:
 
 
 def _stats(values: list[float], scale: float = 100.0) -> dict[str, Any]:
-    return (
-        {
-            "mean": round(scale * float(np.mean(values)), 2),
-            "std": round(scale * float(np.std(values)), 2),
-            "n": len(values),
-        }
-        if values
-        else {}
-    )
+    """Mean, std (ddof = 0) and the half-width of the mean's 95% interval over seeds (Student's t;
+    None for one seed), in the measure's unit."""
+    if not values:
+        return {}
+    _, half = mean_ci([scale * float(v) for v in values])
+    return {
+        "mean": round(scale * float(np.mean(values)), 2),
+        "std": round(scale * float(np.std(values)), 2),
+        "ci95": None if half is None else round(half, 2),
+        "n": len(values),
+    }
 
 
 def _seeds_text(table: Table) -> str:
@@ -246,7 +255,13 @@ def _seeds_text(table: Table) -> str:
 
 
 def _cell(stats: dict[str, Any]) -> str:
-    return f"{stats['mean']:.2f} +- {stats['std']:.2f} (n={stats['n']})" if stats else "-"
+    """Ours: the mean and its 95% interval's half-width over the n seeds (a record written before
+    the interval was kept gives it from its seeds on the next write)."""
+    if not stats:
+        return "-"
+    if stats["n"] < 2 or stats.get("ci95") is None:
+        return f"{stats['mean']:.2f} (n={stats['n']})"
+    return f"{stats['mean']:.2f} ± {stats['ci95']:.2f} (n={stats['n']})"
 
 
 def write_table(
@@ -278,6 +293,7 @@ def write_table(
         )
         entry = {
             "name": row.name,
+            **({"diagnostic": row.diagnostic} if row.diagnostic else {}),
             "metric": row.measure,
             "paper": {"mean": row.paper[0], "std": row.paper[1]} if row.paper else None,
             "ours": ours,
@@ -332,11 +348,40 @@ def write_table(
         "",
         f"Command: `{command}` (config `{doc['config']}`{seeds_line}), {doc['machine']}, {doc['date']}.",
         "",
+    ]
+    headline = [e for e in rows if not e.get("diagnostic")]
+    blocks: dict[str, list[dict[str, Any]]] = {}
+    for e in rows:
+        if e.get("diagnostic"):
+            blocks.setdefault(e["diagnostic"], []).append(e)
+    if headline:
+        lines += _md_rows(headline)
+    for label, block in blocks.items():
+        lines += ["", f"Diagnostic rows, {label} (a setting the paper does not state, to test an explanation):", ""]
+        lines += _md_rows(block)
+    lines += [
+        "",
+        "Accuracies in percent. The paper's figure is its mean +- its std; ours is the mean ± the half-width of "
+        "its 95% confidence interval over the n seeds finished (Student's t; one seed has none); the JSON "
+        "record keeps the std too. Rows above the diagnostic blocks run the table's one protocol, the training "
+        "the paper states.",
+        "",
+        "Notes:",
+        "",
+    ]
+    lines += [f"- {n}" for n in doc["notes"]]
+    write_atomic(out_md, "\n".join(lines) + "\n")
+    return doc
+
+
+def _md_rows(entries: list[dict[str, Any]]) -> list[str]:
+    """A Markdown table of written rows."""
+    lines = [
         "| method | measure | paper | ours | difference | ours: authors' metric | clusters | ARI | "
         "wall time (s) | status |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for e in rows:
+    for e in entries:
         paper = "-"
         if e["paper"]:
             std = e["paper"]["std"]
@@ -349,17 +394,7 @@ def write_table(
             f"{', '.join(f'{a:.3f}' for a in e['ari'] if a is not None) or '-'} | "
             f"{', '.join(f'{s:.0f}' for s in e['seconds']) or '-'} | {e['status'].replace('|', '/')} |"
         )
-    lines += [
-        "",
-        "Accuracies in percent; every figure is the mean +- std over seeds (n = seeds finished; the std "
-        "of the n values, numpy's ddof = 0).",
-        "",
-        "Notes:",
-        "",
-    ]
-    lines += [f"- {n}" for n in doc["notes"]]
-    write_atomic(out_md, "\n".join(lines) + "\n")
-    return doc
+    return lines
 
 
 def _processors(results: dict[str, list[dict[str, Any]]]) -> str:
