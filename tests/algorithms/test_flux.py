@@ -21,7 +21,10 @@ from stocfl.experiment import configure
 from stocfl.experiment.loop import Experiment
 
 
-@pytest.mark.parametrize("name, shape", [("mlp", (1, 28, 28)), ("cnn28", (1, 28, 28)), ("cifar_cnn", (3, 32, 32))])
+@pytest.mark.parametrize(
+    "name, shape",
+    [("mlp", (1, 28, 28)), ("cnn28", (1, 28, 28)), ("cifar_cnn", (3, 32, 32)), ("cifar_lenet", (3, 32, 32))],
+)
 def test_the_latent_is_the_input_of_the_first_fully_connected_layer(name, shape):
     model, w = make_model(name, shape, 10, 32, 0)
     x = torch.rand((5, *shape), generator=torch.Generator().manual_seed(1))

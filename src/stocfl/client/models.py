@@ -58,6 +58,26 @@ def cifar_cnn(in_channels: int, n_classes: int) -> nn.Module:
     )
 
 
+def cifar_lenet(in_channels: int, n_classes: int) -> nn.Module:
+    """The StoCFL authors' CIFAR-10 model (their models/cnn.py CNN_CIFAR10, the PyTorch tutorial's
+    LeNet): two 5x5 convs (6, 16 channels) each with 2x2 pooling, FC 120, 84 and the output
+    layer; PyTorch's default initialisation, as theirs (their Xavier lines are commented out)."""
+    return nn.Sequential(
+        nn.Conv2d(in_channels, 6, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(16 * 5 * 5, 120),
+        nn.ReLU(),
+        nn.Linear(120, 84),
+        nn.ReLU(),
+        nn.Linear(84, n_classes),
+    )
+
+
 def _cnn28(input_shape, n_classes: int, hidden: int) -> nn.Module:
     if tuple(input_shape[1:]) != (28, 28):
         raise ValueError(f"cnn28 needs 28x28 images, got inputs of shape {tuple(input_shape)}")
@@ -70,12 +90,19 @@ def _cifar_cnn(input_shape, n_classes: int, hidden: int) -> nn.Module:
     return cifar_cnn(input_shape[0], n_classes)
 
 
+def _cifar_lenet(input_shape, n_classes: int, hidden: int) -> nn.Module:
+    if tuple(input_shape[1:]) != (32, 32):
+        raise ValueError(f"cifar_lenet needs 32x32 images, got inputs of shape {tuple(input_shape)}")
+    return cifar_lenet(input_shape[0], n_classes)
+
+
 ModelFactory = Callable[[tuple[int, ...], int, int], nn.Module]  # (input shape, classes, model.hidden)
 
 MODELS: dict[str, ModelFactory] = {
     "mlp": lambda shape, k, hidden: mlp(math.prod(shape), hidden, k),
     "cnn28": _cnn28,
     "cifar_cnn": _cifar_cnn,
+    "cifar_lenet": _cifar_lenet,
     "digits_mlp": lambda shape, k, hidden: mlp(math.prod(shape), 32, k),
 }
 BUILTIN_MODELS = frozenset(MODELS)
