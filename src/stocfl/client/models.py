@@ -78,6 +78,44 @@ def cifar_lenet(in_channels: int, n_classes: int) -> nn.Module:
     )
 
 
+class _XavierConv2d(nn.Conv2d):
+    def reset_parameters(self) -> None:
+        super().reset_parameters()  # the bias as PyTorch's default
+        nn.init.xavier_uniform_(self.weight)
+
+
+class _XavierLinear(nn.Linear):
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        nn.init.xavier_uniform_(self.weight)
+
+
+def femnist_cnn(in_channels: int, n_classes: int) -> nn.Module:
+    """The StoCFL authors' FEMNIST model (their models/cnn.py CNN_FEMNIST, the EMNIST CNN of Reddi
+    et al. 2020) for 28x28: 3x3 convs of 32 and 64 channels, 2x2 max pooling, dropout 0.25, FC
+    128, dropout 0.5 and the output layer; Xavier-uniform weights, as the paper states for its
+    FEMNIST model (biases as PyTorch's default)."""
+    return nn.Sequential(
+        _XavierConv2d(in_channels, 32, 3),
+        nn.ReLU(),
+        _XavierConv2d(32, 64, 3),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Dropout(0.25),
+        nn.Flatten(),
+        _XavierLinear(64 * 12 * 12, 128),
+        nn.ReLU(),
+        nn.Dropout(0.5),
+        _XavierLinear(128, n_classes),
+    )
+
+
+def _femnist_cnn(input_shape, n_classes: int, hidden: int) -> nn.Module:
+    if tuple(input_shape[1:]) != (28, 28):
+        raise ValueError(f"femnist_cnn needs 28x28 images, got inputs of shape {tuple(input_shape)}")
+    return femnist_cnn(input_shape[0], n_classes)
+
+
 def _cnn28(input_shape, n_classes: int, hidden: int) -> nn.Module:
     if tuple(input_shape[1:]) != (28, 28):
         raise ValueError(f"cnn28 needs 28x28 images, got inputs of shape {tuple(input_shape)}")
@@ -103,6 +141,7 @@ MODELS: dict[str, ModelFactory] = {
     "cnn28": _cnn28,
     "cifar_cnn": _cifar_cnn,
     "cifar_lenet": _cifar_lenet,
+    "femnist_cnn": _femnist_cnn,
     "digits_mlp": lambda shape, k, hidden: mlp(math.prod(shape), 32, k),
 }
 BUILTIN_MODELS = frozenset(MODELS)
