@@ -140,6 +140,9 @@ def _ours(row: dict[str, Any]) -> tuple[str, str]:
         spread = f" ({ours['n']} seeds, no interval recorded)"
     else:
         spread = f" ± {half:.2f} ({ours['n']} seeds)"
+    status = row.get("status", "done")
+    if status != "done":  # the seeds a row declares and has not run yet are pending: say so
+        spread = f"{spread.split(' (')[0]} ({status})"
     diff = row.get("difference")
     return f"{ours['mean']:.2f}{spread}", "-" if diff is None else f"{diff:+.2f}"
 
