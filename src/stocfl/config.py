@@ -36,6 +36,13 @@ class RunConfig(Section):
     sample_rate: float = Field(0.1, gt=0, le=1, description="fraction of clients sampled per round; m = ceil(rate * N)")
     seed: int = Field(0, ge=0, le=2**32 - 1, description="seeds data split, model init, sampling and local SGD")
     eval_every: int = Field(1, ge=1, le=MAX_COUNT, description="evaluate all clients every k rounds (and at the end)")
+    target_accuracy: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="each evaluation records the share of clients whose own accuracy reaches it (clients_at_target; "
+        "FL+HC's 'clients reaching the target'); 0 = not recorded",
+    )
     engine: str = Field(
         "auto",
         description="executor of client tasks: sequential, parallel (the sequential loop in one worker process "

@@ -1016,3 +1016,41 @@ def test_every_headline_row_a_reviewer_reads_declares_three_seeds(name):
         if "StoCFL" in r.name or "FedAvg" in r.name or r.name == best or (diff is not None and abs(diff) > 2):
             seeds = r.seeds if r.seeds is not None else table.seeds
             assert len(seeds) >= HEADLINE_SEEDS, f"{name}: row {r.name!r} declares seeds {list(seeds)}"
+
+
+def test_a_row_reads_the_share_of_clients_reaching_its_target_at_a_round_and_at_the_end(tmp_path):
+    import csv
+
+    root = tiny_root(tmp_path)
+    (root / "tiny.toml").write_text(
+        TABLE.split("[[run]]")[0]
+        + '[[run]]\nname = "FedAvg, clients at 40%"\nset = ["algorithm.name=fedavg", "run.target_accuracy=0.4"]\n'
+        'metric = "clients_at_target"\npaper = [50.0, 0.0]\n\n'
+        '[[run]]\nname = "FedAvg, clients at 40%, round 1"\n'
+        'set = ["algorithm.name=fedavg", "run.target_accuracy=0.4"]\n'
+        'metric = "clients_at_target"\nround = 1\npaper = [50.0, 0.0]\n'
+    )
+    doc = reproduce("tiny", root=root, progress=False, log=lambda m: None)
+    end, first = doc["rows"]
+    run_dir = root / "runs" / "tiny" / "fedavg-clients-at-40-seed0"
+    with open(run_dir / "clients.csv", newline="") as f:
+        accs = [float(r["accuracy"]) for r in csv.DictReader(f) if int(r["test_samples"]) > 0]
+    assert end["ours"]["mean"] == round(100 * sum(a >= 0.4 for a in accs) / len(accs), 2)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert first["ours"]["mean"] == round(100 * rows[0]["clients_at_target"], 2)
+    # without a target the runs record none: refused in one line before anything runs
+    (root / "tiny.toml").write_text((root / "tiny.toml").read_text().replace(', "run.target_accuracy=0.4"]', "]", 1))
+    with pytest.raises(UserError, match=r"reads clients_at_target, which its runs record only with a target"):
+        reproduce("tiny", root=root, progress=False, log=lambda m: None)
+
+
+def test_clients_at_target_is_the_plain_share_of_clients_with_test_data_at_or_over_it():
+    from types import SimpleNamespace
+
+    from stocfl.experiment.results import clients_at
+
+    ev = {
+        i: SimpleNamespace(accuracy=a, n_samples=n)
+        for i, (a, n) in enumerate([(0.99, 10), (0.98, 10), (1.0, 5), (0.0, 0)])
+    }
+    assert clients_at(ev, 0.99) == 2 / 3 and clients_at(ev, 1.0) == 1 / 3 and clients_at({}, 0.5) is None

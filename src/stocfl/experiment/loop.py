@@ -46,6 +46,7 @@ from stocfl.experiment.build import build_run, sample_size
 from stocfl.experiment.provenance import CHECKPOINT, metrics_chain
 from stocfl.experiment.results import (
     client_spread,
+    clients_at,
     models_used,
     place_heldout,
     summarize,
@@ -295,6 +296,8 @@ class Experiment:
         self.last_eval = dict(zip(clients, res))
         self.last_global = dict(zip(clients, gres))
         out: dict[str, Any] = {"accuracy": _pooled(res), "global_accuracy": _pooled(gres)}
+        if self.cfg.run.target_accuracy > 0:
+            out["clients_at_target"] = clients_at(self.last_eval, self.cfg.run.target_accuracy)
         left = sorted(set(asked) - set(clients))
         if left:  # the figures cover the others only: said in the row and the summary, not in the log alone
             out["eval_left_out"] = left
@@ -409,6 +412,8 @@ class Experiment:
             self.elapsed,
         )
         summary.update(client_spread(self.last_eval))
+        if self.cfg.run.target_accuracy > 0:
+            summary["clients_at_target"] = clients_at(self.last_eval, self.cfg.run.target_accuracy)
         heldout, heldout_left = place_heldout(self.algorithm, fed, self.ask)
         if heldout or heldout_left:
             summary["heldout"] = summarize_placements(heldout, self.algorithm.placement, heldout_left)

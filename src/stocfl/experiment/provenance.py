@@ -39,6 +39,7 @@ EXTENDABLE = ("run.rounds", "run.eval_every", "run.tensorboard", "run.node_wait"
 # that reproduces the behaviour before them.
 ADDED_KEYS = {
     "run.tensorboard": False,
+    "run.target_accuracy": 0.0,
     "algorithm.cluster_start": "global",
     "algorithm.cluster_warmup": 0,
     "algorithm.chain": False,

@@ -160,6 +160,13 @@ def client_spread(last_eval: dict) -> dict[str, float | None]:
     }
 
 
+def clients_at(last_eval: dict, target: float) -> float | None:
+    """The share of the evaluated clients (with test data) whose accuracy with the model each
+    uses reaches ``target``: FL+HC's "percentage of clients reaching the target accuracy"."""
+    accs = [r.accuracy for r in last_eval.values() if r.n_samples]
+    return sum(a >= target for a in accs) / len(accs) if accs else None
+
+
 def models_used(clients: list[int], models: list, algorithm: Algorithm) -> dict[int, str]:
     """Which model each client was evaluated with, as clients.csv names it: ``cluster N``
     (numbered as in clusters.csv), ``global``, ``initial`` (w_0), ``own`` (a personal model) or
