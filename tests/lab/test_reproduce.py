@@ -178,7 +178,7 @@ def test_a_fresh_clone_reuses_the_runs_its_table_records_and_reruns_a_changed_co
     # --rerun runs a recorded row again (here to draw its curves), the same numbers for the same seed
     redone = reproduce("tiny", root=root, progress=False, log=lambda m: None, rows="1", rerun=True)
     assert sorted(p.name for p in (root / "runs" / "tiny").iterdir()) == ["fedavg-seed0"]
-    assert [len(r["runs"][0].get("curves") or {}) for r in redone["rows"]] == [1, 0]
+    assert [len(r["runs"][0].get("curves") or {}) for r in redone["rows"]] == [2, 0]  # accuracy, n_clusters
     assert [(r["ours"], r["clusters"]) for r in redone["rows"]] == [(r["ours"], r["clusters"]) for r in doc["rows"]]
     assert lab_main(["reproduce", "tiny", "--rerun", "--report"]) == 2
     shutil.rmtree(root / "runs")
@@ -294,7 +294,8 @@ def test_a_stopped_runs_progress_is_recorded_and_outlives_its_run_directory(tmp_
     Experiment.create(cfg, run_dir).run(progress=False)  # a run of 1 round evaluates it ...
     (run_dir / "config.toml").write_text((run_dir / "config.toml").read_text().replace("rounds = 1", "rounds = 2"))
     (run_dir / "summary.json").unlink()  # ... and, its config asking 2, stopped there
-    acc = json.loads((run_dir / "metrics.jsonl").read_text())["accuracy"]
+    first = json.loads((run_dir / "metrics.jsonl").read_text())
+    acc = first["accuracy"]
     said = f"stopped at round 1 of 2; accuracy {100 * acc:.2f} at round 1"
     row = reproduce("tiny", root=root, progress=False, log=lambda m: None, report_only=True)["rows"][1]
     assert row["status"] == said and row["ours"] == {}
@@ -308,7 +309,7 @@ def test_a_stopped_runs_progress_is_recorded_and_outlives_its_run_directory(tmp_
             "rounds": 2,
             "measured_at": 1,
             "accuracy": acc,
-            "curves": {"accuracy": [[1], [acc]]},
+            "curves": {"accuracy": [[1], [acc]], "n_clusters": [[1], [float(first["n_clusters"])]]},
         }
     ]
     assert f"| {said} |" in (root / "tiny.md").read_text()
@@ -1054,3 +1055,27 @@ def test_clients_at_target_is_the_plain_share_of_clients_with_test_data_at_or_ov
         for i, (a, n) in enumerate([(0.99, 10), (0.98, 10), (1.0, 5), (0.0, 0)])
     }
     assert clients_at(ev, 0.99) == 2 / 3 and clients_at(ev, 1.0) == 1 / 3 and clients_at({}, 0.5) is None
+
+
+def test_ifca_rows_say_how_many_models_each_seed_kept_and_since_which_round(tmp_path):
+    from stocfl_lab.reproduce import models_in_use
+
+    assert models_in_use({"curves": {"n_clusters": [[1, 2, 3, 4], [4, 3, 2, 2]]}}) == (2, 3)
+    assert models_in_use({"curves": {"n_clusters": [[5, 10], [4, 4]]}}) == (4, 5)
+    assert models_in_use({"curves": {}}) is None
+    root = tiny_root(tmp_path)
+    (root / "tiny.toml").write_text(
+        TABLE.replace(
+            'name = "StoCFL"\nset = ["algorithm.name=stocfl"]',
+            'name = "IFCA M=3"\nset = ["algorithm.name=ifca", "algorithm.n_models=3"]',
+        )
+    )
+    doc = reproduce("tiny", root=root, progress=False, log=lambda m: None)
+    run = doc["rows"][1]["runs"][0]
+    rows = [
+        json.loads(line)
+        for line in (root / "runs" / "tiny" / "ifca-m-3-seed0" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert run["curves"]["n_clusters"] == [[r["round"] for r in rows], [float(r["n_clusters"]) for r in rows]]
+    count, since = models_in_use(run)
+    assert f"- IFCA M=3: seed 0: {count} from round {since}." in (root / "tiny.md").read_text()

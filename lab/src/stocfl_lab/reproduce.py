@@ -361,6 +361,7 @@ def write_table(
     for label, block in blocks.items():
         lines += ["", f"Diagnostic rows, {label} (a setting the paper does not state, to test an explanation):", ""]
         lines += _md_rows(block)
+    lines += _collapse_lines(rows)
     lines += [
         "",
         "Accuracies in percent. The paper's figure is its mean +- its std; ours is the mean ± the half-width of "
@@ -585,8 +586,37 @@ def _panels(table: Table) -> list[tuple[str, str | None]]:
 
 
 def _curve_keys(table: Table) -> list[str]:
-    keys = sorted({r.metric for r in table.rows})
+    # the clusters found every round too: when an IFCA-like method's models die out, over seeds
+    keys = sorted({r.metric for r in table.rows} | {"n_clusters"})
     return [*keys, "objective"] if "objective" in _kinds(table) else keys
+
+
+def models_in_use(record: dict[str, Any]) -> tuple[int, int] | None:
+    """A run's clusters (models in use) at its last round and the first round from which it
+    held that count to the end, from its recorded curve; None without one."""
+    rounds, counts = _series(record, "n_clusters")
+    if not counts:
+        return None
+    since = len(counts) - 1
+    while since > 0 and counts[since - 1] == counts[-1]:
+        since -= 1
+    return int(counts[-1]), int(rounds[since])
+
+
+def _collapse_lines(entries: list[dict[str, Any]]) -> list[str]:
+    """Per IFCA row, its runs' models in use at the end and since when: how often and at which
+    round its models collapse, over seeds."""
+    lines = []
+    for e in entries:
+        if not e["name"].startswith("IFCA"):
+            continue
+        seen = [(r["seed"], models_in_use(r)) for r in e["runs"]]
+        told = [f"seed {s}: {m[0]} from round {m[1]}" for s, m in seen if m is not None]
+        if told:
+            lines.append(f"- {e['name']}: " + "; ".join(told) + ".")
+    if not lines:
+        return []
+    return ["", "Models in use at the last round, and the round from which each run kept that many:", "", *lines]
 
 
 def run_curves(table: Table, run_dir: Path, rows: list[dict[str, Any]] | None = None) -> dict[str, list[list[float]]]:
