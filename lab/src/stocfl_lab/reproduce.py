@@ -5,7 +5,11 @@ A table is a TOML file in ``reproductions/`` (``TABLE.toml``): a title, the pape
 from, a config in ``configs/``, notes on where our setting differs, and one ``[[run]]`` per
 row (``name``, ``set`` overrides, the paper's ``[mean, std]``). A row compares one measure of
 its runs with the paper's number (``metric``: the table's, else accuracy; at the last round,
-or at ``round``: FL+HC's "post cluster" columns); a table that sweeps
+or at ``round``: FL+HC's "post cluster" columns). The rows run the table's one protocol, the
+training the paper states; a row that changes it to test an explanation says what it changes
+(``diagnostic = "w in a chain (the authors' code)"``, or once for a whole table) and is written
+in its own block under the headline table. A row's ``seeds`` are its own where they differ
+from the table's (headline rows a reviewer reads declare three). A table that sweeps
 one parameter (``sweep = "algorithm.tau"``) is drawn against it (StoCFL Fig. 8), one whose
 rows count clusters is drawn per round with the clustering objective (Fig. 3). Every (row, seed) is an
 ordinary run directory under ``reproductions/runs/TABLE/``, so a stopped reproduction goes on
