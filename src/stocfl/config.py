@@ -36,6 +36,11 @@ class RunConfig(Section):
     sample_rate: float = Field(0.1, gt=0, le=1, description="fraction of clients sampled per round; m = ceil(rate * N)")
     seed: int = Field(0, ge=0, le=2**32 - 1, description="seeds data split, model init, sampling and local SGD")
     eval_every: int = Field(1, ge=1, le=MAX_COUNT, description="evaluate all clients every k rounds (and at the end)")
+    eval_rounds: list[int] = Field(
+        [],
+        description="rounds evaluated besides every eval_every-th and the last, increasing (the rounds a table "
+        "reads, with a sparser eval_every for its curves)",
+    )
     target_accuracy: float = Field(
         0.0,
         ge=0,
@@ -342,7 +347,17 @@ def validate(raw: dict[str, Any]) -> Config:
     cfg.algorithm = {"name": name, **{k: v for k, v in algo.items() if k != "name"}}
     check_schedule(cfg)
     check_drift(cfg)
+    check_eval_rounds(cfg)
     return cfg
+
+
+def check_eval_rounds(cfg: Config) -> None:
+    """``run.eval_rounds`` increasing, each once, each in 1..run.rounds."""
+    e, rounds = cfg.run.eval_rounds, cfg.run.rounds
+    if any(b <= a for a, b in zip(e, e[1:])):
+        raise UserError(f"config: run.eval_rounds: expected increasing rounds, each once (got {e!r})")
+    if e and not 1 <= e[0] <= e[-1] <= rounds:
+        raise UserError(f"config: run.eval_rounds: every round must be in 1..run.rounds = {rounds} (got {e!r})")
 
 
 def check_schedule(cfg: Config) -> None:

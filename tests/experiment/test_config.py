@@ -50,6 +50,9 @@ def test_overrides_are_typed():
         (["run.rounds"], "expected dotted.key=value"),
         # a key of two types: pydantic's one error per type read "algorithm.tau.float: expected a number"
         (["algorithm.name=stocfl", "algorithm.tau='0.5'"], "algorithm.tau: expected a number or \"auto\" (got '0.5')"),
+        (["run.eval_rounds=[5, 3]"], "run.eval_rounds: expected increasing rounds, each once (got [5, 3])"),
+        (["run.rounds=4", "run.eval_rounds=[2, 5]"], "run.eval_rounds: every round must be in 1..run.rounds = 4"),
+        (["run.eval_rounds=[0]"], "run.eval_rounds: every round must be in 1..run.rounds"),
     ],
 )
 def test_bad_config_is_one_line_naming_the_key(overrides, expected):
@@ -106,7 +109,8 @@ def test_cli_subprocess_no_traceback(tmp_path):
     assert p.returncode == 2
     assert p.stderr.strip() == (
         "stocfl: error: config: unknown key 'run.unknown'; allowed keys here: rounds, sample_rate, seed, "
-        "eval_every, target_accuracy, engine, threads, device, client_timeout, chunk_size, store_ram, tensorboard, "
+        "eval_every, eval_rounds, target_accuracy, engine, threads, device, client_timeout, chunk_size, store_ram, "
+        "tensorboard, "
         "sim_nodes, node_wait"
     )
 

@@ -630,9 +630,9 @@ def test_a_row_can_read_its_measure_at_a_round_and_says_when_that_round_was_not_
     )
     with pytest.raises(
         UserError,
-        match=r"row 'FedAvg' reads accuracy at round 1, where .* did not evaluate; "
-        r"add \"run.eval_every=1\" to the row's set",
-    ):
+        match=r"row 'FedAvg' reads round 1, which its runs do not evaluate \(run.eval_every = 2\); "
+        r"add \"run.eval_rounds=\[1\]\" to its set",
+    ):  # refused before it runs, not after
         reproduce("late", root=root, progress=False, log=lambda m: None)
 
 
@@ -1079,3 +1079,40 @@ def test_ifca_rows_say_how_many_models_each_seed_kept_and_since_which_round(tmp_
     assert run["curves"]["n_clusters"] == [[r["round"] for r in rows], [float(r["n_clusters"]) for r in rows]]
     count, since = models_in_use(run)
     assert f"- IFCA M=3: seed 0: {count} from round {since}." in (root / "tiny.md").read_text()
+
+
+def test_eval_rounds_evaluates_the_rounds_a_row_reads_with_the_numbers_of_evaluating_every_round(tmp_path):
+    from stocfl.experiment.loop import Experiment as Exp
+
+    every = Exp.create(configure.load(None, [*BASE, "run.rounds=4"]), tmp_path / "every")
+    every.run(progress=False)
+    sparse = Exp.create(
+        configure.load(None, [*BASE, "run.rounds=4", "run.eval_every=3", "run.eval_rounds=[1, 2]"]), tmp_path / "sparse"
+    )
+    sparse.run(progress=False)
+    a = [json.loads(x) for x in (tmp_path / "every" / "metrics.jsonl").read_text().splitlines()]
+    b = [json.loads(x) for x in (tmp_path / "sparse" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in b if r["accuracy"] is not None] == [1, 2, 3, 4]
+    sparse2 = Exp.create(
+        configure.load(None, [*BASE, "run.rounds=4", "run.eval_every=4", "run.eval_rounds=[2]"]), tmp_path / "s2"
+    )
+    sparse2.run(progress=False)
+    c = [json.loads(x) for x in (tmp_path / "s2" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in c if r["accuracy"] is not None] == [2, 4]
+    assert c[1]["accuracy"] == a[1]["accuracy"] and c[3]["accuracy"] == a[3]["accuracy"]
+
+
+def test_a_row_reading_a_round_its_runs_do_not_evaluate_is_refused_before_any_run(tmp_path):
+    root = tiny_root(tmp_path)
+    (root / "tiny.toml").write_text(
+        TABLE.split("[[run]]")[0]
+        + '[[run]]\nname = "FedAvg, round 1"\nset = ["algorithm.name=fedavg", "run.eval_every=2"]\nround = 1\n'
+        "paper = [50.0, 0.0]\n"
+    )
+    with pytest.raises(
+        UserError,
+        match=r"reads round 1, which its runs do not evaluate \(run.eval_every = 2\); "
+        r'add "run.eval_rounds=\[1\]" to its set',
+    ):
+        reproduce("tiny", root=root, progress=False, log=lambda m: None)
+    assert not (root / "runs").exists()

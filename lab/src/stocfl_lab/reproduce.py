@@ -898,7 +898,15 @@ def reproduce(
 
     for row in table.rows:  # every config asked is checked before the first long run
         for s in seeds_of(row):
-            if row.metric == "clients_at_target" and config_of(row, s).run.target_accuracy == 0:
+            run = config_of(row, s).run
+            if row.at_round is not None and not (
+                row.at_round % run.eval_every == 0 or row.at_round == run.rounds or row.at_round in run.eval_rounds
+            ):  # found before the run, not after it
+                raise UserError(
+                    f"reproduce: row {row.name!r} reads round {row.at_round}, which its runs do not evaluate "
+                    f'(run.eval_every = {run.eval_every}); add "run.eval_rounds=[{row.at_round}]" to its set'
+                )
+            if row.metric == "clients_at_target" and run.target_accuracy == 0:
                 raise UserError(
                     f"reproduce: row {row.name!r} reads clients_at_target, which its runs record only with a "
                     f'target; add "run.target_accuracy=0.99" (the target) to its set'
@@ -1180,7 +1188,7 @@ def _at_round(run_dir: Path, row: Row) -> float | None:
             if r.get(row.metric) is None:
                 raise UserError(
                     f"reproduce: row {row.name!r} reads {row.metric} at round {row.at_round}, where "
-                    f'{run_dir} did not evaluate; add "run.eval_every=1" to the row\'s set'
+                    f'{run_dir} did not evaluate; add "run.eval_rounds=[{row.at_round}]" to the row\'s set'
                 )
             return r[row.metric]
     raise UserError(f"reproduce: row {row.name!r} reads round {row.at_round}; {run_dir} has no such round")

@@ -67,7 +67,9 @@ def bench_table(name: str, rounds: int, data_dir: str | None) -> dict[str, Any]:
     declared = stocfl.load_config(table.config, sets, data_dir)
     # no evaluation in the rounds timed (it comes every eval_every rounds, and at the end, which
     # these rounds do not reach)
-    cfg = stocfl.load_config(table.config, [*sets, f"run.eval_every={declared.run.rounds}"], data_dir)
+    cfg = stocfl.load_config(
+        table.config, [*sets, f"run.eval_every={declared.run.rounds}", "run.eval_rounds=[]"], data_dir
+    )
     exp = Experiment.create(cfg, None)
     lowrank = exp.engine == "lowrank"
     counter = FlopCount(exp.fed, exp.model)

@@ -40,6 +40,7 @@ EXTENDABLE = ("run.rounds", "run.eval_every", "run.tensorboard", "run.node_wait"
 ADDED_KEYS = {
     "run.tensorboard": False,
     "run.target_accuracy": 0.0,
+    "run.eval_rounds": [],
     "algorithm.cluster_start": "global",
     "algorithm.cluster_warmup": 0,
     "algorithm.chain": False,
