@@ -1116,3 +1116,26 @@ def test_a_row_reading_a_round_its_runs_do_not_evaluate_is_refused_before_any_ru
     ):
         reproduce("tiny", root=root, progress=False, log=lambda m: None)
     assert not (root / "runs").exists()
+
+
+def test_pending_lists_each_declared_run_no_record_finishes_once_with_its_recorded_seeds_time(tmp_path, capsys):
+    from stocfl_lab.reproduce import pending
+
+    root = tiny_root(tmp_path)
+    table = TABLE + '\n[[run]]\nname = "FedAvg, again"\nset = ["algorithm.name=fedavg"]\npaper = [50.0, 1.0]\n'
+    (root / "tiny.toml").write_text(table)
+    doc = reproduce("tiny", root=root, progress=False, log=lambda m: None)
+    assert pending(root)[0] == []
+    # three seeds declared for FedAvg: its two rows share one config, so seeds 1 and 2 are two runs, not four
+    (root / "tiny.toml").write_text(
+        table.replace('set = ["algorithm.name=fedavg"]\n', 'set = ["algorithm.name=fedavg"]\nseeds = [0, 1, 2]\n')
+    )
+    items, text = pending(root)
+    took = doc["rows"][0]["runs"][0]["seconds"]
+    assert [(i["row"], i["seed"], i["seconds"]) for i in items] == [("FedAvg", 1, took), ("FedAvg", 2, took)]
+    assert text.endswith(
+        "2 runs pending: 2 with a recorded time, about 0 hours in all as their recorded seeds took "
+        "(0 of them measured on a GPU), 0 never run"
+    )
+    assert lab_main(["reproduce", "--pending", "--tables", str(root)]) == 0
+    assert capsys.readouterr().out == text + "\n"

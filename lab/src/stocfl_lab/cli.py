@@ -28,6 +28,11 @@ def _parser() -> Parser:
     rep.add_argument("table", nargs="?", help="table name (stocfl-lab reproduce --list)")
     rep.add_argument("--list", action="store_true", help="list the tables")
     rep.add_argument(
+        "--pending",
+        action="store_true",
+        help="list every declared run no record finishes yet, cheapest first, with its recorded seeds' time",
+    )
+    rep.add_argument(
         "--coverage",
         action="store_true",
         help="check reproductions/coverage.toml against the tables and print (or --out) the coverage page",
@@ -128,6 +133,11 @@ def _reproduce(args) -> int:
             print(f"coverage: {args.out}")
         else:
             print(text, end="")
+        return 0
+    if args.pending:
+        from stocfl_lab.reproduce import pending
+
+        print(pending(Path(args.tables))[1])
         return 0
     if args.list:
         if args.table:

@@ -1223,4 +1223,60 @@ def listing(root: Path = ROOT) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["authors_metric", "listing", "load_table", "reproduce", "tables"]
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds < 3600 else f"{seconds / 3600:.1f} h"
+
+
+def pending(root: Path = ROOT) -> tuple[list[dict[str, Any]], str]:
+    """Every declared (table, run, seed) no record finishes, rows of one config sharing a run,
+    cheapest first: each with the median seconds of its config's recorded runs (other seeds; None
+    where none ran) and the processors those ran on (a GPU's seconds say little of this CPU's)."""
+    items: list[dict[str, Any]] = []
+    for name in tables(root):
+        t = load_table(name, root)
+        path = table_files(name, root=root)[1]
+        recorded = {r["name"]: r for r in (json.loads(path.read_text()) if path.exists() else {}).get("rows", [])}
+        runs_of: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+        for row in t.rows:  # a config's runs, whichever of its rows records them
+            entry = recorded.get(row.name) or {}
+            runs_of.setdefault(tuple(sorted(row.overrides)), []).extend(
+                [*entry.get("runs", []), *entry.get("other_runs", [])]
+            )
+        seen: set[tuple[tuple[str, ...], int]] = set()
+        for row in t.rows:
+            config = tuple(sorted(row.overrides))
+            done = runs_of[config]
+            timed = [r for r in done if r.get("seconds")]
+            for s in row.seeds if row.seeds is not None else t.seeds:
+                if any(r["seed"] == s for r in done) or (config, s) in seen:
+                    continue
+                seen.add((config, s))
+                items.append(
+                    {
+                        "table": name,
+                        "row": row.name,
+                        "seed": s,
+                        "seconds": float(np.median([r["seconds"] for r in timed])) if timed else None,
+                        "measured_on": sorted({str(r.get("processor") or "unknown") for r in timed}),
+                    }
+                )
+    items.sort(key=lambda i: (i["seconds"] is None, i["seconds"] or 0.0))
+    known = [i["seconds"] for i in items if i["seconds"] is not None]
+    gpu = sum(1 for i in items if any("NVIDIA" in p for p in i["measured_on"]))
+    lines = [
+        f"{i['table']}: {i['row']}, seed {i['seed']}: "
+        + (
+            f"about {_duration(i['seconds'])} as its recorded seeds took ({', '.join(i['measured_on'])})"
+            if i["seconds"] is not None
+            else "no run of its config recorded yet"
+        )
+        for i in items
+    ]
+    lines.append(
+        f"{len(items)} runs pending: {len(known)} with a recorded time, about {sum(known) / 3600:.0f} hours in all as "
+        f"their recorded seeds took ({gpu} of them measured on a GPU), {len(items) - len(known)} never run"
+    )
+    return items, "\n".join(lines)
+
+
+__all__ = ["authors_metric", "listing", "load_table", "pending", "reproduce", "tables"]
