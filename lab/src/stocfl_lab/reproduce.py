@@ -363,7 +363,11 @@ def write_table(
     if headline:
         lines += _md_rows(headline)
     for label, block in blocks.items():
-        lines += ["", f"Diagnostic rows, {label} (a setting the paper does not state, to test an explanation):", ""]
+        lines += [
+            "",
+            f"Diagnostic rows, {label} (another setting than the table's protocol, to test an explanation):",
+            "",
+        ]
         lines += _md_rows(block)
     lines += _collapse_lines(rows)
     lines += [
