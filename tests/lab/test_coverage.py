@@ -43,7 +43,10 @@ def _copy(tmp_path):
 def test_a_row_named_nowhere_is_refused(tmp_path):
     d = _copy(tmp_path)
     text = (d / "coverage.toml").read_text()
-    head = '"Ditto", "IFCA M=2", "IFCA M=4", "IFCA M=6"]\nall_diagnostics = true\ndiagnostics = [\n    "stocfl-table1-4800x50-gaps'
+    head = (
+        '"Ditto", "IFCA M=2", "IFCA M=4", "IFCA M=6"]\nall_diagnostics = true\n'
+        'diagnostics = [\n    "stocfl-table1-4800x50-gaps'
+    )
     assert head in text
     (d / "coverage.toml").write_text(text.replace(head, head.replace('"Ditto", ', "")))
     with pytest.raises(UserError, match=r"row 'Ditto' of stocfl-table1-4800x50 compares with the paper but no result"):
