@@ -108,6 +108,10 @@ class RunConfig(Section):
             raise ValueError(f"unknown device {v!r}; choose auto, cpu, cuda, cuda:N or mps")
         return v
 
+    def evaluates(self, t: int) -> bool:
+        """Whether round ``t`` ends with an evaluation: every eval_every-th, the last, and eval_rounds."""
+        return t % self.eval_every == 0 or t == self.rounds or t in self.eval_rounds
+
 
 class ScenarioConfig(Section):
     name: str = Field("rotated", description="non-IID scenario: one of the built-ins or a registered one")
@@ -353,11 +357,15 @@ def validate(raw: dict[str, Any]) -> Config:
 
 def check_eval_rounds(cfg: Config) -> None:
     """``run.eval_rounds`` increasing, each once, each in 1..run.rounds."""
-    e, rounds = cfg.run.eval_rounds, cfg.run.rounds
-    if any(b <= a for a, b in zip(e, e[1:])):
-        raise UserError(f"config: run.eval_rounds: expected increasing rounds, each once (got {e!r})")
-    if e and not 1 <= e[0] <= e[-1] <= rounds:
-        raise UserError(f"config: run.eval_rounds: every round must be in 1..run.rounds = {rounds} (got {e!r})")
+    check_rounds("run.eval_rounds", cfg.run.eval_rounds, 1, cfg.run.rounds)
+
+
+def check_rounds(key: str, rounds: list[int], first: int, last: int, why: str = "") -> None:
+    """A list of rounds increasing, each once, each in ``first..run.rounds`` (= ``last``)."""
+    if any(b <= a for a, b in zip(rounds, rounds[1:])):
+        raise UserError(f"config: {key}: expected increasing rounds, each once (got {rounds!r})")
+    if rounds and not first <= rounds[0] <= rounds[-1] <= last:
+        raise UserError(f"config: {key}: every round must be in {first}..run.rounds = {last}{why} (got {rounds!r})")
 
 
 def check_schedule(cfg: Config) -> None:
@@ -375,13 +383,7 @@ def check_schedule(cfg: Config) -> None:
                 f"config: scenario.{key}: rounds given but nobody moves; set scenario."
                 f"{what.split()[0]} ({what}) or drop {key} (got {moving!r})"
             )
-        if any(b <= a for a, b in zip(moving, moving[1:])):
-            raise UserError(f"config: scenario.{key}: expected increasing rounds, each once (got {moving!r})")
-        if moving and not 2 <= moving[0] <= moving[-1] <= rounds:
-            raise UserError(
-                f"config: scenario.{key}: every round must be in 2..run.rounds = {rounds} (round 1 is the "
-                f"start) (got {moving!r})"
-            )
+        check_rounds(f"scenario.{key}", moving, 2, rounds, " (round 1 is the start)")
 
 
 DRIFT_PATTERNS = ("sudden", "incremental", "recurrent")  # stocfl.data.drift

@@ -42,6 +42,12 @@ def load(root: Path) -> dict[str, Any]:
     return raw
 
 
+def row_diagnostic(table: dict[str, Any], row: dict[str, Any]) -> str:
+    """What a table file's row changes from the table's protocol: its own ``diagnostic``, or the
+    table's (a table of diagnostic runs), "" for a headline row."""
+    return str(row.get("diagnostic", table.get("diagnostic", "")))
+
+
 def _table_rows(root: Path, name: str) -> dict[str, dict[str, Any]]:
     """The rows of table ``name`` by name, in order, as declared (name, paper) with their
     record's figures where the table has a JSON record; read once while its files are unchanged
@@ -62,7 +68,7 @@ def _read_rows(root: Path, name: str, stamps: tuple[int, int]) -> dict[str, dict
             **recorded.get(r["name"], {}),
             "name": r["name"],
             "paper": r.get("paper"),
-            "diagnostic": str(r.get("diagnostic", raw.get("diagnostic", ""))),
+            "diagnostic": row_diagnostic(raw, r),
         }
         for r in raw["run"]
     }
@@ -133,18 +139,17 @@ def _ours(row: dict[str, Any]) -> tuple[str, str]:
     ours = row.get("ours")
     if not ours or ours.get("n", 0) == 0:
         return row.get("status", "not run"), "-"
-    half = ours.get("ci95")
-    if ours["n"] == 1:
-        spread = " (1 seed)"
-    elif half is None:  # a record written before intervals were kept
-        spread = f" ({ours['n']} seeds, no interval recorded)"
-    else:
-        spread = f" ± {half:.2f} ({ours['n']} seeds)"
+    n, half = ours["n"], ours.get("ci95")
+    interval = f" ± {half:.2f}" if n > 1 and half is not None else ""
     status = row.get("status", "done")
     if status != "done":  # the seeds a row declares and has not run yet are pending: say so
-        spread = f"{spread.split(' (')[0]} ({status})"
+        note = status
+    elif n == 1:
+        note = "1 seed"
+    else:  # a record written before intervals were kept has none
+        note = f"{n} seeds" if half is not None else f"{n} seeds, no interval recorded"
     diff = row.get("difference")
-    return f"{ours['mean']:.2f}{spread}", "-" if diff is None else f"{diff:+.2f}"
+    return f"{ours['mean']:.2f}{interval} ({note})", "-" if diff is None else f"{diff:+.2f}"
 
 
 def page(root: Path) -> str:

@@ -50,6 +50,7 @@ from stocfl.experiment import LoadedRun, finished_summary, integer_rounds, run_o
 from stocfl.storage import exclusive, holder, read_jsonl, save_figure, write_atomic
 
 from .benchmark import mean_ci
+from .coverage import row_diagnostic
 
 ROOT = Path("reproductions")  # the tables of the working directory (stocfl-lab reproduce --tables DIR: others)
 MAX_DISTINCT_MODELS = 64  # the authors' metric evaluates each distinct model on a whole pool
@@ -104,6 +105,10 @@ class Table:
     rows: tuple[Row, ...]
     sweep: str | None = None  # the config key the rows vary, drawn on the x axis
 
+    def seeds_of(self, row: Row) -> tuple[int, ...]:
+        """The row's own seeds, or the table's."""
+        return row.seeds or self.seeds
+
 
 def tables(root: Path = ROOT) -> dict[str, Path]:
     """The reproduction tables: every TOML file there but coverage.toml (what of the papers the
@@ -140,7 +145,7 @@ def load_table(name: str, root: Path = ROOT) -> Table:
                 int(r["round"]) if r.get("round") is not None else None,
                 str(r.get("authors", "group")),
                 tuple(int(s) for s in r["seeds"]) if r.get("seeds") is not None else None,
-                str(r.get("diagnostic", raw.get("diagnostic", ""))),
+                row_diagnostic(raw, r),
             )
             for r in raw["run"]
         )
@@ -878,7 +883,7 @@ def reproduce(
 
     def seeds_of(row: Row) -> list[int]:
         """--seeds for every row; else the row's own seeds, or the table's."""
-        return list(asked) if asked is not None else list(row.seeds or table.seeds)
+        return list(asked) if asked is not None else list(table.seeds_of(row))
 
     def partly(row: Row, n_done: int, word: str) -> str:
         """A row's status from its finished seeds and the word on the rest ("not run", ...)."""
@@ -903,9 +908,7 @@ def reproduce(
     for row in table.rows:  # every config asked is checked before the first long run
         for s in seeds_of(row):
             run = config_of(row, s).run
-            if row.at_round is not None and not (
-                row.at_round % run.eval_every == 0 or row.at_round == run.rounds or row.at_round in run.eval_rounds
-            ):  # found before the run, not after it
+            if row.at_round is not None and not run.evaluates(row.at_round):  # found before the run, not after it
                 raise UserError(
                     f"reproduce: row {row.name!r} reads round {row.at_round}, which its runs do not evaluate "
                     f'(run.eval_every = {run.eval_every}); add "run.eval_rounds=[{row.at_round}]" to its set'
@@ -1238,8 +1241,7 @@ def pending(root: Path = ROOT) -> tuple[list[dict[str, Any]], str]:
     items: list[dict[str, Any]] = []
     for name in tables(root):
         t = load_table(name, root)
-        path = table_files(name, root=root)[1]
-        recorded = {r["name"]: r for r in (json.loads(path.read_text()) if path.exists() else {}).get("rows", [])}
+        recorded = _written(t, table_files(name, root=root)[1], False)[1]
         runs_of: dict[tuple[str, ...], list[dict[str, Any]]] = {}
         for row in t.rows:  # a config's runs, whichever of its rows records them
             entry = recorded.get(row.name) or {}
@@ -1251,7 +1253,7 @@ def pending(root: Path = ROOT) -> tuple[list[dict[str, Any]], str]:
             config = tuple(sorted(row.overrides))
             done = runs_of[config]
             timed = [r for r in done if r.get("seconds")]
-            for s in row.seeds if row.seeds is not None else t.seeds:
+            for s in t.seeds_of(row):
                 if any(r["seed"] == s for r in done) or (config, s) in seen:
                     continue
                 seen.add((config, s))

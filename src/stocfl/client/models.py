@@ -110,38 +110,26 @@ def femnist_cnn(in_channels: int, n_classes: int) -> nn.Module:
     )
 
 
-def _femnist_cnn(input_shape, n_classes: int, hidden: int) -> nn.Module:
-    if tuple(input_shape[1:]) != (28, 28):
-        raise ValueError(f"femnist_cnn needs 28x28 images, got inputs of shape {tuple(input_shape)}")
-    return femnist_cnn(input_shape[0], n_classes)
-
-
-def _cnn28(input_shape, n_classes: int, hidden: int) -> nn.Module:
-    if tuple(input_shape[1:]) != (28, 28):
-        raise ValueError(f"cnn28 needs 28x28 images, got inputs of shape {tuple(input_shape)}")
-    return cnn28(input_shape[0], n_classes)
-
-
-def _cifar_cnn(input_shape, n_classes: int, hidden: int) -> nn.Module:
-    if tuple(input_shape[1:]) != (32, 32):
-        raise ValueError(f"cifar_cnn needs 32x32 images, got inputs of shape {tuple(input_shape)}")
-    return cifar_cnn(input_shape[0], n_classes)
-
-
-def _cifar_lenet(input_shape, n_classes: int, hidden: int) -> nn.Module:
-    if tuple(input_shape[1:]) != (32, 32):
-        raise ValueError(f"cifar_lenet needs 32x32 images, got inputs of shape {tuple(input_shape)}")
-    return cifar_lenet(input_shape[0], n_classes)
-
-
 ModelFactory = Callable[[tuple[int, ...], int, int], nn.Module]  # (input shape, classes, model.hidden)
+
+
+def _images(name: str, size: tuple[int, int], build: Callable[[int, int], nn.Module]) -> ModelFactory:
+    """The factory of a conv model ``build(in_channels, n_classes)`` made for images of ``size``."""
+
+    def factory(input_shape, n_classes: int, hidden: int) -> nn.Module:
+        if tuple(input_shape[1:]) != size:
+            raise ValueError(f"{name} needs {size[0]}x{size[1]} images, got inputs of shape {tuple(input_shape)}")
+        return build(input_shape[0], n_classes)
+
+    return factory
+
 
 MODELS: dict[str, ModelFactory] = {
     "mlp": lambda shape, k, hidden: mlp(math.prod(shape), hidden, k),
-    "cnn28": _cnn28,
-    "cifar_cnn": _cifar_cnn,
-    "cifar_lenet": _cifar_lenet,
-    "femnist_cnn": _femnist_cnn,
+    "cnn28": _images("cnn28", (28, 28), cnn28),
+    "cifar_cnn": _images("cifar_cnn", (32, 32), cifar_cnn),
+    "cifar_lenet": _images("cifar_lenet", (32, 32), cifar_lenet),
+    "femnist_cnn": _images("femnist_cnn", (28, 28), femnist_cnn),
     "digits_mlp": lambda shape, k, hidden: mlp(math.prod(shape), 32, k),
 }
 BUILTIN_MODELS = frozenset(MODELS)

@@ -355,7 +355,7 @@ class Experiment:
                 row["bytes_up"] = self.traffic["up"] - sent["up"]
                 if self.traffic.get("flops") is not None and sent.get("flops") is not None:
                     row["flops"] = self.traffic["flops"] - sent["flops"]
-            if t % r.eval_every == 0 or t == r.rounds or t in r.eval_rounds:
+            if r.evaluates(t):
                 row.update(self.evaluate(t))
                 if drift is not None:  # each drift cohort's accuracy on the data it holds now
                     row.update(metrics.cohort_accuracy(self.last_eval, drift))

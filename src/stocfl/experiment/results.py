@@ -145,12 +145,17 @@ def place_heldout(
     return placement_rows(placed, res, fed.groups, algorithm), sorted(set(fed.heldout_clients) - set(answered))
 
 
+def _own_accuracies(last_eval: dict) -> list[float]:
+    """Each evaluated client's accuracy with the model it uses (clients without test data left out)."""
+    return [r.accuracy for r in last_eval.values() if r.n_samples]
+
+
 def client_spread(last_eval: dict) -> dict[str, float | None]:
     """The per-client view of the last evaluation: the plain mean of the clients' accuracies
     (the "macro" average of the FeSEM paper; ``accuracy`` weights by test size, its "micro"),
     their 10th percentile and the worst (each with the model it uses; clients without test
     data left out)."""
-    accs = [r.accuracy for r in last_eval.values() if r.n_samples]
+    accs = _own_accuracies(last_eval)
     if not accs:
         return {"macro_accuracy": None, "accuracy_p10": None, "worst_client_accuracy": None}
     return {
@@ -163,7 +168,7 @@ def client_spread(last_eval: dict) -> dict[str, float | None]:
 def clients_at(last_eval: dict, target: float) -> float | None:
     """The share of the evaluated clients (with test data) whose accuracy with the model each
     uses reaches ``target``: FL+HC's "percentage of clients reaching the target accuracy"."""
-    accs = [r.accuracy for r in last_eval.values() if r.n_samples]
+    accs = _own_accuracies(last_eval)
     return sum(a >= target for a in accs) / len(accs) if accs else None
 
 
