@@ -102,6 +102,7 @@ def main() -> int:
             print(engine, json.dumps(rows[-1]), flush=True)
         if prof:
             pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        exp.executor.release()  # the next engine's rounds start without this one's kept memory
         models = exp.algorithm.cluster_models()
         finals[engine] = (exp.algorithm.assignments(), {k: m.clone() for k, m in models.items()})
         out["engines"][engine] = rows

@@ -10,7 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stocfl.client import tasks
-from stocfl.client.tasks import Train, Trained, largest_change, largest_entry, out_of_bound
+from stocfl.client.tasks import (
+    BadResult,
+    Train,
+    Trained,
+    check_trained,
+    checking,
+    largest_change,
+    largest_entry,
+    largest_entry_and_change,
+    out_of_bound,
+)
 
 special = st.sampled_from([0.0, -0.0, 1e30, -1e30, math.inf, -math.inf, math.nan])
 
@@ -31,8 +41,46 @@ def test_largest_entry_and_change_are_the_plain_ones(n, at, seed):
     def plain(t):
         return float(t.abs().max()) if t.numel() else 0.0
 
-    for got, want in ((largest_entry(a), plain(a)), (largest_change(a, b), plain(a - b))):
+    top, move = largest_entry_and_change(a, b)
+    for got, want in (
+        (largest_entry(a), plain(a)),
+        (largest_change(a, b), plain(a - b)),
+        (top, plain(a)),
+        (move, plain(a - b)),
+    ):
         assert got == want or (math.isnan(got) and math.isnan(want)), (got, want)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    n=st.sampled_from([1, 7, tasks.BLOCK + 3]),
+    moves=st.lists(st.sampled_from([0.0, 0.01, 3.0, 1e7, 1e12, math.inf, math.nan]), min_size=1, max_size=6),
+    seed=st.integers(0, 1000),
+)
+def test_checks_in_one_pass_refuse_and_bound_as_the_two_passes(n, moves, seed):
+    """Inside ``checking`` a trained reply is read once for its check and its move: the same
+    replies refused, for the same reasons, as checked and bounded apart."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, generator=g)
+    sent = [Train(i, w, None, 0) for i in range(len(moves))]
+    replies = [Trained(w + m * torch.rand(n, generator=g), 1) for m in moves]
+
+    def run():
+        refused, passed = {}, []
+        for k, (t, r) in enumerate(zip(sent, replies)):
+            try:
+                check_trained(t, r, 1, 0)
+                passed.append(k)
+            except BadResult as err:
+                refused[k] = str(err)
+        for j, why in out_of_bound([sent[k] for k in passed], [replies[k] for k in passed]).items():
+            refused[passed[j]] = why
+        return refused
+
+    apart = run()
+    with checking():
+        together = run()
+    assert together == apart
 
 
 def test_the_scale_of_a_model_sent_to_many_is_found_once(monkeypatch):

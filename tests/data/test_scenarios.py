@@ -220,3 +220,41 @@ def test_validation_holds_out_train_samples_and_never_uses_the_test_data():
     )
     with pytest.raises(UserError, match="client 0 holds 1 train sample"):
         tiny.with_validation(0.1)
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(2, 30), half=st.integers(1, 20), seed=st.integers(0, 100))
+def test_shards_give_each_client_two_label_sorted_shards_and_repeat_no_sample(n, half, seed):
+    """McMahan et al.'s split against its plain form: the N x |D| pool sorted by label and cut
+    into 2N shards of |D| / 2; every client holds exactly two of them, the same ones for the
+    same seed."""
+    per = 2 * half
+    if n * per > len(DIGITS.y_train):
+        return
+    fed = build("shards", DIGITS, n, per, seed=seed)
+    assert fed.groups is None and (fed.train_sizes == per).all()
+    pool = torch.sort(fed.y_train).values  # the pool's labels, sorted: the shards' labels in order
+    shards = [pool[k * half : (k + 1) * half] for k in range(2 * n)]
+    for i in range(n):
+        y = torch.sort(fed.train_data(i)[1]).values
+        assert any(
+            torch.equal(y, torch.sort(torch.cat([shards[a], shards[b]])).values)
+            for a in range(2 * n)
+            for b in range(a + 1, 2 * n)
+        ), "the client's labels are those of two shards"
+    again = build("shards", DIGITS, n, per, seed=seed)
+    assert torch.equal(fed.x_train, again.x_train) and torch.equal(fed.y_test, again.y_test)
+
+
+def test_shards_test_labels_follow_the_train_labels_and_odd_sizes_are_one_line(data_dir):
+    fed = build("shards", "mnist", 100, 600, data_dir=data_dir)  # FL+HC's pathological MNIST
+    assert (fed.test_sizes == 100).all()
+    same = 0
+    for i in range(100):
+        train = set(torch.unique(fed.train_data(i)[1]).tolist())
+        test = set(torch.unique(fed.test_data(i)[1]).tolist())
+        same += test <= train
+        assert len(train) <= 4  # a shard of 300 straddles at most one label's end
+    assert same >= 90, "a client's test labels are its train labels but at a few shard ends"
+    with pytest.raises(UserError, match="two shards of \\|D\\| / 2; use an even number"):
+        build("shards", DIGITS, 10, 21)

@@ -109,6 +109,7 @@ def run_case(
     for engine, ex in engines.items():
         ex.execute(tasks[: min(4, len(tasks))])  # warm-up (vmap tracing, allocator)
         seconds[engine] = _time(lambda: ex.execute(tasks), reps, device)  # noqa: B023 - called before ex changes
+        ex.release()  # the next engine times without this one's kept memory
     cfg = stocfl.as_config(
         {"train": {"epochs": epochs, "batch_size": batch_size, "lr": lr}, "run": {"device": str(device)}}
     )

@@ -12,6 +12,7 @@ representation beside StoCFL (``stocfl.algorithms.stocfl.representation``).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import re
@@ -85,12 +86,21 @@ class BadResult(ValueError):
     """A client's result that must not be used (wrong shape or count, NaN, out of bounds)."""
 
 
+def check_shape(t, what: str, n: int) -> torch.Tensor:
+    """``t`` if it is a float vector of length ``n``, else :class:`BadResult`."""
+    if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.numel() != n or not t.is_floating_point():
+        raise BadResult(f"{what} has shape {tuple(getattr(t, 'shape', ()))}, expected ({n},) floats")
+    return t
+
+
 def check_vector(t, what: str, n: int, bound: float = float("inf")) -> torch.Tensor:
     """``t`` if it is a float vector of length ``n`` with finite entries within +-``bound``,
     else :class:`BadResult` (one pass over the entries: max |t| is NaN or inf if any is)."""
-    if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.numel() != n or not t.is_floating_point():
-        raise BadResult(f"{what} has shape {tuple(getattr(t, 'shape', ()))}, expected ({n},) floats")
-    top = largest_entry(t)
+    return check_entries(check_shape(t, what, n), what, largest_entry(t), bound)
+
+
+def check_entries(t: torch.Tensor, what: str, top: float, bound: float = float("inf")) -> torch.Tensor:
+    """``t`` if its largest entry ``top`` is finite and within ``bound``, else :class:`BadResult`."""
     if not np.isfinite(top):
         raise BadResult(f"{what} holds NaN or inf")
     if top > bound:
@@ -104,7 +114,14 @@ def _count(n, expected: int, what: str) -> None:
 
 
 def check_trained(task: Train, result: Trained, train_size: int, test_size: int) -> Trained:
-    check_vector(result.weights, "weights", task.weights.numel())  # its size is bounded by out_of_bound
+    w = check_shape(result.weights, "weights", task.weights.numel())  # its size is bounded by out_of_bound
+    moves = _MOVES.get()
+    if moves is not None and w.shape == task.weights.shape:  # one pass: its entries and its move
+        top, move = largest_entry_and_change(w, task.weights)
+        check_entries(w, "weights", top)
+        moves[id(result)] = (result, move)
+    else:
+        check_entries(w, "weights", largest_entry(w))
     _count(result.n_samples, train_size, "n_samples")
     return result
 
@@ -135,6 +152,41 @@ def largest_change(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(top)
 
 
+def largest_entry_and_change(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    """(max |a|, max |a - b|) of two vectors of one shape, in one pass over them: each block of
+    ``a`` is read once for both (a reply's checks read it once, not twice)."""
+    a, b = a.reshape(-1), b.reshape(-1)
+    if not a.numel():
+        return 0.0, 0.0
+    top = torch.tensor(0.0, dtype=a.dtype)
+    move = torch.tensor(0.0, dtype=torch.promote_types(a.dtype, b.dtype))
+    for s in range(0, a.numel(), BLOCK):
+        part = a[s : s + BLOCK]
+        lo, hi = torch.aminmax(part)
+        top = torch.maximum(top, torch.maximum(-lo, hi))
+        lo, hi = torch.aminmax(part - b[s : s + BLOCK])
+        move = torch.maximum(move, torch.maximum(-lo, hi))
+    return float(top), float(move)
+
+
+# A Train reply's move, measured by its check inside :func:`checking` (id of the reply -> the
+# reply, kept so that its id is not reused meanwhile, and its move).
+_MOVES: contextvars.ContextVar[dict[int, tuple[Any, float]] | None] = contextvars.ContextVar(
+    "stocfl_reply_moves", default=None
+)
+
+
+@contextlib.contextmanager
+def checking():
+    """The scope of one list of replies' checks and :func:`out_of_bound`: a trained model's move
+    from what was sent is measured in the pass its check reads it in, and used by the bound."""
+    token = _MOVES.set({})
+    try:
+        yield
+    finally:
+        _MOVES.reset(token)
+
+
 _SENT: contextvars.ContextVar[dict[tuple[int, int], tuple[torch.Tensor, float]] | None] = contextvars.ContextVar(
     "stocfl_sent_scales", default=None
 )
@@ -154,7 +206,10 @@ def largest_sent(t: torch.Tensor) -> float:
 
 def moved_trained(task: Train, result: Trained) -> tuple[float, float]:
     """(the largest change of the reply's weights from those sent, the sent weights' largest entry)."""
-    return largest_change(result.weights, task.weights), largest_sent(task.weights)
+    moves = _MOVES.get()
+    known = None if moves is None else moves.get(id(result))
+    move = known[1] if known is not None and known[0] is result else largest_change(result.weights, task.weights)
+    return move, largest_sent(task.weights)
 
 
 def out_of_bound(tasks: list, results: list) -> dict[int, str]:

@@ -24,6 +24,8 @@ rotated_mixture        every client a mixture of the rotated groups             
 permuted_mixture       every client a mixture of the permuted_labels groups     4
 corrupted_mixture      every client a mixture of the corrupted groups           4
 dirichlet              per-label Dirichlet(alpha) split over clients            none
+shards                 two label-sorted shards a client (McMahan et al.'s       none
+                       pathological non-IID; FL+HC's)
 writers                one client per real writer (FEMNIST)                     none
 =====================  =======================================================  ====
 
@@ -102,6 +104,7 @@ BUILTIN_SCENARIOS = (
     "corrupted_mixture",
     "dirichlet",
     "quantity",
+    "shards",
     "writers",
 )
 # the scenarios whose groups transform one source the same way for every label: a client's own
@@ -190,6 +193,8 @@ def build(
         fed = _dirichlet(src, n_clients, samples_per_client, test_per_client, alpha, rng)
     elif name == "quantity":
         fed = _quantity(src, n_clients, samples_per_client, test_per_client, alpha, rng)
+    elif name == "shards":
+        fed = _shards(src, n_clients, samples_per_client, test_per_client, rng)
     elif name.endswith("_mixture") and name in BUILTIN_SCENARIOS:
         base = {"permuted_mixture": "permuted_labels"}.get(name, name.removesuffix("_mixture"))
         groups = _groups(base, src, data_dir, severity, seed)
@@ -474,6 +479,38 @@ def _quantity(src, n_clients, per_client, test_per_client, alpha, rng) -> Federa
     te_parts = [np.sort(p) for p in np.split(te, n_clients)]
     note = f"client sizes ~ Dirichlet({alpha:g}) x {total}: {int(sizes.min())} to {int(sizes.max())} samples"
     return _from_parts("quantity", src, tr_parts, te_parts, None, [note])
+
+
+def _shards(src, n_clients, per_client, test_per_client, rng) -> Federation:
+    """McMahan et al.'s pathological non-IID split (AISTATS 2017), FL+HC's "pathological": N x |D|
+    train samples drawn at random, sorted by label, cut into 2N shards of |D| / 2, and two shards
+    at random to each client, so that most clients hold two labels (a shard at a label's end
+    holds two). The test pool is drawn, sorted and cut the same way, and each client gets the
+    test shards of the same ranks as its train shards, so its test labels are its train labels
+    (FL+HC: "the test dataset each client has access to is drawn from the same distribution as
+    the training data"), without drawing a test sample twice."""
+    if per_client % 2:
+        raise UserError(
+            f"config: scenario.samples_per_client = {per_client}: scenario shards gives each client two shards "
+            "of |D| / 2; use an even number"
+        )
+    tr, te = _random_pool("shards", src, n_clients, per_client, test_per_client, rng)
+    t = len(te) // n_clients
+    tr = tr[np.argsort(src.y_train.numpy()[tr], kind="stable")]
+    te = te[np.argsort(src.y_test.numpy()[te], kind="stable")]
+    order = rng.permutation(2 * n_clients)  # client i: shards order[2i] and order[2i + 1]
+    tr_cuts, te_cuts = np.split(tr, 2 * n_clients), _cut(te, 2 * n_clients)
+    tr_parts = [np.sort(np.concatenate([tr_cuts[k] for k in order[2 * i : 2 * i + 2]])) for i in range(n_clients)]
+    te_parts = [np.sort(np.concatenate([te_cuts[k] for k in order[2 * i : 2 * i + 2]])) for i in range(n_clients)]
+    two = sum(len(np.unique(src.y_train.numpy()[p])) <= 2 for p in tr_parts)
+    note = f"2 shards of {per_client // 2} a client ({two} of {n_clients} hold 2 labels or fewer), {t} test samples"
+    return _from_parts("shards", src, tr_parts, te_parts, None, [note])
+
+
+def _cut(idx: np.ndarray, k: int) -> list[np.ndarray]:
+    """``idx`` in ``k`` consecutive parts whose sizes differ by at most one."""
+    bounds = np.linspace(0, len(idx), k + 1).astype(int)
+    return [idx[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def _split_by_label(y, idx, q, n_clients) -> list[np.ndarray]:

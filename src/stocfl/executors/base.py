@@ -75,6 +75,10 @@ class Executor:
         warnings.warn("Executor.run(tasks) is now Executor.execute(tasks)", DeprecationWarning, stacklevel=2)
         return self.execute(tasks)
 
+    def release(self) -> None:
+        """Give back memory kept from round to round (the batched engines' chunk pool); the
+        executor stays usable. A run calls it when it stops."""
+
     def execute_reference(self, kind: type, tasks: list[Task]) -> list[Reply]:
         """Tasks of one kind through its registered reference function, client by client."""
         ref = kind_of(kind).reference

@@ -21,6 +21,7 @@ from stocfl.devices import free_bytes
 from stocfl.errors import UserError
 from stocfl.executors.base import Executor
 from stocfl.executors.lowrank import LowRankTrainer, structure
+from stocfl.executors.pool import RowPool
 
 MEMORY_BUDGET = 1 << 30  # bytes per chunk for weights, gradients, centers and activations
 MAX_CHUNK = 512
@@ -39,6 +40,7 @@ class BatchedExecutor(Executor):
                 f"draw as each would alone; use run.engine = sequential (auto picks it for such a model)"
             )
         self.chunk_size = chunk_size
+        self.pool = RowPool()  # the chunks' stacked weights, reused once their replies are gone
         s = structure(model) if lowrank else None
         self.lowrank = LowRankTrainer(s) if s is not None else None  # plain SGD on a dense first layer
         if lowrank:
@@ -63,6 +65,9 @@ class BatchedExecutor(Executor):
             paths[Train] = self.train  # such models train client by client (the reference)
             paths[MixtureTrain] = self.train_mixture
         return paths
+
+    def release(self) -> None:
+        self.pool.buffers.clear()
 
     def _chunk_len(self, max_batch: int) -> int:
         if self.chunk_size:
@@ -139,7 +144,7 @@ class BatchedExecutor(Executor):
             q_pad = torch.zeros((c, n_max), device=dev)
             for i, q in enumerate(sample_weights):
                 q_pad[i, : len(q)] = q
-        w = torch.stack([t.weights for t in tasks])  # a new tensor: trained in place
+        w = self._stack([t.weights for t in tasks])  # trained in place: its rows become the replies
         mu = torch.tensor([t.prox_weight if t.prox_center is not None else 0.0 for t in tasks], device=dev)
         has_prox = bool((mu != 0).any())
         if has_prox:
@@ -183,6 +188,14 @@ class BatchedExecutor(Executor):
                 else:
                     opt.step(w, g, state, active)
         return [Trained(row, n) for row, n in zip(w.unbind(0), sizes)]
+
+    def _stack(self, rows: list[torch.Tensor]) -> torch.Tensor:
+        """The rows stacked into a tensor of the pool (a copy; nothing else refers to it)."""
+        dtype = rows[0].dtype
+        if any(r.dtype != dtype for r in rows):  # check_train_task lets float dtypes through: as stack promotes
+            return torch.stack(rows)
+        out = self.pool.take(len(rows), rows[0].numel(), dtype, self.device)
+        return torch.stack(rows, out=out)
 
 
 def _centers(tasks: list[Train]) -> torch.Tensor:

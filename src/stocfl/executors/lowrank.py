@@ -154,6 +154,7 @@ class LowRankTrainer:
         plans = [batch_plan(sizes[i], epochs, batch_size, seeds[i]) for i in range(c)]
         rows = torch.arange(c, device=dev)[:, None]
         full_mask = (torch.arange(n_max, device=dev)[None, :] < torch.tensor(sizes, device=dev)[:, None]).to(w.dtype)
+        unpadded = min(sizes) == n_max  # a full batch's mask is all ones: multiplying by it changes nothing
         for e in range(epochs):
             steps = [1 if (plan_e := p[e]) is None else len(plan_e) for p in plans]
             whole = all(p[e] is None for p in plans)  # full batch: every row, in order, no gathering
@@ -168,11 +169,13 @@ class LowRankTrainer:
                     def pick(t: torch.Tensor, idx: torch.Tensor = idx) -> torch.Tensor:
                         return t[rows, idx]
 
-                z = torch.baddbmm(alpha[:, None, None] * pick(P0), pick(K), A)
+                # alpha stays 1 without a proximal pull, and 1 * P0 is P0: no model-free pass over it
+                start = pick(P0) if not has_prox else alpha[:, None, None] * pick(P0)
+                z = torch.baddbmm(start, pick(K), A)
                 if has_prox:
-                    z = z + beta[:, None, None] * pick(PC)
+                    z.add_(beta[:, None, None] * pick(PC))
                 if nb:
-                    z = z + b[:, None, :]
+                    z.add_(b[:, None, :])
                 if q is None:
                     gz, grest = self._grads(z, rest, pick(y), mask)
                 else:
@@ -184,7 +187,9 @@ class LowRankTrainer:
                 beta = beta * shrink + step * mu
                 if has_prox:
                     A.mul_(shrink[:, None, None])
-                update = -step[:, None, None] * gz * mask[:, :, None]
+                update = -step[:, None, None] * gz
+                if not (whole and unpadded):
+                    update.mul_(mask[:, :, None])
                 if whole:
                     A.add_(update)
                 else:  # accumulate: padded slots point at sample 0 too, and must not overwrite its update

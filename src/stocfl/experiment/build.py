@@ -20,7 +20,7 @@ from stocfl.algorithms import Algorithm, Context, algorithm_class
 from stocfl.algorithms.aggregation import Aggregator
 from stocfl.client.flops import FlopCount
 from stocfl.client.models import FlatModel, build_module, make_model
-from stocfl.client.tasks import BadResult, ClientsDropped, check_result, out_of_bound
+from stocfl.client.tasks import BadResult, ClientsDropped, check_result, checking, out_of_bound
 from stocfl.client.training import LocalTraining
 from stocfl.config import Config
 from stocfl.data.datasets import resolve_data_dir
@@ -181,17 +181,18 @@ def checked(execute, fed: Federation, model: FlatModel | None = None):
         results = list(results)
         passed = []  # positions of the replies that passed their own checks
         traffic["up"] += sum(tensor_bytes(r) for r in results)
-        for k, t in enumerate(tasks):
-            r, results[k] = results[k], None  # a raw result goes once checked: replies can be large (Psi)
-            try:
-                out.append(check_result(t, r, int(train[t.client]), int(test[t.client])))
-                passed.append(k)
-            except BadResult as err:
-                why.setdefault(t.client, f"client {t.client}: bad reply ({err})")
-        # the replies in the model's space, each against what was sent and the others
-        for j, reason in out_of_bound([tasks[k] for k in passed], out).items():
-            c = tasks[passed[j]].client
-            why.setdefault(c, f"client {c}: bad reply ({reason})")
+        with checking():
+            for k, t in enumerate(tasks):
+                r, results[k] = results[k], None  # a raw result goes once checked: replies can be large (Psi)
+                try:
+                    out.append(check_result(t, r, int(train[t.client]), int(test[t.client])))
+                    passed.append(k)
+                except BadResult as err:
+                    why.setdefault(t.client, f"client {t.client}: bad reply ({err})")
+            # the replies in the model's space, each against what was sent and the others
+            for j, reason in out_of_bound([tasks[k] for k in passed], out).items():
+                c = tasks[passed[j]].client
+                why.setdefault(c, f"client {c}: bad reply ({reason})")
         if why:
             raise ClientsDropped(sorted(why), [why[c] for c in sorted(why)])
         return out

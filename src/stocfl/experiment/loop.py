@@ -325,6 +325,9 @@ class Experiment:
             bar.close()
             if scalars is not None:
                 scalars.close()
+            release = getattr(self.executor, "release", None)  # an executor from outside may have none
+            if release is not None:
+                release()
 
     def _loop(self, bar, scalars, lines: bool, desc: str, stop_after: int | None) -> dict[str, Any] | None:
         r = self.cfg.run

@@ -1,0 +1,99 @@
+"""The batched engines' reused chunk memory against fresh tensors: the same replies to the bit,
+and a reply that is kept (an algorithm's stored model) is never written by a later chunk."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stocfl.client.models import make_model
+from stocfl.client.tasks import Train, task_seed
+from stocfl.client.training import LocalTraining
+from stocfl.data.datasets import load_dataset
+from stocfl.data.scenarios import build
+from stocfl.executors import BatchedExecutor
+from stocfl.executors.pool import RowPool
+
+FED = build("dirichlet", load_dataset("digits"), 12, 30, alpha=0.5, seed=0)
+MODEL, W0 = make_model("auto", FED.input_shape, 10, 0, seed=0)
+
+
+def _tasks(clients: list[int], call: int, batch: int, prox: bool) -> list[Train]:
+    center, local = W0 + 0.01 * call, LocalTraining.sgd(2, batch, 0.1)
+    return [
+        Train(i, W0 + 0.001 * (i + call), local, task_seed(call, 1, i), center if prox else None, 0.3) for i in clients
+    ]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    calls=st.lists(
+        st.tuples(
+            st.lists(st.integers(0, FED.n_clients - 1), min_size=1, max_size=8),  # the clients of a call
+            st.sampled_from([0, 7]),  # batch size
+            st.booleans(),  # a proximal center
+            st.lists(st.booleans(), min_size=8, max_size=8),  # which replies the caller keeps
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+    chunk=st.sampled_from([1, 3, 0]),
+    lowrank=st.booleans(),
+)
+def test_pooled_chunks_give_the_fresh_tensors_replies_and_never_overwrite_a_kept_one(calls, chunk, lowrank):
+    pooled = BatchedExecutor(FED, MODEL, chunk_size=chunk, lowrank=lowrank)
+    fresh = BatchedExecutor(FED, MODEL, chunk_size=chunk, lowrank=lowrank)
+    fresh.pool.enabled = False
+    kept: list[tuple[torch.Tensor, torch.Tensor]] = []  # (a kept reply, its values when returned)
+    for n, (clients, batch, prox, keep) in enumerate(calls):
+        got = pooled.execute(_tasks(clients, n, batch, prox))
+        want = fresh.execute(_tasks(clients, n, batch, prox))
+        for k, (a, b) in enumerate(zip(got, want)):
+            assert torch.equal(a.weights, b.weights)
+            if keep[k]:
+                kept.append((a.weights, a.weights.clone()))
+        del got, want
+        for w, values in kept:
+            assert torch.equal(w, values), "a later chunk wrote into a reply that was kept"
+
+
+def test_a_chunk_reuses_the_memory_of_replies_no_one_holds():
+    ex = BatchedExecutor(FED, MODEL, chunk_size=4, lowrank=True)
+    tasks = _tasks(list(range(8)), 0, 0, False)
+
+    def memory(replies):
+        return {r.weights.untyped_storage().data_ptr() for r in replies}
+
+    first = memory(ex.execute(tasks))  # replies dropped at once
+    assert memory(ex.execute(tasks)) == first and ex.pool.reused == 2, "the second call in the first's memory"
+    held = ex.execute(tasks)
+    views = [r.weights.view(-1, 1) for r in held]  # another view of a reply keeps its memory too
+    del held
+    assert memory(ex.execute(tasks)).isdisjoint(first), "memory a reply still holds is not handed out"
+    del views
+    assert memory(ex.execute(tasks)) & first, "and is once nothing holds it"
+
+
+def test_the_pool_keeps_no_more_than_its_budget():
+    pool = RowPool(budget=10 * 4 * 100)
+    taken = [pool.take(4, 100, torch.float32, torch.device("cpu")) for _ in range(5)]
+    assert sum(b.numel() * 4 for b in pool.buffers) <= 10 * 4 * 100 + 4 * 4 * 100  # the newest always kept
+    assert all(t.shape == (4, 100) for t in taken)
+
+
+def test_a_run_gives_its_kept_chunks_back_when_it_stops(tmp_path):
+    from stocfl.experiment import configure
+    from stocfl.experiment.loop import Experiment
+
+    cfg = configure.load(
+        None,
+        overrides=["run.engine=lowrank", "run.rounds=2", "scenario.n_clients=6", "scenario.samples_per_client=20"],
+    )
+    exp = Experiment.create(cfg, tmp_path / "run")
+    kept, release = [], exp.executor.release
+    exp.executor.release = lambda: kept.append(len(exp.executor.pool.buffers)) or release()
+    exp.run(progress=False)
+    assert kept and kept[0] > 0, "the run's chunks were kept between its rounds"
+    assert exp.executor.pool.buffers == []
+    exp.executor.execute(_tasks([0, 1], 0, 0, False))  # and it still trains
