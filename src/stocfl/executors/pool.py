@@ -16,6 +16,7 @@ it is read.
 from __future__ import annotations
 
 import os
+import threading
 
 import torch
 
@@ -44,6 +45,7 @@ class RowPool:
         self.enabled = _use_count is not None
         self.alone = _refs(torch.empty(1)) if self.enabled else 0  # the count of a tensor held once
         self.reused = 0  # chunks served from the pool (for tests and benchmarks)
+        self._lock = threading.Lock()  # two threads must not both find one tensor free and take it
 
     def _free(self, t: torch.Tensor) -> bool:
         return _refs(t) == self.alone
@@ -52,6 +54,10 @@ class RowPool:
         """A contiguous rows x cols tensor whose values are undefined (the caller writes them all)."""
         if not self.enabled or device.type != "cpu":
             return torch.empty(rows, cols, dtype=dtype, device=device)
+        with self._lock:  # the view handed out holds a reference before another thread looks
+            return self._take(rows, cols, dtype, device)
+
+    def _take(self, rows: int, cols: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         best = None
         for buf in self.buffers:
             fits = buf.dtype == dtype and buf.shape[1] == cols and buf.shape[0] >= rows
