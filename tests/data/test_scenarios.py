@@ -224,7 +224,7 @@ def test_validation_holds_out_train_samples_and_never_uses_the_test_data():
 
 @settings(max_examples=20, deadline=None)
 @given(n=st.integers(2, 30), half=st.integers(1, 20), seed=st.integers(0, 100))
-def test_shards_give_each_client_two_label_sorted_shards_and_repeat_no_sample(n, half, seed):
+def test_shards_give_each_client_two_label_sorted_shards(n, half, seed):
     """McMahan et al.'s split against its plain form: the N x |D| pool sorted by label and cut
     into 2N shards of |D| / 2; every client holds exactly two of them, the same ones for the
     same seed."""

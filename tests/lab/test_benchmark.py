@@ -195,12 +195,19 @@ def test_a_run_of_older_figures_runs_again_and_must_give_the_same_numbers(quick,
     tampered = record["runs"][keys[1]]
     tampered.pop("figures_version")
     tampered["figures"]["accuracy"] = 0.123
+    drawn = record["runs"][keys[2]]  # its final figures kept, one point of its curve moved
+    drawn.pop("figures_version")
+    t, acc = drawn["curve"][0]
+    drawn["curve"][0] = [t, acc + 0.5]
     (d / "BENCHMARK-quick.json").write_text(json.dumps(record))
     capsys.readouterr()
     assert lab(["benchmark", "--grid", str(d / "grid.toml"), "--quick", "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert "2 runs run (2 of them run again for newer figures, 1 with other numbers), 10 reused" in out, out
-    assert f"{keys[1]}: WARNING run again under the same config, its figures changed" in out
+    assert "3 runs run (3 of them run again for newer figures, 2 with other numbers), 9 reused" in out, out
+    said = f"{keys[2]}: WARNING run again under the same config, its accuracy curve changed at 1 of "
+    assert said in out and f"({t}: {acc + 0.5} -> {acc})" in out, out
+    assert f"{keys[1]}: WARNING run again under the same config, its figures changed: accuracy 0.123 -> " in out
+    assert "macro_accuracy" not in out.split(keys[1])[1].split("\n")[0], "only the figures that changed"
     assert keys[0] + ":" not in out
     again = json.loads((d / "BENCHMARK-quick.json").read_text())["runs"]
     first = json.loads((quick / "BENCHMARK-quick.json").read_text())["runs"][keys[0]]["figures"]

@@ -474,13 +474,27 @@ def run(
                 new = {k: entry["figures"].get(k) for k in FIGURES}
                 if old != new or held.get("curve") != entry["curve"]:
                     counts["changed"] += 1
-                    # said even when quiet: the same config gave other numbers
-                    print(f"{job.key}: WARNING run again under the same config, its figures changed: {old} -> {new}")
+                    # said even when quiet: the same config gave other numbers, and which
+                    print(f"{job.key}: WARNING run again under the same config, {_what_changed(held, entry)}")
                 counts["refigured"] += 1
             _save_run(record, job.key, entry)
             counts["ran"] += 1
             log(f"{job.key}: accuracy {entry['figures']['accuracy']}")
     return counts
+
+
+def _what_changed(held: dict, entry: dict) -> str:
+    """The figures and curve points a run gave again otherwise than recorded: old -> new."""
+    moved = [f"{k} {held['figures'].get(k)} -> {entry['figures'].get(k)}" for k in FIGURES]
+    moved = [m for m, k in zip(moved, FIGURES) if held["figures"].get(k) != entry["figures"].get(k)]
+    was, now = dict(map(tuple, held.get("curve") or [])), dict(map(tuple, entry["curve"]))
+    points = [f"{t}: {was.get(t)} -> {now.get(t)}" for t in sorted(set(was) | set(now)) if was.get(t) != now.get(t)]
+    said = []
+    if moved:
+        said.append("its figures changed: " + ", ".join(moved))
+    if points:
+        said.append(f"its accuracy curve changed at {len(points)} of {len(now)} rounds ({'; '.join(points[:4])})")
+    return "; ".join(said)
 
 
 # ---- statistics and the page ------------------------------------------------------------------
