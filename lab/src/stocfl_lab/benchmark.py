@@ -485,8 +485,8 @@ def run(
 
 def _what_changed(held: dict, entry: dict) -> str:
     """The figures and curve points a run gave again otherwise than recorded: old -> new."""
-    moved = [f"{k} {held['figures'].get(k)} -> {entry['figures'].get(k)}" for k in FIGURES]
-    moved = [m for m, k in zip(moved, FIGURES) if held["figures"].get(k) != entry["figures"].get(k)]
+    was_fig, now_fig = held["figures"], entry["figures"]
+    moved = [f"{k} {was_fig.get(k)} -> {now_fig.get(k)}" for k in FIGURES if was_fig.get(k) != now_fig.get(k)]
     was, now = dict(map(tuple, held.get("curve") or [])), dict(map(tuple, entry["curve"]))
     points = [f"{t}: {was.get(t)} -> {now.get(t)}" for t in sorted(set(was) | set(now)) if was.get(t) != now.get(t)]
     said = []

@@ -142,28 +142,27 @@ def largest_change(a: torch.Tensor, b: torch.Tensor) -> float:
     never made (a round's checks would write and read one per reply)."""
     if a.shape != b.shape:  # broadcast (a list of models against one): as written
         return largest_entry(a - b)
-    a, b = a.reshape(-1), b.reshape(-1)
-    if not a.numel():
-        return 0.0
-    top = torch.tensor(0.0, dtype=a.dtype)
-    for s in range(0, a.numel(), BLOCK):
-        lo, hi = torch.aminmax(a[s : s + BLOCK] - b[s : s + BLOCK])
-        top = torch.maximum(top, torch.maximum(-lo, hi))
-    return float(top)
+    return _largest_by_blocks(a, b, entry=False)[1]
 
 
 def largest_entry_and_change(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     """(max |a|, max |a - b|) of two vectors of one shape, in one pass over them: each block of
     ``a`` is read once for both (a reply's checks read it once, not twice)."""
+    return _largest_by_blocks(a, b, entry=True)
+
+
+def _largest_by_blocks(a: torch.Tensor, b: torch.Tensor, entry: bool) -> tuple[float, float]:
+    """(max |a| if ``entry`` else 0, max |a - b|) over blocks of BLOCK entries, in cache."""
     a, b = a.reshape(-1), b.reshape(-1)
     if not a.numel():
         return 0.0, 0.0
     top = torch.tensor(0.0, dtype=a.dtype)
-    move = torch.tensor(0.0, dtype=torch.promote_types(a.dtype, b.dtype))
+    move = torch.tensor(0.0, dtype=a.dtype)
     for s in range(0, a.numel(), BLOCK):
         part = a[s : s + BLOCK]
-        lo, hi = torch.aminmax(part)
-        top = torch.maximum(top, torch.maximum(-lo, hi))
+        if entry:
+            lo, hi = torch.aminmax(part)
+            top = torch.maximum(top, torch.maximum(-lo, hi))
         lo, hi = torch.aminmax(part - b[s : s + BLOCK])
         move = torch.maximum(move, torch.maximum(-lo, hi))
     return float(top), float(move)

@@ -499,18 +499,15 @@ def _shards(src, n_clients, per_client, test_per_client, rng) -> Federation:
     tr = tr[np.argsort(src.y_train.numpy()[tr], kind="stable")]
     te = te[np.argsort(src.y_test.numpy()[te], kind="stable")]
     order = rng.permutation(2 * n_clients)  # client i: shards order[2i] and order[2i + 1]
-    tr_cuts, te_cuts = np.split(tr, 2 * n_clients), _cut(te, 2 * n_clients)
-    tr_parts = [np.sort(np.concatenate([tr_cuts[k] for k in order[2 * i : 2 * i + 2]])) for i in range(n_clients)]
-    te_parts = [np.sort(np.concatenate([te_cuts[k] for k in order[2 * i : 2 * i + 2]])) for i in range(n_clients)]
+
+    def deal(idx: np.ndarray) -> list[np.ndarray]:  # 2N shards, sizes within one, two to each client
+        shards = np.array_split(idx, 2 * n_clients)
+        return [np.sort(np.concatenate([shards[k] for k in order[2 * i : 2 * i + 2]])) for i in range(n_clients)]
+
+    tr_parts, te_parts = deal(tr), deal(te)
     two = sum(len(np.unique(src.y_train.numpy()[p])) <= 2 for p in tr_parts)
     note = f"2 shards of {per_client // 2} a client ({two} of {n_clients} hold 2 labels or fewer), {t} test samples"
     return _from_parts("shards", src, tr_parts, te_parts, None, [note])
-
-
-def _cut(idx: np.ndarray, k: int) -> list[np.ndarray]:
-    """``idx`` in ``k`` consecutive parts whose sizes differ by at most one."""
-    bounds = np.linspace(0, len(idx), k + 1).astype(int)
-    return [idx[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def _split_by_label(y, idx, q, n_clients) -> list[np.ndarray]:
