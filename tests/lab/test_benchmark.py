@@ -195,6 +195,8 @@ def test_a_run_of_older_figures_runs_again_and_must_give_the_same_numbers(quick,
     tampered = record["runs"][keys[1]]
     tampered.pop("figures_version")
     tampered["figures"]["accuracy"] = 0.123
+    here = (tampered["processor"], tampered["threads"])
+    tampered["processor"] = "Another CPU, AVX2"  # recorded elsewhere: the warning says so
     drawn = record["runs"][keys[2]]  # its final figures kept, one point of its curve moved
     drawn.pop("figures_version")
     t, acc = drawn["curve"][0]
@@ -208,6 +210,12 @@ def test_a_run_of_older_figures_runs_again_and_must_give_the_same_numbers(quick,
     assert said in out and f"({t}: {acc + 0.5} -> {acc})" in out, out
     assert f"{keys[1]}: WARNING run again under the same config, its figures changed: accuracy 0.123 -> " in out
     assert "macro_accuracy" not in out.split(keys[1])[1].split("\n")[0], "only the figures that changed"
+    line = {k: next(x for x in out.splitlines() if x.startswith(k + ":")) for k in keys[1:3]}
+    assert (
+        f"recorded on Another CPU, AVX2 at {here[1]} torch threads, run again on {here[0]} at {here[1]}"
+        in line[keys[1]]
+    )
+    assert f"on the same processor ({here[0]}) and torch threads ({here[1]}): not the machine" in line[keys[2]]
     assert keys[0] + ":" not in out
     again = json.loads((d / "BENCHMARK-quick.json").read_text())["runs"]
     first = json.loads((quick / "BENCHMARK-quick.json").read_text())["runs"][keys[0]]["figures"]
@@ -256,6 +264,16 @@ def test_tuning_chooses_on_the_validation_split_and_runs_the_tuned_rows(quick, c
     assert "| stocfl, tuned |" in text and "## Tuning" in text and "tuning pending" not in text
 
 
+def test_a_record_without_its_processor_says_the_machine_may_explain_other_numbers():
+    from stocfl_lab.benchmark import _where_run
+
+    now = {"processor": "Intel(R) Xeon(R) Processor, AVX512", "threads": 1}
+    assert "recorded without its processor (run again on Intel(R) Xeon(R) Processor, AVX512, 1 torch" in _where_run(
+        {}, now
+    )
+    assert "run again on Intel(R) Xeon(R) Processor, AVX512 at 1" in _where_run(now | {"threads": 2}, now)
+
+
 def test_the_tuning_choice_is_the_best_validation_accuracy_first_of_equals_none_worst():
     from stocfl_lab.benchmark import tuning_choice
 
@@ -274,3 +292,51 @@ def test_the_tuning_choice_is_the_best_validation_accuracy_first_of_equals_none_
     assert tuning_choice(grid, record([None, None, None, None, None]), "ifca", rotated, False)[0] == 0
     assert tuning_choice(grid, record([0.1, 0.9, 0.2, 0.3, 0.4]), "ifca", drift, False)[0] == 1  # drift: rotated's
     assert tuning_choice(grid, record([0.1, 0.9, 0.2, 0.3]), "ifca", rotated, False) is None  # a setting missing
+
+
+def test_the_rest_of_the_grid_is_costed_from_the_runs_recorded():
+    """Each run still needed is costed from its cell's runs, else the same method and scenario
+    at the other participation times the measured ratio, else its scenario's other methods
+    times the method's own ratio; a run of older figures counts as needed again; tuning that
+    chose the default needs no tuned row."""
+    from stocfl_lab.benchmark import FIGURES_VERSION, Grid, Method, Scenario, _projection_text, projected_cost
+
+    s, t = (Scenario(n, "f", 2, 0.5, ()) for n in ("s", "t"))
+    tune = {"seed": 0, "participation": 0.1, "validation": 0.1, "settings": [["train.lr=0.1"], ["train.lr=0.2"]]}
+    grid = Grid("g", (0, 1), (0.1, 1.0), (), (Method("a"), Method("b")), (s, t), {}, tune)
+
+    def run(m, sc, p, seed, wall, version=FIGURES_VERSION, **more):
+        key = f"{m} / {sc} / {p:g} / seed {seed}"
+        entry = {"method": m, "scenario": sc, "participation": p, "wall_seconds": wall, "figures_version": version}
+        return key, entry | {"figures": {"accuracy": 0.5}} | more
+
+    runs = dict(
+        [
+            run("a", "s", 0.1, 0, 10.0),
+            run("a", "s", 0.1, 1, 20.0),  # a / s / 0.1: 15 s a run
+            run("a", "s", 1.0, 0, 60.0),  # 4x at participation 1
+            run("b", "s", 0.1, 0, 30.0),
+            run("a", "t", 0.1, 0, 5.0),
+            run("a", "t", 0.1, 1, 5.0, version=FIGURES_VERSION - 1),  # to run again
+        ]
+    )
+    for i, (acc, default) in enumerate([(0.9, True), (0.5, False)]):  # a on s chose its default
+        runs[f"tune / a / s / {i}"] = {
+            "method": "a", "scenario": "s", "participation": 0.1, "tune": i, "wall_seconds": 1.0,
+            "figures": {"accuracy": acc}, "setting": tune["settings"][i], "default_setting": default,
+            "figures_version": FIGURES_VERSION,
+        }  # fmt: skip
+    pc = projected_cost(grid, {"runs": runs})
+    b_t = 5.0 * (30.0 / 22.5)  # t's one method's time x b's ratio to the other methods on s
+    default = 60 + 30 + 2 * 120 + 5 + 2 * 20 + 2 * b_t + 2 * 4 * b_t
+    tuning = 2 * 30 + 2 * 5 + 2 * b_t  # b on s, a on t, b on t: two settings each, at participation 0.1
+    tuned = 2 * 30 + 2 * 120 + 2 * 5 + 2 * 20 + 2 * b_t + 2 * 4 * b_t  # every cell but a on s
+    assert pc["runs"] == {"default": 11, "tune": 6, "tuned": 12} and pc["rerun"] == 1
+    assert math.isclose(pc["hours"] * 3600, default + tuning + tuned)
+    assert pc["ratio"] == [(1.0, 0.1, 4.0, 1)]
+    text = _projection_text(pc)
+    assert "11 runs with the papers' defaults (1 of them recorded under older figures" in text
+    assert "takes 4x one at 0.1" in text
+    done = {"runs": {k: v | {"figures_version": FIGURES_VERSION} for k, v in runs.items()}}
+    full = Grid("g", (0,), (0.1,), (), (Method("a"),), (s,), {}, tune)
+    assert _projection_text(projected_cost(full, done)).startswith("The grid is complete")

@@ -467,6 +467,10 @@ def run(
                 "cores": os.cpu_count(),
                 "figures_version": FIGURES_VERSION,
                 "machine": machine,
+                # numbers repeat to the bit only on the same kind of processor at the same torch
+                # threads: a re-run's warning needs both to say whether the machine explains it
+                "processor": summary.get("processor"),
+                "threads": summary.get("threads"),
                 "date": time.strftime("%Y-%m-%d"),
             }
             if same:  # run again for newer figures: its numbers must be the ones recorded
@@ -494,7 +498,25 @@ def _what_changed(held: dict, entry: dict) -> str:
         said.append("its figures changed: " + ", ".join(moved))
     if points:
         said.append(f"its accuracy curve changed at {len(points)} of {len(now)} rounds ({'; '.join(points[:4])})")
-    return "; ".join(said)
+    return "; ".join(said) + "; " + _where_run(held, entry)
+
+
+def _where_run(held: dict, entry: dict) -> str:
+    """Whether the machine explains a re-run's other numbers: kernels of another processor or
+    thread count round differently (and training amplifies it), the same ones do not."""
+    was = (held.get("processor"), held.get("threads"))
+    now = (entry.get("processor"), entry.get("threads"))
+    if was[0] is None:
+        return (
+            f"recorded without its processor (run again on {now[0]}, {now[1]} torch threads): the machine may "
+            f"explain it"
+        )
+    if was != now:
+        return (
+            f"recorded on {was[0]} at {was[1]} torch threads, run again on {now[0]} at {now[1]}: another "
+            f"processor or thread count rounds otherwise"
+        )
+    return f"on the same processor ({now[0]}) and torch threads ({now[1]}): not the machine, the code changed"
 
 
 # ---- statistics and the page ------------------------------------------------------------------
@@ -561,6 +583,15 @@ def _fmt(values: list[float | None], scale: float = 100.0, digits: int = 1) -> s
     return f"{mean:.{digits}f}" + ("" if ci is None else f" ± {ci:.{digits}f}") + missing
 
 
+def _processors(runs: list[dict[str, Any]]) -> str:
+    """The processors the runs were recorded on (numbers repeat to the bit only on the same kind)."""
+    count: dict[str, int] = {}
+    for r in runs:
+        name = r.get("processor") or "processor not recorded"
+        count[name] = count.get(name, 0) + 1
+    return ", ".join(f"{n} runs on {name}" for name, n in sorted(count.items(), key=lambda x: -x[1]))
+
+
 def _loaded(runs: list[dict[str, Any]]) -> str:
     """How many runs ended with the machine's load above its cores (recorded since the load was)."""
     known = [r for r in runs if r.get("load_average") is not None and r.get("cores")]
@@ -584,6 +615,121 @@ def _cell_rows(cells, scenarios, parts, methods):
                 c = cells.get(f"{m} / {s.name} / {p:g}")
                 if c is not None:
                     yield s, p, m, [r["figures"] for r in c["runs"]]
+
+
+def _geomean(values: list[float]) -> float | None:
+    good = [v for v in values if v > 0]
+    return float(np.exp(np.mean(np.log(good)))) if good else None
+
+
+def projected_cost(grid: Grid, record: dict[str, Any], quick: bool = False) -> dict[str, Any]:
+    """What the runs the grid still needs would cost, at the wall times of the runs recorded.
+
+    Needed: every (cell, seed) with the papers' defaults not recorded at the current figures'
+    version (a run recorded under older figures is run again), every tuning run not recorded,
+    and every tuned row's runs not recorded where tuning chose another setting than the default
+    or has not chosen yet (then counted as needed: an upper bound). A run's seconds come from,
+    in order: its cell's recorded runs (their mean); the same method and scenario at another
+    participation, times the ratio of the two participations' times measured over the pairs
+    that have both (the clients' work scales with participation, the evaluation does not);
+    its scenario's other methods at that participation, times the method's own ratio to the
+    other methods measured on the scenarios where it has runs."""
+    runs = [r for r in record["runs"].values() if bool(r.get("quick")) == quick]
+    current = [r for r in runs if r.get("figures_version", 1) == FIGURES_VERSION]
+    done = {k for k, r in record["runs"].items() if r.get("figures_version", 1) == FIGURES_VERSION}
+    per_cell: dict[tuple[str, str, float], list[float]] = {}
+    for r in runs:
+        if "tune" not in r and "tuned_of" not in r:
+            per_cell.setdefault((r["method"], r["scenario"], r["participation"]), []).append(r["wall_seconds"])
+    mean = {k: float(np.mean(v)) for k, v in per_cell.items()}
+    parts = sorted({k[2] for k in mean})
+    ratio: dict[tuple[float, float], float] = {}  # (to, from) -> the measured ratio of times
+    pairs: dict[tuple[float, float], int] = {}
+    for p in parts:
+        for q in parts:
+            both = [mean[(m, s, p)] / mean[(m, s, q)] for (m, s, x) in mean if x == q and (m, s, p) in mean]
+            if p != q and both:
+                ratio[(p, q)], pairs[(p, q)] = _geomean(both) or p / q, len(both)
+    by_scenario: dict[tuple[str, float], list[float]] = {}
+    for (_, s, p), v in mean.items():
+        by_scenario.setdefault((s, p), []).append(v)
+    scen = {k: float(np.mean(v)) for k, v in by_scenario.items()}
+    method_factor: dict[str, float] = {}
+    for m in {k[0] for k in mean}:
+        method_factor[m] = _geomean([v / scen[(s, p)] for (mm, s, p), v in mean.items() if mm == m]) or 1.0
+    how = {"own": 0, "other participation": 0, "other methods": 0, "none": 0}
+
+    def seconds(method: str, scenario: str, p: float) -> float | None:
+        if (method, scenario, p) in mean:
+            how["own"] += 1
+            return mean[(method, scenario, p)]
+        for q in parts:
+            if (method, scenario, q) in mean:
+                how["other participation"] += 1
+                return mean[(method, scenario, q)] * ratio.get((p, q), p / q)
+        for q in [p, *parts]:
+            if (scenario, q) in scen:
+                how["other methods"] += 1
+                factor = ratio.get((p, q), p / q) if q != p else 1.0
+                return scen[(scenario, q)] * method_factor.get(method, 1.0) * factor
+        how["none"] += 1
+        return None
+
+    stages: dict[str, list[float | None]] = {"default": [], "tune": [], "tuned": []}
+    rerun = 0
+    tune = grid.tune_protocol(quick)
+    cells = grid.cells(quick)
+    for c in cells:
+        m, s, p = c.method.name, c.scenario, c.participation
+        for seed in grid.seeds_for(quick):
+            key = f"{c.key} / seed {seed}"
+            if key not in done:
+                rerun += key in record["runs"]
+                stages["default"].append(seconds(m, s.name, p))
+            chosen = tuning_choice(grid, record, m, s, quick)
+            if (chosen is None or not chosen[1]["default_setting"]) and (
+                f"{m} (tuned) / {s.name} / {p:g} / seed {seed}" not in done
+            ):
+                stages["tuned"].append(seconds(m, s.name, p))
+    for m, s in dict.fromkeys((c.method.name, c.scenario) for c in cells if not c.scenario.tune_on):
+        for i in range(len(grid.tune_settings(m, quick))):
+            if f"tune / {m} / {s.name} / {i}" not in done:
+                stages["tune"].append(seconds(m, s.name, tune["participation"]))
+    known = [v for v in (x for xs in stages.values() for x in xs) if v is not None]
+    return {
+        "runs": {k: len(v) for k, v in stages.items()},
+        "rerun": rerun,
+        "hours": sum(known) / 3600,
+        "spent_hours": sum(r["wall_seconds"] for r in current) / 3600,
+        "how": how,
+        "ratio": [(p, q, round(v, 2), pairs[(p, q)]) for (p, q), v in ratio.items() if p > q],
+    }
+
+
+def _projection_text(pc: dict[str, Any]) -> str:
+    n, how = pc["runs"], pc["how"]
+    if not sum(n.values()):
+        return "The grid is complete: every run it declares is recorded."
+    said = [f"{how['own']} from their cell's recorded runs"]
+    if how["other participation"]:
+        ratios = "; ".join(
+            f"a run at participation {p:g} takes {v:g}x one at {q:g} over the {n} (method, scenario) pairs recorded "
+            f"at both"
+            for p, q, v, n in pc["ratio"]
+        )
+        ratios = ratios or "scaled by the participations"
+        said.append(f"{how['other participation']} from the cell at the other participation ({ratios})")
+    if how["other methods"]:
+        said.append(f"{how['other methods']} from their scenario's other methods")
+    if how["none"]:
+        said.append(f"{how['none']} with no estimate (nothing of their scenario recorded)")
+    return (
+        f"The rest of the grid: {n['default']} runs with the papers' defaults ({pc['rerun']} of them recorded "
+        f"under older figures, to run again), {n['tune']} tuning runs and at most {n['tuned']} runs of tuned "
+        f"rows (as many as tuning chooses a setting other than the default): about {pc['hours']:.0f} hours of "
+        f"wall time at the recorded runs' times (most of them one run a core), which makes the whole grid about "
+        f"{pc['hours'] + pc['spent_hours']:.0f} hours on this machine. Estimated: " + "; ".join(said) + "."
+    )
 
 
 def page(grid: Grid, record: dict[str, Any], quick: bool = False) -> str:
@@ -613,7 +759,8 @@ def page(grid: Grid, record: dict[str, Any], quick: bool = False) -> str:
         "",
         f"Cost so far: {spent / 3600:.2f} hours of wall time for the {len(runs)} runs recorded"
         + (
-            f" ({spent / len(runs):.0f} s a run on average, on {', '.join(sorted({r['machine'] for r in runs}))})."
+            f" ({spent / len(runs):.0f} s a run on average, on {', '.join(sorted({r['machine'] for r in runs}))}; "
+            f"{_processors(runs)})."
             if runs
             else "."
         )
@@ -621,6 +768,8 @@ def page(grid: Grid, record: dict[str, Any], quick: bool = False) -> str:
         "page says how). Times depend on what else ran: "
         + _loaded(runs)
         + " CPU seconds are the run's process's (its threads' waits included).",
+        "",
+        _projection_text(projected_cost(grid, record, quick)),
         "",
     ]
     families: dict[str, list[Scenario]] = {}

@@ -180,11 +180,13 @@ class BatchedExecutor(Executor):
                     xb, yb = x_pad[rows, idx], y_pad[rows, idx]
                     qb = None if q_pad is None else q_pad[rows, idx]
                 g = self._grads(w, xb, yb, mask) if qb is None else self._weighted_grads(w, xb, yb, mask, qb)
+                # the gradient is this step's own tensor: scaled in place, not into a model-sized
+                # temporary (a product of two floats is the same either way round)
                 if has_prox:
-                    g.add_(mu[:, None] * (w - centers))
+                    g.add_((w - centers).mul_(mu[:, None]))
                 active = torch.tensor([float(s < k) for k in steps], device=dev)[:, None]
                 if state is None:
-                    w.sub_(opt.lr * active * g)
+                    w.sub_(g.mul_(opt.lr * active))
                 else:
                     opt.step(w, g, state, active)
         return [Trained(row, n) for row, n in zip(w.unbind(0), sizes)]

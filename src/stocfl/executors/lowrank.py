@@ -187,14 +187,16 @@ class LowRankTrainer:
                 beta = beta * shrink + step * mu
                 if has_prox:
                     A.mul_(shrink[:, None, None])
-                update = -step[:, None, None] * gz
+                gb = gz.sum(1)
+                # gz is this step's own tensor: the update is formed in it, not in a temporary of
+                # its size (a product of two floats is the same either way round)
+                update = gz.mul_(-step[:, None, None])
                 if not (whole and unpadded):
                     update.mul_(mask[:, :, None])
                 if whole:
                     A.add_(update)
                 else:  # accumulate: padded slots point at sample 0 too, and must not overwrite its update
                     A.index_put_((rows.expand_as(idx), idx), update, accumulate=True)
-                gb = gz.sum(1)
                 if has_prox:
                     if nb:
                         gb = gb + mu[:, None] * (b - cb)
