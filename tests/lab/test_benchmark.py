@@ -265,7 +265,7 @@ def test_tuning_chooses_on_the_validation_split_and_runs_the_tuned_rows(quick, c
 
 
 def test_a_record_without_its_processor_says_the_machine_may_explain_other_numbers():
-    from stocfl_lab.benchmark import _where_run
+    from stocfl_lab.rerun import where_run as _where_run
 
     now = {"processor": "Intel(R) Xeon(R) Processor, AVX512", "threads": 1}
     assert "recorded without its processor (run again on Intel(R) Xeon(R) Processor, AVX512, 1 torch" in _where_run(

@@ -1139,3 +1139,24 @@ def test_pending_lists_each_declared_run_no_record_finishes_once_with_its_record
     )
     assert lab_main(["reproduce", "--pending", "--tables", str(root)]) == 0
     assert capsys.readouterr().out == text + "\n"
+
+
+def test_a_rerun_that_gives_other_numbers_says_which_and_whether_the_machine_explains_it(tmp_path, capsys):
+    import shutil
+
+    root = tiny_root(tmp_path)
+    doc = reproduce("tiny", root=root, progress=False, log=lambda m: None)
+    shutil.rmtree(root / "runs")
+    tampered = json.loads((root / "tiny.json").read_text())
+    run = tampered["rows"][0]["runs"][0]
+    here = (run["processor"], run["threads"])
+    run.update(accuracy=0.123, processor="Another CPU, AVX2")
+    (root / "tiny.json").write_text(json.dumps(tampered))
+    capsys.readouterr()
+    reproduce("tiny", root=root, progress=False, log=lambda m: None, rerun=True)  # both rows again, quietly
+    out = capsys.readouterr().out
+    first, second = (r["name"] for r in doc["rows"])
+    said = [x for x in out.splitlines() if "WARNING" in x]
+    assert len(said) == 1 and f"{first}, seed 0: WARNING run again under the same config, accuracy 0.123 -> " in said[0]
+    assert f"recorded on Another CPU, AVX2 at {here[1]} torch threads, run again on {here[0]} at {here[1]}" in said[0]
+    assert second not in out  # the same numbers again: nothing said

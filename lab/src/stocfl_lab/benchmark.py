@@ -40,6 +40,7 @@ import stocfl
 from stocfl.errors import UserError
 from stocfl.experiment import run_or_reuse
 from stocfl.storage import exclusive, read_jsonl, write_atomic
+from stocfl_lab.rerun import moved, where_run
 
 GRID = Path("benchmark/grid.toml")
 # The figures a recorded run carries; a run recorded with an older set is run again (its
@@ -490,33 +491,15 @@ def run(
 def _what_changed(held: dict, entry: dict) -> str:
     """The figures and curve points a run gave again otherwise than recorded: old -> new."""
     was_fig, now_fig = held["figures"], entry["figures"]
-    moved = [f"{k} {was_fig.get(k)} -> {now_fig.get(k)}" for k in FIGURES if was_fig.get(k) != now_fig.get(k)]
+    changed = moved(was_fig, now_fig, FIGURES)
     was, now = dict(map(tuple, held.get("curve") or [])), dict(map(tuple, entry["curve"]))
     points = [f"{t}: {was.get(t)} -> {now.get(t)}" for t in sorted(set(was) | set(now)) if was.get(t) != now.get(t)]
     said = []
-    if moved:
-        said.append("its figures changed: " + ", ".join(moved))
+    if changed:
+        said.append("its figures changed: " + ", ".join(changed))
     if points:
         said.append(f"its accuracy curve changed at {len(points)} of {len(now)} rounds ({'; '.join(points[:4])})")
-    return "; ".join(said) + "; " + _where_run(held, entry)
-
-
-def _where_run(held: dict, entry: dict) -> str:
-    """Whether the machine explains a re-run's other numbers: kernels of another processor or
-    thread count round differently (and training amplifies it), the same ones do not."""
-    was = (held.get("processor"), held.get("threads"))
-    now = (entry.get("processor"), entry.get("threads"))
-    if was[0] is None:
-        return (
-            f"recorded without its processor (run again on {now[0]}, {now[1]} torch threads): the machine may "
-            f"explain it"
-        )
-    if was != now:
-        return (
-            f"recorded on {was[0]} at {was[1]} torch threads, run again on {now[0]} at {now[1]}: another "
-            f"processor or thread count rounds otherwise"
-        )
-    return f"on the same processor ({now[0]}) and torch threads ({now[1]}): not the machine, the code changed"
+    return "; ".join(said) + "; " + where_run(held, entry)
 
 
 # ---- statistics and the page ------------------------------------------------------------------

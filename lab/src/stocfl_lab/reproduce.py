@@ -51,6 +51,10 @@ from stocfl.storage import exclusive, holder, read_jsonl, save_figure, write_ato
 
 from .benchmark import mean_ci
 from .coverage import row_diagnostic
+from .rerun import moved, where_run
+
+# what a run run again (--rerun) must give again: its numbers, not its time or machine
+RERUN_FIGURES = ("accuracy", "global_accuracy", "n_clusters", "ari", "authors_metric")
 
 ROOT = Path("reproductions")  # the tables of the working directory (stocfl-lab reproduce --tables DIR: others)
 MAX_DISTINCT_MODELS = 64  # the authors' metric evaluates each distinct model on a whole pool
@@ -1062,6 +1066,16 @@ def reproduce(
                 digest=stocfl.open_run(run_dir, data_dir).digest,
                 curves=run_curves(table, run_dir),
             )
+            held_run = recorded.get((row.name, s)) if rerun and runs_here else None
+            # run again: its numbers must come back (a record with its curves is a run's own; one
+            # read from an older table's rounded mean is not compared)
+            if held_run is not None and held_run.get("curves"):
+                said = moved(held_run, result, RERUN_FIGURES)
+                if said:  # said even when quiet: the same config gave other numbers
+                    print(
+                        f"reproduce {name}: {row.name}, seed {s}: WARNING run again under the same config, "
+                        f"{', '.join(said)}; {where_run(held_run, result)}"
+                    )
             results.setdefault(row.name, []).append(result)
             partial.pop((row.name, s), None)
         status[row.name] = row_failed or partly(row, len(results.get(row.name, [])), row_idle or "done")
