@@ -30,6 +30,7 @@ import os
 import platform
 import time
 import tomllib
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -475,9 +476,7 @@ def run(
                 "date": time.strftime("%Y-%m-%d"),
             }
             if same:  # run again for newer figures: its numbers must be the ones recorded
-                old = {k: held["figures"].get(k) for k in FIGURES}
-                new = {k: entry["figures"].get(k) for k in FIGURES}
-                if old != new or held.get("curve") != entry["curve"]:
+                if moved(held["figures"], entry["figures"], FIGURES) or held.get("curve") != entry["curve"]:
                     counts["changed"] += 1
                     # said even when quiet: the same config gave other numbers, and which
                     print(f"{job.key}: WARNING run again under the same config, {_what_changed(held, entry)}")
@@ -568,11 +567,8 @@ def _fmt(values: list[float | None], scale: float = 100.0, digits: int = 1) -> s
 
 def _processors(runs: list[dict[str, Any]]) -> str:
     """The processors the runs were recorded on (numbers repeat to the bit only on the same kind)."""
-    count: dict[str, int] = {}
-    for r in runs:
-        name = r.get("processor") or "processor not recorded"
-        count[name] = count.get(name, 0) + 1
-    return ", ".join(f"{n} runs on {name}" for name, n in sorted(count.items(), key=lambda x: -x[1]))
+    count = Counter(r.get("processor") or "processor not recorded" for r in runs)
+    return ", ".join(f"{n} runs on {name}" for name, n in count.most_common())
 
 
 def _loaded(runs: list[dict[str, Any]]) -> str:
@@ -664,15 +660,14 @@ def projected_cost(grid: Grid, record: dict[str, Any], quick: bool = False) -> d
     cells = grid.cells(quick)
     for c in cells:
         m, s, p = c.method.name, c.scenario, c.participation
+        chosen = tuning_choice(grid, record, m, s, quick)  # once a cell: every seed's tuned row follows it
+        tuned_row = chosen is None or not chosen[1]["default_setting"]
         for seed in grid.seeds_for(quick):
             key = f"{c.key} / seed {seed}"
             if key not in done:
                 rerun += key in record["runs"]
                 stages["default"].append(seconds(m, s.name, p))
-            chosen = tuning_choice(grid, record, m, s, quick)
-            if (chosen is None or not chosen[1]["default_setting"]) and (
-                f"{m} (tuned) / {s.name} / {p:g} / seed {seed}" not in done
-            ):
+            if tuned_row and f"{m} (tuned) / {s.name} / {p:g} / seed {seed}" not in done:
                 stages["tuned"].append(seconds(m, s.name, p))
     for m, s in dict.fromkeys((c.method.name, c.scenario) for c in cells if not c.scenario.tune_on):
         for i in range(len(grid.tune_settings(m, quick))):
