@@ -104,6 +104,40 @@ def test_shards_split_the_cells_and_merge_into_the_whole(quick, tmp_path, capsys
     assert "has another config" in capsys.readouterr().err
 
 
+def test_a_run_recorded_under_a_config_the_grid_no_longer_asks_is_not_shown_and_runs_again(quick, tmp_path, capsys):
+    """A scenario's settings changed after its runs were recorded: the page shows none of their
+    numbers (the scenario's cells pending, the runs named as to run again, the cost counting
+    them), `benchmark` runs them anew under the new config, and the other cells keep theirs."""
+    from stocfl_lab.benchmark import asked, page, read_record
+
+    d = tmp_path / "changed"
+    d.mkdir()
+    before = '"scenario.name=rotated", "scenario.dataset=digits", "scenario.samples_per_client=30"'
+    text = GRID.read_text()
+    assert text.count(before) == 1
+    (d / "grid.toml").write_text(text.replace(before, before.replace("=30", "=24")))
+    shutil.copy(quick / "BENCHMARK-quick.json", d / "BENCHMARK-quick.json")
+    grid, record = load_grid(d / "grid.toml"), read_record(d / "BENCHMARK-quick.json")
+    assert asked(load_grid(GRID), record, quick=True)["stale"] == []  # the grid they were run for: all shown
+    view = asked(grid, record, quick=True)
+    assert len(view["stale"]) == 6 and all(" / rotated-digits / " in k for k in view["stale"])
+    assert len(view["runs"]) == 6 and not any(" / rotated-digits / " in k for k in view["runs"])
+    shown = page(grid, record, quick=True)
+    for m in ("fedavg", "ifca", "stocfl"):
+        assert f"| {m} | *pending* |" in shown  # the feature-shift family's table has the one scenario
+        assert f"| {m} / rotated-digits / 0.5 |" not in shown
+        assert f"| {m} / label-swap-digits / 0.5 |" in shown
+    assert "Not shown: 6 recorded runs made under a config the grid no longer asks" in shown
+    assert "(6 of them recorded under older figures or another config, to run again)" in shown
+    capsys.readouterr()
+    assert lab(["benchmark", "--grid", str(d / "grid.toml"), "--quick", "--quiet"]) == 0
+    assert "6 runs run, 6 reused" in capsys.readouterr().out
+    after = read_record(d / "BENCHMARK-quick.json")
+    assert asked(grid, after, quick=True)["stale"] == [] and len(after["runs"]) == 12
+    changed = [k for k in after["runs"] if after["runs"][k]["digest"] != record["runs"][k]["digest"]]
+    assert sorted(changed) == view["stale"]
+
+
 def test_fedavg_traffic_is_the_model_down_and_up_for_every_sampled_client(tmp_path):
     """Counted from the tasks and replies: FedAvg sends each sampled client the model and gets a
     model back, so a round is m x P x 4 bytes each way."""

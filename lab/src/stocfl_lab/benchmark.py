@@ -514,6 +514,29 @@ def mean_ci(values: list[float]) -> tuple[float, float | None]:
     return float(x.mean()), float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
 
 
+def asked(grid: Grid, record: dict[str, Any], quick: bool = False) -> dict[str, Any]:
+    """The record as the grid asks it now: its runs (of this grid, quick or full) whose config
+    digest is the one the grid gives their key today. A run recorded under another config (the
+    grid's base, a scenario's or a method's settings changed since) or for a cell the grid no
+    longer has is left out, its key listed under ``stale``: its numbers answer another question,
+    and the page must not show them as this grid's. A tuned row's config follows the tuning
+    choice of the runs kept. A record that already has ``stale`` is returned as it is."""
+    if "stale" in record:
+        return record
+    runs = record["runs"]
+    keep = {k: r for k, r in runs.items() if bool(r.get("quick")) != quick}
+    want: dict[str, str] = {}
+    stages = (("default", "tune"), ("tuned",))  # a tuned row's setting is read from the tuning runs kept
+    for names in stages:
+        view = record | {"runs": keep | {k: r for k, r in runs.items() if want.get(k) == r["digest"]}}
+        for stage in names:
+            for group in jobs(grid, stage, view, Path("."), quick, None, None):
+                want.update((job.key, stocfl.config_digest(job.cfg)) for job in group)
+    kept = {k: r for k, r in runs.items() if bool(r.get("quick")) == quick and want.get(k) == r["digest"]}
+    stale = sorted(k for k, r in runs.items() if bool(r.get("quick")) == quick and k not in kept)
+    return record | {"runs": keep | kept, "stale": stale}
+
+
 def cells_of(record: dict[str, Any], quick: bool) -> dict[str, dict[str, Any]]:
     """Per cell: its runs' figures gathered over seeds."""
     out: dict[str, dict[str, Any]] = {}
@@ -612,7 +635,9 @@ def projected_cost(grid: Grid, record: dict[str, Any], quick: bool = False) -> d
     participation, times the ratio of the two participations' times measured over the pairs
     that have both (the clients' work scales with participation, the evaluation does not);
     its scenario's other methods at that participation, times the method's own ratio to the
-    other methods measured on the scenarios where it has runs."""
+    other methods measured on the scenarios where it has runs. ``record`` as the page reads it
+    (:func:`asked`): a run recorded under another config counts as needed again."""
+    again = set(record.get("stale", [])) | set(record["runs"])  # recorded under another config or older figures
     runs = [r for r in record["runs"].values() if bool(r.get("quick")) == quick]
     current = [r for r in runs if r.get("figures_version", 1) == FIGURES_VERSION]
     done = {k for k, r in record["runs"].items() if r.get("figures_version", 1) == FIGURES_VERSION}
@@ -665,7 +690,7 @@ def projected_cost(grid: Grid, record: dict[str, Any], quick: bool = False) -> d
         for seed in grid.seeds_for(quick):
             key = f"{c.key} / seed {seed}"
             if key not in done:
-                rerun += key in record["runs"]
+                rerun += key in again
                 stages["default"].append(seconds(m, s.name, p))
             if tuned_row and f"{m} (tuned) / {s.name} / {p:g} / seed {seed}" not in done:
                 stages["tuned"].append(seconds(m, s.name, p))
@@ -703,15 +728,26 @@ def _projection_text(pc: dict[str, Any]) -> str:
         said.append(f"{how['none']} with no estimate (nothing of their scenario recorded)")
     return (
         f"The rest of the grid: {n['default']} runs with the papers' defaults ({pc['rerun']} of them recorded "
-        f"under older figures, to run again), {n['tune']} tuning runs and at most {n['tuned']} runs of tuned "
-        f"rows (as many as tuning chooses a setting other than the default): about {pc['hours']:.0f} hours of "
-        f"wall time at the recorded runs' times (most of them one run a core), which makes the whole grid about "
-        f"{pc['hours'] + pc['spent_hours']:.0f} hours on this machine. Estimated: " + "; ".join(said) + "."
+        f"under older figures or another config, to run again), {n['tune']} tuning runs and at most {n['tuned']} "
+        f"runs of tuned rows (as many as tuning chooses a setting other than the default): about {pc['hours']:.0f} "
+        f"hours of wall time at the recorded runs' times (most of them one run a core), which makes the whole grid "
+        f"about {pc['hours'] + pc['spent_hours']:.0f} hours on this machine. Estimated: " + "; ".join(said) + "."
+    )
+
+
+def _stale_text(stale: list[str]) -> str:
+    if not stale:
+        return ""
+    cells = sorted({k.rsplit(" / seed ", 1)[0] for k in stale})
+    return (
+        f" Not shown: {len(stale)} recorded runs made under a config the grid no longer asks (its settings changed "
+        f"since), to run again: {', '.join(cells[:6])}{', ...' if len(cells) > 6 else ''}."
     )
 
 
 def page(grid: Grid, record: dict[str, Any], quick: bool = False) -> str:
-    """The leaderboard as Markdown, from the record alone."""
+    """The leaderboard as Markdown, from the record alone (the runs the grid asks now: :func:`asked`)."""
+    record = asked(grid, record, quick)
     cells = cells_of(record, quick)
     expected = grid.cells(quick)
     methods = list(dict.fromkeys(c.method.name for c in expected))  # every method of the grid, run or not
@@ -721,7 +757,7 @@ def page(grid: Grid, record: dict[str, Any], quick: bool = False) -> str:
     default = [r for c in cells.values() if " (tuned)" not in c["method"] for r in c["runs"]]
     tuned = [r for c in cells.values() if " (tuned)" in c["method"] for r in c["runs"]]
     n_tune = sum("tune" in r for r in runs)
-    asked = sum(len(grid.tune_settings(m, quick)) for m in methods) * len(
+    n_asked = sum(len(grid.tune_settings(m, quick)) for m in methods) * len(
         [s for s in grid.scenarios if not s.tune_on and _in_grid(grid, s, quick)]
     )
     lines = [
@@ -731,9 +767,9 @@ def page(grid: Grid, record: dict[str, Any], quick: bool = False) -> str:
         "",
         f"{len({r['cell'] for r in default})} of {len(expected)} cells have runs; {len(default)} of "
         f"{len(expected) * n_seeds} runs with the papers' defaults are recorded, {n_tune} of the tuning protocol's "
-        f"{asked} runs and {len(tuned)} runs of tuned rows (a tuned setting that is the default needs none). Each "
+        f"{n_asked} runs and {len(tuned)} runs of tuned rows (a tuned setting that is the default needs none). Each "
         f"figure is the mean ± the half-width of its 95% confidence interval over seeds (Student's t); (m/n): only "
-        f"m of the cell's n runs have the figure. A cell not yet run is *pending*.",
+        f"m of the cell's n runs have the figure. A cell not yet run is *pending*." + _stale_text(record["stale"]),
         "",
         f"Cost so far: {spent / 3600:.2f} hours of wall time for the {len(runs)} runs recorded"
         + (
@@ -948,7 +984,7 @@ def write_figures(grid: Grid, record: dict[str, Any], folder: Path, quick: bool 
 
     from stocfl.storage import save_figure
 
-    cells = cells_of(record, quick)
+    cells = cells_of(asked(grid, record, quick), quick)
     methods = list(dict.fromkeys(c.method.name for c in grid.cells(quick)))
     roles = {m.name: m.role for m in grid.methods}
     colours = plt.get_cmap("tab20")
@@ -1018,7 +1054,7 @@ def main(args) -> int:
         )
         print(f"stocfl-lab benchmark: {counts['ran']} runs run{again}, {counts['reused']} reused ({record})")
     out = Path(args.out) if args.out else None
-    held = read_record(record)
+    held = asked(grid, read_record(record), quick)  # once, for the page and its figures
     text = page(grid, held, quick)
     if out is not None:
         write_atomic(out, text.encode())
