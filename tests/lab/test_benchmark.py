@@ -204,6 +204,41 @@ def test_a_bad_grid_is_one_line(tmp_path, capsys, edit, says):
     assert lab(["benchmark", "--grid", str(GRID), "--page", "--shard", "3/2"]) in (0, 2)
 
 
+@pytest.mark.parametrize(
+    "corrupt, says",
+    [
+        (lambda e: "a run", "is not a table of fields"),
+        (lambda e: [e.pop("digest"), None][1], "has no 'digest'"),
+        (lambda e: e.update(digest="abc"), 'has digest = "abc", where it must be a config digest'),
+        (lambda e: e.update(participation="0.1"), 'has participation = "0.1", where it must be a number in (0, 1]'),
+        (lambda e: e.update(participation=2.0), "has participation = 2.0"),
+        (lambda e: e.update(seed=True), "has seed = true, where it must be an integer"),
+        (lambda e: [e["figures"].pop("accuracy"), None][1], "has figures = {"),
+        (lambda e: e["figures"].update(accuracy="high"), "each a number or null"),
+        (lambda e: e["figures"].update(ari=float("nan")), "each a number or null"),
+        (lambda e: e.update(curve=[[5, 0.5], [10]]), "a list of [round, accuracy] pairs"),
+        (lambda e: e.update(wall_seconds=-1), "has wall_seconds = -1, where it must be a number of seconds"),
+        (lambda e: e.update(setting="train.lr=0.1"), "where it must be a list of overrides"),
+    ],
+)
+def test_a_record_with_a_malformed_run_is_one_line_naming_it(tmp_path, capsys, corrupt, says):
+    """A benchmark record edited or damaged by hand: the page, a run or a merge refuses it in
+    one line naming the run and the field, exit code 2, never a traceback."""
+    record = json.loads((REPO / "benchmark" / "BENCHMARK.json").read_text())
+    key = sorted(record["runs"])[7]
+    replaced = corrupt(record["runs"][key])  # None: changed in place
+    if replaced is not None:
+        record["runs"][key] = replaced
+    (tmp_path / "bad.json").write_text(json.dumps(record))
+    for args in (["--page"], ["--merge", str(tmp_path / "bad.json")]):
+        target = tmp_path / ("bad.json" if args == ["--page"] else "empty.json")
+        capsys.readouterr()
+        assert lab(["benchmark", "--grid", str(GRID), "--record", str(target), *args]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"run {key!r} " in err and says in err, err
+        assert "Traceback" not in err
+
+
 def test_the_committed_leaderboard_is_what_the_record_gives():
     """docs/benchmark.md is written from benchmark/BENCHMARK.json by one command
     (stocfl-lab benchmark --page --out docs/benchmark.md): it never drifts from the record."""

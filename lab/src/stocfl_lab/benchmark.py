@@ -31,6 +31,7 @@ import platform
 import time
 import tomllib
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -271,7 +272,63 @@ def read_record(path: Path) -> dict[str, Any]:
         raise UserError(f"{path} is unreadable ({err}); restore it from git or remove it to start over") from None
     if not isinstance(record, dict) or not isinstance(record.get("runs"), dict):
         raise UserError(f"{path} is not a benchmark record (no 'runs'); restore it from git or remove it")
+    for key, entry in record["runs"].items():
+        problem = _entry_problem(entry)
+        if problem:
+            raise UserError(f"{path}: run {key!r} {problem}; restore the file from git, or remove that run")
     return record
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# what every recorded run holds, and what some hold, with the test each value must pass: the
+# page, the cost and the merge read them without further checks
+_ENTRY_FIELDS: dict[str, tuple[bool, Callable[[Any], bool], str]] = {
+    "cell": (True, lambda v: isinstance(v, str), "a string"),
+    "method": (True, lambda v: isinstance(v, str), "a string"),
+    "scenario": (True, lambda v: isinstance(v, str), "a string"),
+    "family": (True, lambda v: isinstance(v, str), "a string"),
+    "digest": (True, lambda v: isinstance(v, str) and len(v) == 64, "a config digest (64 hex digits)"),
+    "participation": (True, lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "seed": (True, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "wall_seconds": (True, lambda v: _number(v) and v >= 0, "a number of seconds"),
+    "quick": (True, lambda v: isinstance(v, bool), "true or false"),
+    "figures": (
+        True,
+        lambda v: isinstance(v, dict) and "accuracy" in v and all(x is None or _number(x) for x in v.values()),
+        "a table of figures, accuracy among them, each a number or null",
+    ),
+    "curve": (
+        True,
+        lambda v: (
+            isinstance(v, list)
+            and all(
+                isinstance(p, list) and len(p) == 2 and _number(p[0]) and (p[1] is None or _number(p[1])) for p in v
+            )
+        ),
+        "a list of [round, accuracy] pairs",
+    ),
+    "figures_version": (False, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "tune": (False, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "setting": (False, lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of overrides"),
+    "default_setting": (False, lambda v: isinstance(v, bool), "true or false"),
+    "cpu_seconds": (False, lambda v: _number(v) and v >= 0, "a number of seconds"),
+}
+
+
+def _entry_problem(entry: Any) -> str | None:
+    """What is wrong with one recorded run (None: nothing)."""
+    if not isinstance(entry, dict):
+        return "is not a table of fields"
+    for name, (required, ok, what) in _ENTRY_FIELDS.items():
+        if name not in entry:
+            if required:
+                return f"has no {name!r}"
+        elif not ok(entry[name]):
+            return f"has {name} = {json.dumps(entry[name])[:60]}, where it must be {what}"
+    return None
 
 
 def _save_run(path: Path, key: str, entry: dict[str, Any]) -> None:
