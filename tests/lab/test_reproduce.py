@@ -1160,3 +1160,62 @@ def test_a_rerun_that_gives_other_numbers_says_which_and_whether_the_machine_exp
     assert len(said) == 1 and f"{first}, seed 0: WARNING run again under the same config, accuracy 0.123 -> " in said[0]
     assert f"recorded on Another CPU, AVX2 at {here[1]} torch threads, run again on {here[0]} at {here[1]}" in said[0]
     assert second not in out  # the same numbers again: nothing said
+
+
+def _set_first_run(field, value):
+    return lambda doc: next(r for r in doc["rows"] if r["runs"])["runs"][0].__setitem__(field, value)
+
+
+@pytest.mark.parametrize(
+    "corrupt, says",
+    [
+        (lambda doc: "{not json", "is unreadable"),
+        (lambda doc: doc.update(rows={"a": 1}), "is not a reproduction table (no list of 'rows')"),
+        (lambda doc: doc.update(table="stocfl-table3-lambda"), "records table 'stocfl-table3-lambda'"),
+        (lambda doc: doc["rows"].append(["a row"]), "is not a table of fields with a name"),
+        (
+            lambda doc: next(r for r in doc["rows"] if r["runs"]).update(runs={"a": 1}),
+            "where it must be a list of runs",
+        ),
+        (lambda doc: next(r for r in doc["rows"] if r["runs"])["runs"].append(7), "that is not a table of fields (7)"),
+        (lambda doc: [next(r for r in doc["rows"] if r["runs"])["runs"][0].pop("digest"), None][1], "without 'digest'"),
+        (_set_first_run("accuracy", "high"), 'with accuracy = "high", where it must be a number or null'),
+        (_set_first_run("accuracy", float("nan")), "with accuracy = NaN"),
+        (_set_first_run("seed", "0"), 'with seed = "0", where it must be an integer'),
+        (_set_first_run("seconds", -3), "with seconds = -3, where it must be a number of seconds"),
+        (_set_first_run("n_clusters", 2.5), "with n_clusters = 2.5, where it must be an integer or null"),
+        (_set_first_run("curves", {"accuracy": [[10, 20], [0.5]]}), "[rounds, values] of one length"),
+    ],
+)
+def test_a_damaged_table_record_is_one_line_and_never_read_as_nothing(tmp_path, capsys, corrupt, says):
+    """A table's JSON that cannot be read, is another table's or records a run with a field
+    missing or of the wrong kind: one line naming the file, the row and the field (exit 2), for
+    --report and a run alike. Read as nothing, as it was, its runs would be run again and the file
+    written over; a run of the wrong kind was a traceback or silently left out."""
+    import shutil
+
+    name = "stocfl-table1-1200x200"
+    root = tmp_path / "reproductions"
+    root.mkdir()
+    shutil.copy(REPO / "reproductions" / f"{name}.toml", root)
+    doc = json.loads((REPO / "reproductions" / f"{name}.json").read_text())
+    text = corrupt(doc)
+    (root / f"{name}.json").write_text(text if isinstance(text, str) else json.dumps(doc))
+    before = (root / f"{name}.json").read_text()
+    for args in (["--report"], ["--rows", "1"]):
+        capsys.readouterr()
+        assert lab_main(["reproduce", name, "--tables", str(root), "--quiet", *args]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"{name}.json" in err and says in err, err
+    assert (root / f"{name}.json").read_text() == before, "the damaged file is left as it was"
+    assert not (root / "runs").exists(), "nothing ran"
+    if "records table" not in says:  # the coverage page reads the rows of any table it names
+        from stocfl_lab.coverage import _table_rows
+
+        with pytest.raises(UserError, match=re.escape(says)):
+            _table_rows(root, name)
+    capsys.readouterr()
+    assert lab_main(["reproduce", "--list", "--tables", str(root)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith(f"{name}: "))
+    damaged = "its record is table 'stocfl-table3-lambda''s" if "records table" in says else "its record is damaged"
+    assert line.endswith(f"{damaged} (stocfl-lab reproduce TABLE --report says how))"), line

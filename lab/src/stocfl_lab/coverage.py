@@ -12,12 +12,13 @@ JSON record (ours, seeds, the difference), so it never drifts from the runs.
 from __future__ import annotations
 
 import functools
-import json
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from stocfl.errors import UserError
+
+from .records import read_table_record
 
 STATUSES = ("reproduced", "reduced", "not attempted")
 
@@ -60,9 +61,8 @@ def _table_rows(root: Path, name: str) -> dict[str, dict[str, Any]]:
 def _read_rows(root: Path, name: str, stamps: tuple[int, int]) -> dict[str, dict[str, Any]]:
     raw = tomllib.loads((root / f"{name}.toml").read_text(encoding="utf-8"))
     record = root / f"{name}.json"
-    recorded = {}
-    if record.exists():
-        recorded = {r["name"]: r for r in json.loads(record.read_text(encoding="utf-8")).get("rows", [])}
+    doc = read_table_record(record)
+    recorded = {r["name"]: r for r in doc["rows"]} if doc is not None else {}
     return {
         r["name"]: {
             **recorded.get(r["name"], {}),

@@ -51,6 +51,7 @@ from stocfl.storage import exclusive, holder, read_jsonl, save_figure, write_ato
 
 from .benchmark import mean_ci
 from .coverage import row_diagnostic
+from .records import FIX, read_table_record
 from .rerun import moved, where_run
 
 # what a run run again (--rerun) must give again: its numbers, not its time or machine
@@ -503,16 +504,18 @@ def progress_text(row: Row, p: dict[str, Any], here: bool) -> str:
 
 
 def _written(table: Table, path: Path, quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The table's JSON at ``path`` and its rows by name; nothing where it is unreadable or of
-    another table (or of the other of --quick and the paper's setting)."""
-    try:
-        doc = json.loads(path.read_text())
-        entries = {e["name"]: e for e in doc["rows"]}
-    except (OSError, ValueError, KeyError, TypeError):
+    """The table's JSON at ``path`` and its rows by name; nothing where there is none. A file
+    that cannot be read, is of another table (or of the other of --quick and the paper's
+    setting) or records a run with a field missing or of the wrong kind is refused in one line
+    (:func:`stocfl_lab.records.read_table_record`): read as nothing, its runs would be run again
+    and the file written over, its records lost."""
+    doc = read_table_record(path)
+    if doc is None:
         return {}, {}
     if doc.get("table") != table.name or bool(doc.get("quick")) != quick:
-        return {}, {}
-    return doc, entries
+        which = "the --quick setting's" if doc.get("quick") else "the paper's setting's"
+        raise UserError(f"{path} records table {doc.get('table')!r} ({which}), not this one; {FIX}")
+    return doc, {e["name"]: e for e in doc["rows"]}
 
 
 def _config_at(config_of: Callable[[Row, int], config.Config], row: Row, seed: Any) -> config.Config | None:
@@ -1218,9 +1221,14 @@ def _at_round(run_dir: Path, row: Row) -> float | None:
 def _recorded(table: Table, path: Path) -> str:
     """How far the table's written ``TABLE.json`` got: its rows done, and those stopped or running."""
     try:
-        status = {r["name"]: r["status"] for r in json.loads(path.read_text())["rows"]}
-    except (OSError, ValueError, KeyError, TypeError):
+        doc = read_table_record(path)
+    except UserError:
+        return "its record is damaged (stocfl-lab reproduce TABLE --report says how)"
+    if doc is None:
         return "not run yet"
+    if doc.get("table") != table.name:
+        return f"its record is table {doc.get('table')!r}'s (stocfl-lab reproduce TABLE --report says how)"
+    status = {r["name"]: r.get("status", "not run") for r in doc["rows"]}
     states = [status.get(r.name, "not run") for r in table.rows]
     done = sum(s == "done" for s in states)
     others = [f"{n} {kind}" for kind in ("stopped", "running") if (n := sum(s.startswith(kind) for s in states))]
