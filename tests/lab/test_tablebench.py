@@ -38,3 +38,21 @@ def test_bad_arguments_are_one_line(argv, says, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and "\n" not in err
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("{not json", "is unreadable"),
+        ("[1, 2]", "is not a table bench's results"),
+        ('{"tables": {"t": {"rounds": "2", "date": "2026-12-06"}}}', "table 't' has no whole entry"),
+        ('{"tables": {"t": 5}}', "table 't' has no whole entry"),
+    ],
+)
+def test_a_damaged_results_file_is_one_line_before_anything_is_timed(tmp_path, capsys, text, says):
+    out = tmp_path / "tables.json"
+    out.write_text(text)
+    assert main(["bench", "--tables", "--table", "stocfl-fig3-clustering", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and str(out) in err and "\n" not in err
+    assert out.read_text() == text

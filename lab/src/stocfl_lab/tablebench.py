@@ -118,6 +118,30 @@ def bench_table(name: str, rounds: int, data_dir: str | None) -> dict[str, Any]:
     return out
 
 
+def _read_result(out: Path) -> dict[str, Any]:
+    """The results measured so far (each table's kept until --again), or nothing; a file that
+    cannot be read or whose entries lack their rounds and date is refused in one line."""
+    if not out.is_file():
+        return {}
+    fix = "restore it from git, or remove it to time every table again"
+    try:
+        result = json.loads(out.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise UserError(f"{out} is unreadable ({err}); {fix}") from None
+    kept = result.get("tables", {}) if isinstance(result, dict) else None
+    if not isinstance(kept, dict):
+        raise UserError(f"{out} is not a table bench's results (no table of 'tables'); {fix}")
+    for name, entry in kept.items():
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("rounds"), int)
+            and not isinstance(entry.get("rounds"), bool)
+            and isinstance(entry.get("date"), str)
+        ):
+            raise UserError(f"{out}: table {name!r} has no whole entry (its rounds and date); {fix}")
+    return result
+
+
 def main(args) -> int:
     import sys
 
@@ -137,7 +161,7 @@ def main(args) -> int:
         names = [n for n in names if n in only]
     out = Path(args.out) if getattr(args, "out", None) else DEFAULT_OUT
     threads = set_threads(0)
-    result: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {}
+    result = _read_result(out)
     result.setdefault("tables", {})
     result |= {"machine": f"{platform.machine()}, {threads} torch threads", "torch": torch.__version__}
     for name in names:
