@@ -31,7 +31,6 @@ import platform
 import time
 import tomllib
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ import stocfl
 from stocfl.errors import UserError
 from stocfl.experiment import run_or_reuse
 from stocfl.storage import exclusive, read_jsonl, write_atomic
+from stocfl_lab.records import Check, int_or_none, number, number_or_none, problem
 from stocfl_lab.rerun import moved, where_run
 
 GRID = Path("benchmark/grid.toml")
@@ -279,56 +279,42 @@ def read_record(path: Path) -> dict[str, Any]:
     return record
 
 
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 # what every recorded run holds, and what some hold, with the test each value must pass: the
 # page, the cost and the merge read them without further checks
-_ENTRY_FIELDS: dict[str, tuple[bool, Callable[[Any], bool], str]] = {
+_ENTRY_FIELDS: dict[str, Check] = {
     "cell": (True, lambda v: isinstance(v, str), "a string"),
     "method": (True, lambda v: isinstance(v, str), "a string"),
     "scenario": (True, lambda v: isinstance(v, str), "a string"),
     "family": (True, lambda v: isinstance(v, str), "a string"),
     "digest": (True, lambda v: isinstance(v, str) and len(v) == 64, "a config digest (64 hex digits)"),
-    "participation": (True, lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "participation": (True, lambda v: number(v) and 0 < v <= 1, "a number in (0, 1]"),
     "seed": (True, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
-    "wall_seconds": (True, lambda v: _number(v) and v >= 0, "a number of seconds"),
+    "wall_seconds": (True, lambda v: number(v) and v >= 0, "a number of seconds"),
     "quick": (True, lambda v: isinstance(v, bool), "true or false"),
     "figures": (
         True,
-        lambda v: isinstance(v, dict) and "accuracy" in v and all(x is None or _number(x) for x in v.values()),
+        lambda v: isinstance(v, dict) and "accuracy" in v and all(number_or_none(x) for x in v.values()),
         "a table of figures, accuracy among them, each a number or null",
     ),
     "curve": (
         True,
         lambda v: (
             isinstance(v, list)
-            and all(
-                isinstance(p, list) and len(p) == 2 and _number(p[0]) and (p[1] is None or _number(p[1])) for p in v
-            )
+            and all(isinstance(p, list) and len(p) == 2 and number(p[0]) and number_or_none(p[1]) for p in v)
         ),
         "a list of [round, accuracy] pairs",
     ),
-    "figures_version": (False, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
-    "tune": (False, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "figures_version": (False, lambda v: int_or_none(v) and v is not None, "an integer"),
+    "tune": (False, lambda v: int_or_none(v) and v is not None, "an integer"),
     "setting": (False, lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of overrides"),
     "default_setting": (False, lambda v: isinstance(v, bool), "true or false"),
-    "cpu_seconds": (False, lambda v: _number(v) and v >= 0, "a number of seconds"),
+    "cpu_seconds": (False, lambda v: number(v) and v >= 0, "a number of seconds"),
 }
 
 
 def _entry_problem(entry: Any) -> str | None:
     """What is wrong with one recorded run (None: nothing)."""
-    if not isinstance(entry, dict):
-        return "is not a table of fields"
-    for name, (required, ok, what) in _ENTRY_FIELDS.items():
-        if name not in entry:
-            if required:
-                return f"has no {name!r}"
-        elif not ok(entry[name]):
-            return f"has {name} = {json.dumps(entry[name])[:60]}, where it must be {what}"
-    return None
+    return problem(_ENTRY_FIELDS, entry) if isinstance(entry, dict) else "is not a table of fields"
 
 
 def _save_run(path: Path, key: str, entry: dict[str, Any]) -> None:

@@ -1,4 +1,6 @@
-"""A reproduction table's record (``TABLE.json``) read and checked field by field.
+"""The lab's record files checked field by field as they are read: a reproduction table's
+``TABLE.json`` (here) and the benchmark's record (its fields in :mod:`stocfl_lab.benchmark`,
+checked by :func:`problem`).
 
 `reproduce` reuses the runs a table records and `--coverage` prints its rows' figures, both
 without further checks: a file that cannot be read, or a run or row with a field missing or of
@@ -19,15 +21,15 @@ from stocfl.errors import UserError
 FIX = "restore it from git, or remove it to run the table again"
 
 
-def _number_or_none(v: Any) -> bool:
+def number_or_none(v: Any) -> bool:
     return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
 
 
-def _number(v: Any) -> bool:
-    return v is not None and _number_or_none(v)
+def number(v: Any) -> bool:
+    return v is not None and number_or_none(v)
 
 
-def _int_or_none(v: Any) -> bool:
+def int_or_none(v: Any) -> bool:
     return v is None or (isinstance(v, int) and not isinstance(v, bool))
 
 
@@ -45,7 +47,7 @@ def _curves_ok(v: Any) -> bool:
         if not (isinstance(series, list) and len(series) == 2 and all(isinstance(s, list) for s in series)):
             return False
         rounds, values = series
-        if len(rounds) != len(values) or not all(_number(x) for x in rounds + values):
+        if len(rounds) != len(values) or not all(number(x) for x in rounds + values):
             return False
     return True
 
@@ -56,8 +58,8 @@ def _ours_ok(v: Any) -> bool:
         return True
     return (
         isinstance(v, dict)
-        and _int_or_none(v.get("n"))
-        and all(_number_or_none(v.get(k)) for k in ("mean", "std", "ci95"))
+        and int_or_none(v.get("n"))
+        and all(number_or_none(v.get(k)) for k in ("mean", "std", "ci95"))
     )
 
 
@@ -68,7 +70,7 @@ RUN_FIELDS: dict[str, Check] = {
     "seed": (True, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
     "digest": (True, lambda v: isinstance(v, str) and len(v) == 64, "a config digest (64 hex digits)"),
     **{
-        k: (False, _number_or_none, "a number or null")
+        k: (False, number_or_none, "a number or null")
         for k in (
             "accuracy",
             "global_accuracy",
@@ -79,9 +81,9 @@ RUN_FIELDS: dict[str, Check] = {
             "clients_at_target",
         )
     },
-    "seconds": (False, lambda v: _number(v) and v >= 0, "a number of seconds"),
+    "seconds": (False, lambda v: number(v) and v >= 0, "a number of seconds"),
     **{
-        k: (False, _int_or_none, "an integer or null")
+        k: (False, int_or_none, "an integer or null")
         for k in ("n_clusters", "threads", "rounds", "rounds_done", "measured_at")
     },
     **{k: (False, _str_or_none, "a string or null") for k in ("processor", "torch", "date", "authors")},
@@ -93,25 +95,29 @@ ROW_FIELDS: dict[str, Check] = {
     "status": (False, lambda v: isinstance(v, str), "a string"),
     "ours": (False, _ours_ok, "null or a summary of n, mean, std and ci95"),
     "authors_metric": (False, _ours_ok, "null or a summary of n, mean, std and ci95"),
-    "difference": (False, _number_or_none, "a number or null"),
+    "difference": (False, number_or_none, "a number or null"),
 }
 
 
-def _problem(fields: dict[str, Check], rec: dict[str, Any], where: str) -> str | None:
+def problem(fields: dict[str, Check], rec: dict[str, Any], where: str = "") -> str | None:
+    """The first of ``fields`` that ``rec`` lacks (where required) or holds of the wrong kind,
+    said as "has no NAME" or "has NAME = VALUE, where it must be ..." (``where``: "has WHERE
+    without NAME", "has WHERE with NAME = ..."); None when every field passes."""
     for name, (required, ok, what) in fields.items():
         if name not in rec:
             if required:
-                return f"has {where} without {name!r}"
+                return f"has {where} without {name!r}" if where else f"has no {name!r}"
         elif not ok(rec[name]):
-            return f"has {where} with {name} = {json.dumps(rec[name])[:60]}, where it must be {what}"
+            value = json.dumps(rec[name])[:60]
+            return f"has {f'{where} with ' if where else ''}{name} = {value}, where it must be {what}"
     return None
 
 
 def entry_problem(entry: dict[str, Any]) -> str | None:
     """What is wrong with one row of a table's record (None: nothing)."""
-    problem = _problem(ROW_FIELDS, entry, "a summary")
-    if problem:
-        return problem
+    said = problem(ROW_FIELDS, entry, "a summary")
+    if said:
+        return said
     for field in ("runs", "other_runs", "progress"):
         recs = entry.get(field)
         if recs is None:
@@ -121,9 +127,9 @@ def entry_problem(entry: dict[str, Any]) -> str | None:
         for rec in recs:
             if not isinstance(rec, dict):
                 return f"has a run in {field} that is not a table of fields ({json.dumps(rec)[:60]})"
-            problem = _problem(RUN_FIELDS, rec, f"a run in {field} (seed {rec.get('seed')})")
-            if problem:
-                return problem
+            said = problem(RUN_FIELDS, rec, f"a run in {field} (seed {rec.get('seed')})")
+            if said:
+                return said
     return None
 
 
@@ -140,7 +146,7 @@ def read_table_record(path: Path) -> dict[str, Any] | None:
     for i, entry in enumerate(doc["rows"], 1):
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise UserError(f"{path}: row {i} is not a table of fields with a name; {FIX}")
-        problem = entry_problem(entry)
-        if problem:
-            raise UserError(f"{path}: row {entry['name']!r} {problem}; {FIX}")
+        said = entry_problem(entry)
+        if said:
+            raise UserError(f"{path}: row {entry['name']!r} {said}; {FIX}")
     return doc
