@@ -41,7 +41,7 @@ import stocfl
 from stocfl.errors import UserError
 from stocfl.experiment import run_or_reuse
 from stocfl.storage import exclusive, read_jsonl, write_atomic
-from stocfl_lab.records import Check, int_or_none, number, number_or_none, problem
+from stocfl_lab.records import Check, int_or_none, load_json, number, number_or_none, problem
 from stocfl_lab.rerun import moved, where_run
 
 GRID = Path("benchmark/grid.toml")
@@ -264,12 +264,9 @@ def figures(summary: dict[str, Any], rows: list[dict[str, Any]], target: float) 
 
 
 def read_record(path: Path) -> dict[str, Any]:
-    if not path.exists():
+    record = load_json(path, "restore it from git or remove it to start over")
+    if record is None:
         return {"runs": {}}
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"{path} is unreadable ({err}); restore it from git or remove it to start over") from None
     if not isinstance(record, dict) or not isinstance(record.get("runs"), dict):
         raise UserError(f"{path} is not a benchmark record (no 'runs'); restore it from git or remove it")
     for key, entry in record["runs"].items():

@@ -133,14 +133,22 @@ def entry_problem(entry: dict[str, Any]) -> str | None:
     return None
 
 
-def read_table_record(path: Path) -> dict[str, Any] | None:
-    """The table's record at ``path``, every row checked; None where there is no file."""
+def load_json(path: Path, fix: str) -> Any:
+    """The JSON in ``path`` (None where there is no file); a file that cannot be read or parsed
+    is one line saying so and ``fix``, what to do about it."""
     if not path.exists():
         return None
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise UserError(f"{path} is unreadable ({err}); {FIX}") from None
+        raise UserError(f"{path} is unreadable ({err}); {fix}") from None
+
+
+def read_table_record(path: Path) -> dict[str, Any] | None:
+    """The table's record at ``path``, every row checked; None where there is no file."""
+    doc = load_json(path, FIX)
+    if doc is None:
+        return None
     if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
         raise UserError(f"{path} is not a reproduction table (no list of 'rows'); {FIX}")
     for i, entry in enumerate(doc["rows"], 1):

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from stocfl.errors import UserError
+from stocfl_lab.records import load_json
 
 DEFAULT_OUT = Path(__file__).resolve().parents[3] / "benchmarks" / "tables.json"
 
@@ -121,13 +122,10 @@ def bench_table(name: str, rounds: int, data_dir: str | None) -> dict[str, Any]:
 def _read_result(out: Path) -> dict[str, Any]:
     """The results measured so far (each table's kept until --again), or nothing; a file that
     cannot be read or whose entries lack their rounds and date is refused in one line."""
-    if not out.is_file():
-        return {}
     fix = "restore it from git, or remove it to time every table again"
-    try:
-        result = json.loads(out.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise UserError(f"{out} is unreadable ({err}); {fix}") from None
+    result = load_json(out, fix)
+    if result is None:
+        return {}
     kept = result.get("tables", {}) if isinstance(result, dict) else None
     if not isinstance(kept, dict):
         raise UserError(f"{out} is not a table bench's results (no table of 'tables'); {fix}")
