@@ -45,6 +45,7 @@ def main() -> int:
 
     from stocfl.client import FlopCount, Train
     from stocfl.executors import set_threads, structure
+    from stocfl.executors.pool import keep_freed_memory
     from stocfl.experiment import configure
     from stocfl.experiment.build import build_federation
     from stocfl.experiment.loop import Experiment
@@ -75,6 +76,8 @@ def main() -> int:
 
         rows = []
         prof = cProfile.Profile() if engine == args.profile else None
+        kept = keep_freed_memory()  # as a run's rounds do (Experiment.run)
+        kept.__enter__()
         for r in range(1, args.rounds + 1):
             sampled = exp.sample(r)
             ran.clear()
@@ -103,6 +106,7 @@ def main() -> int:
         if prof:
             pstats.Stats(prof).sort_stats("tottime").print_stats(25)
         exp.executor.release()  # the next engine's rounds start without this one's kept memory
+        kept.__exit__(None, None, None)
         models = exp.algorithm.cluster_models()
         finals[engine] = (exp.algorithm.assignments(), {k: m.clone() for k, m in models.items()})
         out["engines"][engine] = rows

@@ -97,3 +97,74 @@ def test_a_run_gives_its_kept_chunks_back_when_it_stops(tmp_path):
     assert kept and kept[0] > 0, "the run's chunks were kept between its rounds"
     assert exp.executor.pool.buffers == []
     exp.executor.execute(_tasks([0, 1], 0, 0, False))  # and it still trains
+
+
+# The run's allocator setting: memory freed inside a run is kept for the run's next tensors
+# (no fresh pages a step), given back when the run ends, and no number changes.
+_RSS = """
+import os, sys, torch
+from stocfl.executors.pool import keep_freed_memory
+
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20
+
+def churn():  # a model-sized temporary, written and freed
+    t = torch.ones(64 << 20)  # 256 MB
+    del t
+    return rss()
+
+base = rss()
+outside = churn() - base
+with keep_freed_memory() as kept:
+    with keep_freed_memory():  # an inner run ending does not end the outer one's setting
+        pass
+    inside = churn() - base
+after = rss() - base
+print(kept, outside, inside, after)
+"""
+
+
+def _rss_deltas(env: dict[str, str]) -> tuple[bool, int, int, int]:
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _RSS], capture_output=True, text=True, env=os.environ | env, check=True
+    ).stdout.split()
+    return out[0] == "True", int(out[1]), int(out[2]), int(out[3])
+
+
+def test_memory_freed_in_a_run_is_kept_for_its_next_tensors_and_given_back_at_its_end():
+    from stocfl.executors.pool import _glibc
+
+    if _glibc() is None:
+        import pytest
+
+        pytest.skip("the allocator setting is glibc's")
+    kept, outside, inside, after = _rss_deltas({"STOCFL_KEEP_FREED_MEMORY": "1"})
+    assert kept
+    assert outside < 64, f"outside a run a freed 256 MB tensor goes back at once ({outside} MB held)"
+    assert inside > 200, f"inside, it is kept for the next tensor ({inside} MB held)"
+    assert after < 64, f"and given back when the run ends ({after} MB held)"
+    kept, _, inside, _ = _rss_deltas({"STOCFL_KEEP_FREED_MEMORY": "0"})
+    assert not kept and inside < 64, "STOCFL_KEEP_FREED_MEMORY=0 turns it off"
+
+
+def test_keeping_freed_memory_changes_no_number(tmp_path, monkeypatch):
+    import json
+
+    import stocfl
+
+    def rows(name: str) -> list[dict]:
+        cfg = stocfl.load_config(
+            None, ["run.engine=batched", "run.rounds=3", "run.eval_every=1", "algorithm.name=stocfl"]
+        )
+        stocfl.run(cfg, out=tmp_path / name, progress=False)
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(line).items() if k != "seconds"} for line in lines]
+
+    monkeypatch.setenv("STOCFL_KEEP_FREED_MEMORY", "0")
+    plain = rows("plain")
+    monkeypatch.setenv("STOCFL_KEEP_FREED_MEMORY", "1")
+    assert rows("kept") == plain

@@ -41,6 +41,7 @@ from stocfl.client.tasks import ClientsDropped, Evaluate, grouped_reasons, witho
 from stocfl.config import Config
 from stocfl.data.federation import Federation
 from stocfl.errors import UserError
+from stocfl.executors.pool import keep_freed_memory
 from stocfl.experiment import metrics, provenance
 from stocfl.experiment.build import build_run, sample_size
 from stocfl.experiment.provenance import CHECKPOINT, metrics_chain
@@ -319,7 +320,7 @@ class Experiment:
             total=r.rounds, initial=self.round, disable=True if lines or not progress else None, desc=desc, unit="round"
         )
         try:
-            with exclusive(self.out) if self.out is not None else contextlib.nullcontext():
+            with exclusive(self.out) if self.out is not None else contextlib.nullcontext(), keep_freed_memory():
                 return self._loop(bar, scalars, lines, desc, stop_after)
         finally:
             bar.close()
