@@ -187,3 +187,40 @@ def test_a_shared_center_broadcast_trains_as_the_centers_stacked(batch_size, low
         assert torch.equal(a.weights, b.weights)
     told[0].weights.add_(1.0)  # a reply's row is its own
     assert torch.equal(told[1].weights, stacked[1].weights)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    batch_size=st.sampled_from([0, 7, 30]),
+    prox=st.sampled_from(["none", "some rows", "every row"]),
+    mu=st.sampled_from([0.0, 0.3]),
+    chunk=st.sampled_from([0, 1, 5]),
+    hidden=st.sampled_from([0, 16]),
+    weighted=st.booleans(),
+)
+def test_gradients_taken_per_tensor_step_as_the_flat_vectors_gradient(batch_size, prox, mu, chunk, hidden, weighted):
+    """Plain SGD on the batched engine takes each of the model's tensors' gradients apart (no
+    model-sized concatenation a step); its replies are those of the flat vector's gradient and
+    step to the bit, with and without proximal centers and per-sample weights (the mixture
+    family's M-step)."""
+    model, w0 = make_model("mlp" if hidden else "auto", FED.input_shape, 10, hidden, seed=0)
+    center = w0 + 0.05 * torch.randn(w0.shape, generator=torch.Generator().manual_seed(3))
+    tasks = [
+        Train(
+            i,
+            w0 + 0.001 * i,
+            LocalTraining.sgd(2, batch_size, 0.1),
+            task_seed(0, 1, i),
+            center if prox == "every row" or (prox == "some rows" and i % 2) else None,
+            mu,
+        )
+        for i in range(FED.n_clients)
+    ]
+    q = None
+    if weighted:
+        gen = torch.Generator().manual_seed(4)
+        q = [torch.rand(len(FED.train_data(i)[1]), generator=gen) for i in range(FED.n_clients)]
+    apart, flat = BatchedExecutor(FED, model, chunk_size=chunk), BatchedExecutor(FED, model, chunk_size=chunk)
+    flat.split_gradients = False
+    for a, b in zip(apart.train(tasks, q), flat.train(tasks, q)):
+        assert torch.equal(a.weights, b.weights)

@@ -30,6 +30,9 @@ MAX_CHUNK_ACCELERATOR = 4096
 
 class BatchedExecutor(Executor):
     name = "batched"
+    # plain SGD takes each of the model's tensors' gradients apart; False: the flat vector's
+    # gradient, their concatenation (the same numbers: the reference a test compares with)
+    split_gradients = True
 
     def __init__(self, federation, model, chunk_size: int = 0, lowrank: bool = False, device="cpu"):
         super().__init__(federation, model, device)
@@ -56,6 +59,20 @@ class BatchedExecutor(Executor):
 
         self._grads = vmap(grad(masked_loss))
         self._weighted_grads = vmap(grad(weighted_loss))
+
+        # the same losses of the model's tensors, given apart (views of the stacked weights):
+        # their gradients come back apart, where the gradient of one flat vector is their
+        # concatenation, a model-sized copy a step that took as long as the step's arithmetic
+        def masked_loss_parts(parts, x, y, m):
+            per_sample = self.model.per_sample_loss(self.model.forward_tensors(list(parts), None, x), y)
+            return (per_sample * m).sum() / m.sum().clamp(min=1.0)
+
+        def weighted_loss_parts(parts, x, y, m, q):
+            per_sample = self.model.per_sample_loss(self.model.forward_tensors(list(parts), None, x), y)
+            return (per_sample * m * q).sum() / m.sum().clamp(min=1.0)
+
+        self._part_grads = vmap(grad(masked_loss_parts))
+        self._weighted_part_grads = vmap(grad(weighted_loss_parts))
 
     def fast_paths(self):
         """Training vectorised here; any kind registered with a ``batched`` version uses it."""
@@ -169,6 +186,12 @@ class BatchedExecutor(Executor):
         plans = [batch_plan(sizes[i], epochs, batch_size, t.seed) for i, t in enumerate(tasks)]
         rows = torch.arange(c, device=dev)[:, None]
         state = None if opt.plain else opt.init(w)
+        split = state is None and self.split_gradients
+        if split:  # plain SGD: each of the model's tensors updated apart, in place
+            k = self.model.n_tensors
+            flat = torch.split(w, self.model.numels[:k], dim=1)  # views of w, (c, numel) each
+            parts = tuple(f.view(c, *shape) for f, shape in zip(flat, self.model.shapes[:k]))
+            center_parts = torch.split(centers, self.model.numels[:k], dim=1) if has_prox else None
         full_mask = (torch.arange(n_max, device=dev)[None, :] < n[:, None]).float()
         for e in range(epochs):
             steps = [1 if (plan_e := p[e]) is None else len(plan_e) for p in plans]
@@ -179,12 +202,25 @@ class BatchedExecutor(Executor):
                     idx, mask = stacked_batch(plans, e, s, steps, sizes, dev)
                     xb, yb = x_pad[rows, idx], y_pad[rows, idx]
                     qb = None if q_pad is None else q_pad[rows, idx]
+                active = torch.tensor([float(s < k) for k in steps], device=dev)[:, None]
+                if split:
+                    gs = (
+                        self._part_grads(parts, xb, yb, mask)
+                        if qb is None
+                        else self._weighted_part_grads(parts, xb, yb, mask, qb)
+                    )
+                    scale = opt.lr * active
+                    for j, (wj, gj) in enumerate(zip(flat, gs)):
+                        gj = gj.view(c, -1)
+                        # each entry the same operations as the whole vector's step below: the
+                        # gradient is this step's own tensor, scaled in place, not into a temporary
+                        if center_parts is not None:
+                            gj.add_((wj - center_parts[j]).mul_(mu[:, None]))
+                        wj.sub_(gj.mul_(scale))
+                    continue
                 g = self._grads(w, xb, yb, mask) if qb is None else self._weighted_grads(w, xb, yb, mask, qb)
-                # the gradient is this step's own tensor: scaled in place, not into a model-sized
-                # temporary (a product of two floats is the same either way round)
                 if has_prox:
                     g.add_((w - centers).mul_(mu[:, None]))
-                active = torch.tensor([float(s < k) for k in steps], device=dev)[:, None]
                 if state is None:
                     w.sub_(g.mul_(opt.lr * active))
                 else:
