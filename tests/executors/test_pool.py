@@ -168,3 +168,21 @@ def test_keeping_freed_memory_changes_no_number(tmp_path, monkeypatch):
     plain = rows("plain")
     monkeypatch.setenv("STOCFL_KEEP_FREED_MEMORY", "1")
     assert rows("kept") == plain
+
+
+def test_a_runs_rounds_run_with_freed_memory_kept_and_give_it_back_after(tmp_path):
+    from stocfl.executors import pool
+    from stocfl.experiment import configure
+    from stocfl.experiment.loop import Experiment
+
+    if pool._glibc() is None:
+        import pytest
+
+        pytest.skip("the allocator setting is glibc's")
+    cfg = configure.load(None, overrides=["run.engine=batched", "run.rounds=2", "scenario.n_clients=6"])
+    exp = Experiment.create(cfg, tmp_path / "run")
+    seen, ask = [], exp.ask
+    exp.ask = lambda tasks: seen.append(pool._kept) or ask(tasks)
+    exp.run(progress=False)
+    assert seen and all(k == 1 for k in seen), "every task of the run ran inside the block"
+    assert pool._kept == 0, "and the run ended it"
