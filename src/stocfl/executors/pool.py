@@ -114,8 +114,9 @@ def keep_freed_memory() -> Iterator[bool]:
     hundred clients train at once) then cost a page fault and a zeroed page every 4 KB, every
     step, more than the arithmetic that fills them. Inside this block the allocator serves them
     from its heap and keeps what is freed there for the next allocation; at its end the old
-    settings return and the free memory goes back to the system (``malloc_trim``). Memory held
-    is the run's peak, not more: what is kept is what the run itself freed. Numbers do not
+    settings return and the free memory goes back to the system (``malloc_trim``). What is kept
+    is what the run itself freed, so the memory held is about the run's peak (blocks freed in
+    the heap's middle may not fit the next tensor: a little above it). Numbers do not
     change (a tensor's alignment is torch's own, whatever serves it). Elsewhere than glibc, or
     with ``STOCFL_KEEP_FREED_MEMORY=0`` in the environment, it does nothing.
     """
