@@ -76,37 +76,35 @@ def main() -> int:
 
         rows = []
         prof = cProfile.Profile() if engine == args.profile else None
-        kept = keep_freed_memory()  # as a run's rounds do (Experiment.run)
-        kept.__enter__()
-        for r in range(1, args.rounds + 1):
-            sampled = exp.sample(r)
-            ran.clear()
+        with keep_freed_memory():  # as a run's rounds do (Experiment.run)
+            for r in range(1, args.rounds + 1):
+                sampled = exp.sample(r)
+                ran.clear()
+                if prof:
+                    prof.enable()
+                t = time.perf_counter()
+                exp.algorithm.round(r, sampled, recording)
+                seconds = time.perf_counter() - t
+                if prof:
+                    prof.disable()
+                trainings = sum(type(x) is Train for x in ran)
+                work = path_flops(ran, fed, exp.model, counter, engine == "lowrank")
+                bound = work / peaks[0]
+                rows.append(
+                    {
+                        "round": r,
+                        "seconds": round(seconds, 3),
+                        "trainings": trainings,
+                        "other_tasks": len(ran) - trainings,
+                        "gflop": round(work / 1e9, 1),
+                        "bound_s": round(bound, 3),
+                        "over_bound": round(seconds / bound, 2),
+                    }
+                )
+                print(engine, json.dumps(rows[-1]), flush=True)
             if prof:
-                prof.enable()
-            t = time.perf_counter()
-            exp.algorithm.round(r, sampled, recording)
-            seconds = time.perf_counter() - t
-            if prof:
-                prof.disable()
-            trainings = sum(type(x) is Train for x in ran)
-            work = path_flops(ran, fed, exp.model, counter, engine == "lowrank")
-            bound = work / peaks[0]
-            rows.append(
-                {
-                    "round": r,
-                    "seconds": round(seconds, 3),
-                    "trainings": trainings,
-                    "other_tasks": len(ran) - trainings,
-                    "gflop": round(work / 1e9, 1),
-                    "bound_s": round(bound, 3),
-                    "over_bound": round(seconds / bound, 2),
-                }
-            )
-            print(engine, json.dumps(rows[-1]), flush=True)
-        if prof:
-            pstats.Stats(prof).sort_stats("tottime").print_stats(25)
-        exp.executor.release()  # the next engine's rounds start without this one's kept memory
-        kept.__exit__(None, None, None)
+                pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+            exp.executor.release()  # the next engine's rounds start without this one's kept memory
         models = exp.algorithm.cluster_models()
         finals[engine] = (exp.algorithm.assignments(), {k: m.clone() for k, m in models.items()})
         out["engines"][engine] = rows

@@ -189,9 +189,9 @@ class BatchedExecutor(Executor):
         split = state is None and self.split_gradients
         if split:  # plain SGD: each of the model's tensors updated apart, in place
             k = self.model.n_tensors
-            flat = torch.split(w, self.model.numels[:k], dim=1)  # views of w, (c, numel) each
-            parts = tuple(f.view(c, *shape) for f, shape in zip(flat, self.model.shapes[:k]))
-            center_parts = torch.split(centers, self.model.numels[:k], dim=1) if has_prox else None
+            views = torch.split(w, self.model.numels[:k], dim=1)  # of w, (c, numel) each
+            parts = tuple(v.view(c, *shape) for v, shape in zip(views, self.model.shapes[:k]))
+            view_centers = torch.split(centers, self.model.numels[:k], dim=1) if has_prox else None
         full_mask = (torch.arange(n_max, device=dev)[None, :] < n[:, None]).float()
         for e in range(epochs):
             steps = [1 if (plan_e := p[e]) is None else len(plan_e) for p in plans]
@@ -209,22 +209,20 @@ class BatchedExecutor(Executor):
                         if qb is None
                         else self._weighted_part_grads(parts, xb, yb, mask, qb)
                     )
-                    scale = opt.lr * active
-                    for j, (wj, gj) in enumerate(zip(flat, gs)):
-                        gj = gj.view(c, -1)
-                        # each entry the same operations as the whole vector's step below: the
-                        # gradient is this step's own tensor, scaled in place, not into a temporary
-                        if center_parts is not None:
-                            gj.add_((wj - center_parts[j]).mul_(mu[:, None]))
-                        wj.sub_(gj.mul_(scale))
-                    continue
-                g = self._grads(w, xb, yb, mask) if qb is None else self._weighted_grads(w, xb, yb, mask, qb)
-                if has_prox:
-                    g.add_((w - centers).mul_(mu[:, None]))
-                if state is None:
-                    w.sub_(g.mul_(opt.lr * active))
+                    pieces = zip(views, [g.view(c, -1) for g in gs], view_centers or [None] * len(views))
                 else:
-                    opt.step(w, g, state, active)
+                    g = self._grads(w, xb, yb, mask) if qb is None else self._weighted_grads(w, xb, yb, mask, qb)
+                    pieces = zip([w], [g], [centers if has_prox else None])
+                for wj, gj, cj in pieces:
+                    # the gradient is this step's own tensor: the pull and the step are formed in
+                    # it, not in a model-sized temporary (a product of two floats is the same
+                    # either way round); each entry the same operations, split or not
+                    if cj is not None:
+                        gj.add_((wj - cj).mul_(mu[:, None]))
+                    if state is None:
+                        wj.sub_(gj.mul_(opt.lr * active))
+                    else:
+                        opt.step(wj, gj, state, active)
         return [Trained(row, n) for row, n in zip(w.unbind(0), sizes)]
 
     def _stack(self, rows: list[torch.Tensor]) -> torch.Tensor:

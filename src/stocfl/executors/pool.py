@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import threading
 from collections.abc import Iterator
@@ -91,6 +92,7 @@ _kept = 0  # runs inside keep_freed_memory() now (a comparison's runs, threads)
 _kept_lock = threading.Lock()
 
 
+@functools.cache  # platform.libc_ver reads the interpreter's binary: once a process
 def _glibc():
     """The C library when it is glibc (whose allocator :func:`keep_freed_memory` tunes), else None."""
     import platform
