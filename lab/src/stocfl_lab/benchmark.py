@@ -39,7 +39,7 @@ import numpy as np
 
 import stocfl
 from stocfl.errors import UserError
-from stocfl.experiment import run_or_reuse
+from stocfl.experiment import finished_summary, run_or_reuse
 from stocfl.storage import exclusive, read_jsonl, write_atomic
 from stocfl_lab.records import Check, int_or_none, load_json, number, number_or_none, problem
 from stocfl_lab.rerun import moved, where_run
@@ -467,10 +467,12 @@ def run(
     log=print,
     only: str | None = None,
     stage: str = "default",
+    keep_state: bool = False,
 ) -> dict[str, int]:
     """Run (or reuse) every run of ``stage`` (:func:`jobs`) in this shard (``only``: the cells
     whose key, "method / scenario / participation", matches this shell pattern); returns counts
-    of runs run and reused."""
+    of runs run and reused. A run once recorded keeps its results files but not its state
+    (:func:`shed_state`) unless ``keep_state``."""
     counts = {"ran": 0, "reused": 0, "refigured": 0, "changed": 0}
     machine = f"{platform.machine()}, {os.cpu_count()} cores, stocfl {stocfl.__version__}"
     start = read_record(record)
@@ -522,9 +524,33 @@ def run(
                     print(f"{job.key}: WARNING run again under the same config, {_what_changed(held, entry)}")
                 counts["refigured"] += 1
             _save_run(record, job.key, entry)
+            if not keep_state:
+                shed_state(out)
             counts["ran"] += 1
             log(f"{job.key}: accuracy {entry['figures']['accuracy']}")
     return counts
+
+
+# what a finished run's directory holds only to go on with it: its checkpoint and its client
+# stores (with their journals, snapshots and undo logs); its results files stay
+STATE_FILES = ("checkpoint.safetensors", "*.f32", "*.journal", "*.snapshot.safetensors", "*.undo.safetensors")
+
+
+def shed_state(out: Path) -> int:
+    """Remove the state of the finished run in ``out`` (:data:`STATE_FILES`), keeping its config,
+    metrics, summary, per-client tables and figures; returns the bytes freed. The record holds
+    what the page reads, and a finished run without its checkpoint is still read as finished
+    (:func:`stocfl.experiment.provenance.finished_summary`), so it is reused, not run again; a
+    run of personal models would otherwise keep every client's model on disk (hundreds of MB)."""
+    if finished_summary(out) is None:
+        return 0  # not a finished run: its state is what resumes it
+    freed = 0
+    for pattern in STATE_FILES:
+        for f in out.glob(pattern):
+            if f.is_file():
+                freed += f.stat().st_size
+                f.unlink()
+    return freed
 
 
 def _what_changed(held: dict, entry: dict) -> str:
@@ -1086,6 +1112,7 @@ def main(args) -> int:
             log=(lambda m: None) if args.quiet else print,
             only=args.only,
             stage="tune" if args.tune else "tuned" if args.tuned else "default",
+            keep_state=args.keep_state,
         )
         again = (
             f" ({counts['refigured']} of them run again for newer figures, {counts['changed']} with other numbers)"

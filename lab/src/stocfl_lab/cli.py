@@ -106,6 +106,11 @@ def _parser() -> Parser:
     grid.add_argument("--only", help="the cells whose name matches this pattern, e.g. '* / rotated / 0.1'")
     grid.add_argument("--tune", action="store_true", help="run the tuning protocol's runs (validation split)")
     grid.add_argument("--tuned", action="store_true", help="run each method's tuned row (after --tune)")
+    grid.add_argument(
+        "--keep-state",
+        action="store_true",
+        help="keep each recorded run's checkpoint and client stores (removed by default: the record holds its results)",
+    )
     grid.add_argument("--page", action="store_true", help="run nothing: write the leaderboard from the record")
     grid.add_argument("--merge", nargs="+", type=path_arg, help="fold other machines' records into this one")
     grid.add_argument("--out", type=path_arg, help="write the leaderboard (Markdown) here, e.g. docs/benchmark.md")
