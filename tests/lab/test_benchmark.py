@@ -165,6 +165,31 @@ def test_a_run_recorded_under_a_config_the_grid_no_longer_asks_is_not_shown_and_
     assert sorted(changed) == view["stale"]
 
 
+def test_a_method_told_the_true_groups_runs_at_its_own_default_where_none_are_planted(tmp_path):
+    """{k} is the scenario's true number of groups; a scenario without planted groups (k = 1)
+    tells none, and the method keeps its own default (told 1, it would be FedAvg). Its other
+    overrides still apply."""
+    from stocfl.algorithms import ALGORITHMS
+
+    text = GRID.read_text().replace(
+        'set = ["algorithm.n_components={k}"]', 'set = ["algorithm.n_components={k}", "train.lr=0.07"]'
+    )
+    (tmp_path / "grid.toml").write_text(text)
+    grid = load_grid(tmp_path / "grid.toml")
+    cells = {(c.method.name, c.scenario.name): c for c in grid.cells() if c.participation == 0.1}
+    told = {"ifca": "n_models", "fesem": "n_centers", "fedem": "n_components", "fedrc": "n_clusters"}
+    told |= {"fedsoft": "n_clusters", "cflgp": "n_models"}
+    for name, key in told.items():
+        default = ALGORITHMS[name].Params().model_dump()[key]
+        for scenario in grid.scenarios:
+            if scenario.quick_only:
+                continue
+            algorithm = dict(grid.config(cells[(name, scenario.name)], 0).algorithm)
+            held = ALGORITHMS[name].Params(**{k: v for k, v in algorithm.items() if k != "name"}).model_dump()[key]
+            assert held == (scenario.k if scenario.k > 1 else default) and held > 1, (name, scenario.name, held)
+    assert grid.config(cells[("fedem", "dirichlet-0.1")], 0).train.lr == 0.07
+
+
 def test_fedavg_traffic_is_the_model_down_and_up_for_every_sampled_client(tmp_path):
     """Counted from the tasks and replies: FedAvg sends each sampled client the model and gets a
     model back, so a round is m x P x 4 bytes each way."""

@@ -133,12 +133,15 @@ class Grid:
     ):
         """The run's config: the base, the scenario, the method (``{k}``: the scenario's true
         groups), the participation and the seed, then the quick grid's overrides, then ``extra``
-        (a tuning setting)."""
+        (a tuning setting). A scenario without planted groups (k = 1) has no number to tell: a
+        method's overrides with ``{k}`` are left out there, and it runs at its own default
+        number of clusters, its paper's (told 1, IFCA or FedEM would be FedAvg)."""
+        k = cell.scenario.k
         sets = [
             *self.base,
             *cell.scenario.set,
             f"algorithm.name={cell.method.name}",
-            *(s.replace("{k}", str(cell.scenario.k)) for s in cell.method.set),
+            *(s.replace("{k}", str(k)) for s in cell.method.set if k > 1 or "{k}" not in s),
             f"run.sample_rate={cell.participation:g}",
             f"run.seed={seed}",
             *(self.quick.get("set", []) if quick else []),
