@@ -1139,6 +1139,19 @@ def test_pending_lists_each_declared_run_no_record_finishes_once_with_its_record
     )
     assert lab_main(["reproduce", "--pending", "--tables", str(root)]) == 0
     assert capsys.readouterr().out == text + "\n"
+    # a finished run recorded without its curve (an older table's) is listed once, with the command
+    # that runs it again; its two rows share it
+    legacy = json.loads((root / "tiny.json").read_text())
+    for row in legacy["rows"]:
+        for run in row["runs"]:
+            run["curves"] = None
+    (root / "tiny.json").write_text(json.dumps(legacy))
+    lines = pending(root)[1].splitlines()
+    said = [x for x in lines if "without its curve" in x]
+    assert len(said) == 2 and said[0].startswith("tiny: FedAvg, seed 0: recorded without its curve (it took ")
+    assert said[0].endswith("); stocfl-lab reproduce tiny --rerun --rows 1 --seeds 0"), said
+    assert lines[-1] == "2 finished runs recorded without their curves, about 0 hours to run again"
+    assert not any("FedAvg, again, seed 0: recorded" in x for x in said)
 
 
 def test_a_rerun_that_gives_other_numbers_says_which_and_whether_the_machine_explains_it(tmp_path, capsys):

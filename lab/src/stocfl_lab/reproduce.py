@@ -1259,8 +1259,11 @@ def _duration(seconds: float) -> str:
 def pending(root: Path = ROOT) -> tuple[list[dict[str, Any]], str]:
     """Every declared (table, run, seed) no record finishes, rows of one config sharing a run,
     cheapest first: each with the median seconds of its config's recorded runs (other seeds; None
-    where none ran) and the processors those ran on (a GPU's seconds say little of this CPU's)."""
+    where none ran) and the processors those ran on (a GPU's seconds say little of this CPU's).
+    Then every finished run recorded without its curve (migrated from an older table): to run
+    again with ``--rerun``, each with the seconds it took."""
     items: list[dict[str, Any]] = []
+    legacy: list[dict[str, Any]] = []
     for name in tables(root):
         t = load_table(name, root)
         recorded = _written(t, table_files(name, root=root)[1], False)[1]
@@ -1271,10 +1274,23 @@ def pending(root: Path = ROOT) -> tuple[list[dict[str, Any]], str]:
                 [*entry.get("runs", []), *entry.get("other_runs", [])]
             )
         seen: set[tuple[tuple[str, ...], int]] = set()
-        for row in t.rows:
+        seen_legacy: set[tuple[tuple[str, ...], int]] = set()  # a run once, whichever row records it
+        for number, row in enumerate(t.rows, 1):
             config = tuple(sorted(row.overrides))
             done = runs_of[config]
             timed = [r for r in done if r.get("seconds")]
+            for r in done:
+                if not r.get("curves") and (config, r["seed"]) not in seen_legacy:
+                    seen_legacy.add((config, r["seed"]))
+                    legacy.append(
+                        {
+                            "table": name,
+                            "row": row.name,
+                            "number": number,
+                            "seed": r["seed"],
+                            "seconds": r.get("seconds"),
+                        }
+                    )
             for s in t.seeds_of(row):
                 if any(r["seed"] == s for r in done) or (config, s) in seen:
                     continue
@@ -1304,6 +1320,15 @@ def pending(root: Path = ROOT) -> tuple[list[dict[str, Any]], str]:
         f"{len(items)} runs pending: {len(known)} with a recorded time, about {sum(known) / 3600:.0f} hours in all as "
         f"their recorded seeds took ({gpu} of them measured on a GPU), {len(items) - len(known)} never run"
     )
+    for i in legacy:
+        took = f"it took {_duration(i['seconds'])}" if i["seconds"] else "its time not recorded"
+        lines.append(
+            f"{i['table']}: {i['row']}, seed {i['seed']}: recorded without its curve ({took}); "
+            f"stocfl-lab reproduce {i['table']} --rerun --rows {i['number']} --seeds {i['seed']}"
+        )
+    if legacy:
+        hours = sum(i["seconds"] or 0.0 for i in legacy) / 3600
+        lines.append(f"{len(legacy)} finished runs recorded without their curves, about {hours:.0f} hours to run again")
     return items, "\n".join(lines)
 
 
