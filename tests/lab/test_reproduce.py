@@ -1175,6 +1175,44 @@ def test_a_rerun_that_gives_other_numbers_says_which_and_whether_the_machine_exp
     assert second not in out  # the same numbers again: nothing said
 
 
+def test_a_rerun_of_a_migrated_record_compares_the_figures_it_holds_at_its_decimals(tmp_path, capsys):
+    """A record migrated from an older table has no curves, figures rounded when written and
+    none of the figures added since: run again, a rounded figure the run gives again is not
+    flagged, one it does not give is said (at the record's decimals), a missing one is not."""
+    import shutil
+
+    from stocfl_lab.rerun import moved_as_recorded
+
+    root = tiny_root(tmp_path)
+    doc = reproduce("tiny", root=root, progress=False, log=lambda m: None)
+    shutil.rmtree(root / "runs")
+    legacy = json.loads((root / "tiny.json").read_text())
+    first, second = (r["runs"][0] for r in legacy["rows"][:2])
+    for run in (first, second):
+        run.update(curves=None, processor=None, global_accuracy=None)
+        run["accuracy"] = round(run["accuracy"], 3)  # as the older table wrote it
+    first["accuracy"] = round(first["accuracy"] + 0.002, 3)  # a number the run will not give again
+    (root / "tiny.json").write_text(json.dumps(legacy))
+    capsys.readouterr()
+    reproduce("tiny", root=root, progress=False, log=lambda m: None, rerun=True)
+    said = [x for x in capsys.readouterr().out.splitlines() if "WARNING" in x]
+    names = [r["name"] for r in doc["rows"]]
+    acc = doc["rows"][0]["runs"][0]["accuracy"]
+    assert len(said) == 1 and said[0].startswith(f"reproduce tiny: {names[0]}, seed 0: WARNING run again"), said
+    assert f"accuracy {first['accuracy']} -> {acc} (compared at the 3 decimals it was recorded with)" in said[0]
+    assert "recorded without its processor" in said[0] and "global_accuracy" not in said[0]
+    # the rule itself: equal at the record's decimals, exact for counts, nothing for what it lacks
+    held = {"accuracy": 0.794, "n_clusters": 4, "ari": None}
+    assert (
+        moved_as_recorded(held, {"accuracy": 0.79405, "n_clusters": 4, "ari": 0.5}, ["accuracy", "n_clusters", "ari"])
+        == []
+    )
+    assert moved_as_recorded(held, {"accuracy": 0.7930, "n_clusters": 3}, ["accuracy", "n_clusters"]) == [
+        "accuracy 0.794 -> 0.793 (compared at the 3 decimals it was recorded with)",
+        "n_clusters 4 -> 3",
+    ]
+
+
 def _set_first_run(field, value):
     return lambda doc: next(r for r in doc["rows"] if r["runs"])["runs"][0].__setitem__(field, value)
 

@@ -52,7 +52,7 @@ from stocfl.storage import exclusive, holder, read_jsonl, save_figure, write_ato
 from .benchmark import mean_ci
 from .coverage import row_diagnostic
 from .records import FIX, read_table_record
-from .rerun import moved, where_run
+from .rerun import moved, moved_as_recorded, where_run
 
 # what a run run again (--rerun) must give again: its numbers, not its time or machine
 RERUN_FIGURES = ("accuracy", "global_accuracy", "n_clusters", "ari", "authors_metric")
@@ -1070,10 +1070,12 @@ def reproduce(
                 curves=run_curves(table, run_dir),
             )
             held_run = recorded.get((row.name, s)) if rerun and runs_here else None
-            # run again: its numbers must come back (a record with its curves is a run's own; one
-            # read from an older table's rounded mean is not compared)
-            if held_run is not None and held_run.get("curves"):
-                said = moved(held_run, result, RERUN_FIGURES)
+            # run again: its numbers must come back (a record with its curves is a run's own, to
+            # the bit; one migrated from an older table, without curves, holds rounded figures:
+            # compared at the decimals it holds)
+            if held_run is not None:
+                check = moved if held_run.get("curves") else moved_as_recorded
+                said = check(held_run, result, RERUN_FIGURES)
                 if said:  # said even when quiet: the same config gave other numbers
                     print(
                         f"reproduce {name}: {row.name}, seed {s}: WARNING run again under the same config, "

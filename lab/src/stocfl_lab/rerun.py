@@ -32,3 +32,21 @@ def where_run(held: dict[str, Any], now: dict[str, Any]) -> str:
 def moved(held: dict[str, Any], now: dict[str, Any], keys) -> list[str]:
     """``key old -> new`` for each of ``keys`` whose value the re-run did not give again."""
     return [f"{k} {held.get(k)} -> {now.get(k)}" for k in keys if held.get(k) != now.get(k)]
+
+
+def moved_as_recorded(held: dict[str, Any], now: dict[str, Any], keys) -> list[str]:
+    """:func:`moved` for a record migrated from an older table, whose numbers were rounded when
+    written (an accuracy of 0.794) and which lacks the figures added since (None): each figure
+    it holds compared at the decimals it holds, the others not at all."""
+    said = []
+    for k in keys:
+        was, new = held.get(k), now.get(k)
+        if was is None:
+            continue
+        if isinstance(was, float) and isinstance(new, (int, float)):
+            places = len(repr(was).partition(".")[2]) if "e" not in repr(was) else 17
+            if round(float(new), places) != was:
+                said.append(f"{k} {was} -> {new} (compared at the {places} decimals it was recorded with)")
+        elif was != new:
+            said.append(f"{k} {was} -> {new}")
+    return said
