@@ -840,6 +840,10 @@ def page(grid: Grid, record: dict[str, Any], quick: bool = False) -> str:
         f"figure is the mean ± the half-width of its 95% confidence interval over seeds (Student's t); (m/n): only "
         f"m of the cell's n runs have the figure. A cell not yet run is *pending*." + _stale_text(record["stale"]),
         "",
+        "How the grid is built, and what to know when reading it (which methods are told the number of clusters, "
+        "why CFL's and FL+HC's rows read as FedAvg's at their papers' thresholds, the tuning protocol), is on "
+        "[the design page](benchmark-design.md).",
+        "",
         f"Cost so far: {spent / 3600:.2f} hours of wall time for the {len(runs)} runs recorded"
         + (
             f" ({spent / len(runs):.0f} s a run on average, on {', '.join(sorted({r['machine'] for r in runs}))}; "
