@@ -40,8 +40,7 @@ import numpy as np
 import stocfl
 from stocfl.errors import UserError
 from stocfl.experiment import finished_summary, run_or_reuse
-from stocfl.experiment.provenance import CHECKPOINT
-from stocfl.storage import exclusive, read_jsonl, store, write_atomic
+from stocfl.storage import exclusive, read_jsonl, write_atomic
 from stocfl_lab.records import Check, int_or_none, load_json, number, number_or_none, problem
 from stocfl_lab.rerun import moved, where_run
 
@@ -537,7 +536,7 @@ def run(
 
 # what a finished run's directory holds only to go on with it: its checkpoint and its client
 # stores (with their journals, snapshots and undo logs); its results files stay
-STATE_FILES = (CHECKPOINT, *(f"*{suffix}" for suffix in store.FILE_SUFFIXES))
+STATE_FILES = ("checkpoint.safetensors", "*.f32", "*.journal", "*.snapshot.safetensors", "*.undo.safetensors")
 
 
 def shed_state(out: Path) -> int:
