@@ -1118,9 +1118,12 @@ def test_a_row_reading_a_round_its_runs_do_not_evaluate_is_refused_before_any_ru
     assert not (root / "runs").exists()
 
 
-def test_pending_lists_each_declared_run_no_record_finishes_once_with_its_recorded_seeds_time(tmp_path, capsys):
+def test_pending_lists_each_declared_run_no_record_finishes_once_with_its_recorded_seeds_time(
+    tmp_path, capsys, monkeypatch
+):
     from stocfl_lab.reproduce import pending
 
+    monkeypatch.delenv("STOCFL_DATA_DIR", raising=False)
     root = tiny_root(tmp_path)
     table = TABLE + '\n[[run]]\nname = "FedAvg, again"\nset = ["algorithm.name=fedavg"]\npaper = [50.0, 1.0]\n'
     (root / "tiny.toml").write_text(table)
@@ -1135,7 +1138,7 @@ def test_pending_lists_each_declared_run_no_record_finishes_once_with_its_record
     assert [(i["row"], i["seed"], i["seconds"]) for i in items] == [("FedAvg", 1, took), ("FedAvg", 2, took)]
     assert text.endswith(
         "2 runs pending: 2 with a recorded time, about 0 hours in all as their recorded seeds took "
-        "(0 of them measured on a GPU), 0 never run"
+        "(0 of them measured on a GPU), 0 never run; the data they need not checked (pass --data-dir to check it)"
     )
     assert lab_main(["reproduce", "--pending", "--tables", str(root)]) == 0
     assert capsys.readouterr().out == text + "\n"
@@ -1152,6 +1155,40 @@ def test_pending_lists_each_declared_run_no_record_finishes_once_with_its_record
     assert said[0].endswith("); stocfl-lab reproduce tiny --rerun --rows 1 --seeds 0"), said
     assert lines[-1] == "2 finished runs recorded without their curves, about 0 hours to run again"
     assert not any("FedAvg, again, seed 0: recorded" in x for x in said)
+
+
+def test_pending_with_a_data_directory_lists_apart_the_runs_its_data_cannot_build(tmp_path, capsys, monkeypatch):
+    """A run whose data set the directory lacks, or whose scenario asks more samples than the
+    data set holds (a partial Fashion-MNIST's case), cannot run there: with --data-dir it is
+    said so, with the reason, and not counted among the runs to run; without it, the listing
+    says the data were not checked."""
+    from stocfl_lab.reproduce import pending
+
+    monkeypatch.delenv("STOCFL_DATA_DIR", raising=False)
+    root = tiny_root(tmp_path)
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = (
+        '[[run]]\nname = "FedAvg, too many samples"\nset = ["algorithm.name=fedavg", '
+        '"scenario.samples_per_client=1000"]\npaper = [50.0, 1.0]\n'
+        '[[run]]\nname = "FedAvg on MNIST"\nset = ["algorithm.name=fedavg", "scenario.dataset=mnist"]\n'
+        "paper = [50.0, 1.0]\n"
+    )
+    (root / "tiny.toml").write_text(TABLE + rows)
+    unchecked = pending(root)[1].splitlines()
+    assert unchecked[-1].startswith("4 runs pending: 0 with a recorded time") and "not checked" in unchecked[-1]
+    items, text = pending(root, str(data))
+    lines = text.splitlines()
+    assert [i["row"] for i in items if not i.get("cannot")] == ["FedAvg", "StoCFL"]
+    assert "2 runs pending: 0 with a recorded time, about 0 hours in all as their recorded seeds took " in text
+    assert f"tiny: FedAvg, too many samples, seed 0: cannot run with {data}" in lines
+    assert f"tiny: FedAvg on MNIST, seed 0: cannot run with {data}" in lines
+    said = [x for x in lines if x.startswith("1 runs above cannot run with")]
+    assert len(said) == 2, lines
+    assert any("needs 2 clients x 1000" in x for x in said) and any("mnist" in x for x in said), said
+    capsys.readouterr()
+    assert lab_main(["reproduce", "--pending", "--tables", str(root), "--data-dir", str(data)]) == 0
+    assert capsys.readouterr().out == text + "\n"
 
 
 def test_a_rerun_that_gives_other_numbers_says_which_and_whether_the_machine_explains_it(tmp_path, capsys):

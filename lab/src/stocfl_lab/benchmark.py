@@ -39,7 +39,7 @@ import numpy as np
 
 import stocfl
 from stocfl.errors import UserError
-from stocfl.experiment import finished_summary, run_or_reuse
+from stocfl.experiment import run_or_reuse, shed_state
 from stocfl.storage import exclusive, read_jsonl, write_atomic
 from stocfl_lab.records import Check, int_or_none, load_json, number, number_or_none, problem
 from stocfl_lab.rerun import moved, where_run
@@ -532,28 +532,6 @@ def run(
             counts["ran"] += 1
             log(f"{job.key}: accuracy {entry['figures']['accuracy']}")
     return counts
-
-
-# what a finished run's directory holds only to go on with it: its checkpoint and its client
-# stores (with their journals, snapshots and undo logs); its results files stay
-STATE_FILES = ("checkpoint.safetensors", "*.f32", "*.journal", "*.snapshot.safetensors", "*.undo.safetensors")
-
-
-def shed_state(out: Path) -> int:
-    """Remove the state of the finished run in ``out`` (:data:`STATE_FILES`), keeping its config,
-    metrics, summary, per-client tables and figures; returns the bytes freed. The record holds
-    what the page reads, and a finished run without its checkpoint is still read as finished
-    (:func:`stocfl.experiment.provenance.finished_summary`), so it is reused, not run again; a
-    run of personal models would otherwise keep every client's model on disk (hundreds of MB)."""
-    if finished_summary(out) is None:
-        return 0  # not a finished run: its state is what resumes it
-    freed = 0
-    for pattern in STATE_FILES:
-        for f in out.glob(pattern):
-            if f.is_file():
-                freed += f.stat().st_size
-                f.unlink()
-    return freed
 
 
 def _what_changed(held: dict, entry: dict) -> str:

@@ -7,6 +7,7 @@ packages' exports, ``stocfl.config``, ``stocfl.errors``, ``stocfl.cli``'s parser
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -30,7 +31,8 @@ def _parser() -> Parser:
     rep.add_argument(
         "--pending",
         action="store_true",
-        help="list every declared run no record finishes yet, cheapest first, with its recorded seeds' time",
+        help="list every declared run no record finishes yet, cheapest first, with its recorded seeds' time "
+        "(with --data-dir: those the data sets there cannot run, apart, with the reason)",
     )
     rep.add_argument(
         "--coverage",
@@ -142,7 +144,7 @@ def _reproduce(args) -> int:
     if args.pending:
         from stocfl_lab.reproduce import pending
 
-        print(pending(Path(args.tables))[1])
+        print(pending(Path(args.tables), args.data_dir or os.environ.get("STOCFL_DATA_DIR") or None)[1])
         return 0
     if args.list:
         if args.table:

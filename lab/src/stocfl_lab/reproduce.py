@@ -46,7 +46,7 @@ from stocfl import config
 from stocfl.client import id_ranges
 from stocfl.data import data_root
 from stocfl.errors import UserError, first_repeated
-from stocfl.experiment import LoadedRun, finished_summary, integer_rounds, run_or_reuse
+from stocfl.experiment import LoadedRun, build_federation, finished_summary, integer_rounds, run_or_reuse
 from stocfl.storage import exclusive, holder, read_jsonl, save_figure, write_atomic
 
 from .benchmark import mean_ci
@@ -1258,10 +1258,34 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 3600 else f"{seconds / 3600:.1f} h"
 
 
-def pending(root: Path = ROOT) -> tuple[list[dict[str, Any]], str]:
+def _data_problems(items: list[dict[str, Any]], root: Path, data_dir: str) -> None:
+    """Set each pending item's ``cannot`` to why its federation cannot be built from ``data_dir``
+    (the data set absent, or too small for the scenario: a partial Fashion-MNIST), or None. Each
+    distinct scenario and seed is built once; nothing is trained."""
+    built: dict[tuple[str, int], str | None] = {}
+    for i in items:
+        t = load_table(i["table"], root)
+        row = next(r for r in t.rows if r.name == i["row"])
+        try:
+            cfg = stocfl.load_config(t.config, [*row.overrides, f"run.seed={i['seed']}"], data_dir)
+            key = (cfg.scenario.model_dump_json(), cfg.run.seed)
+            if key not in built:
+                try:
+                    build_federation(cfg)
+                    built[key] = None
+                except UserError as err:
+                    built[key] = str(err)
+            i["cannot"] = built[key]
+        except UserError as err:
+            i["cannot"] = str(err)
+
+
+def pending(root: Path = ROOT, data_dir: str | None = None) -> tuple[list[dict[str, Any]], str]:
     """Every declared (table, run, seed) no record finishes, rows of one config sharing a run,
     cheapest first: each with the median seconds of its config's recorded runs (other seeds; None
     where none ran) and the processors those ran on (a GPU's seconds say little of this CPU's).
+    With ``data_dir``, each is checked against it (its federation built, nothing trained): those
+    that cannot run with it are listed apart, with the reason, and not counted as runnable.
     Then every finished run recorded without its curve (migrated from an older table): to run
     again with ``--rerun``, each with the seconds it took."""
     items: list[dict[str, Any]] = []
@@ -1307,8 +1331,11 @@ def pending(root: Path = ROOT) -> tuple[list[dict[str, Any]], str]:
                     }
                 )
     items.sort(key=lambda i: (i["seconds"] is None, i["seconds"] or 0.0))
-    known = [i["seconds"] for i in items if i["seconds"] is not None]
-    gpu = sum(1 for i in items if any("NVIDIA" in p for p in i["measured_on"]))
+    if data_dir is not None:
+        _data_problems(items, root, data_dir)
+    runnable = [i for i in items if not i.get("cannot")]
+    known = [i["seconds"] for i in runnable if i["seconds"] is not None]
+    gpu = sum(1 for i in runnable if any("NVIDIA" in p for p in i["measured_on"]))
     lines = [
         f"{i['table']}: {i['row']}, seed {i['seed']}: "
         + (
@@ -1316,12 +1343,20 @@ def pending(root: Path = ROOT) -> tuple[list[dict[str, Any]], str]:
             if i["seconds"] is not None
             else "no run of its config recorded yet"
         )
-        for i in items
+        for i in runnable
     ]
     lines.append(
-        f"{len(items)} runs pending: {len(known)} with a recorded time, about {sum(known) / 3600:.0f} hours in all as "
-        f"their recorded seeds took ({gpu} of them measured on a GPU), {len(items) - len(known)} never run"
+        f"{len(runnable)} runs pending: {len(known)} with a recorded time, about {sum(known) / 3600:.0f} hours in "
+        f"all as their recorded seeds took ({gpu} of them measured on a GPU), {len(runnable) - len(known)} never run"
+        + ("" if data_dir is not None else "; the data they need not checked (pass --data-dir to check it)")
     )
+    cannot: dict[str, list[str]] = {}
+    for i in items:
+        if i.get("cannot"):
+            cannot.setdefault(i["cannot"], []).append(f"{i['table']}: {i['row']}, seed {i['seed']}")
+    for why, runs in cannot.items():
+        lines += [f"{r}: cannot run with {data_dir}" for r in runs]
+        lines.append(f"{len(runs)} runs above cannot run with {data_dir}: {why}")
     for i in legacy:
         took = f"it took {_duration(i['seconds'])}" if i["seconds"] else "its time not recorded"
         lines.append(

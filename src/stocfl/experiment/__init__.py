@@ -1,6 +1,7 @@
 """A run of an experiment: build it from a config, the round loop, provenance and resume, results,
 metrics and plots, new clients, model files, comparisons."""
 
+from stocfl.experiment.build import build_federation
 from stocfl.experiment.compare import run_or_reuse
 from stocfl.experiment.configure import load as load_config
 from stocfl.experiment.configure import settle
@@ -8,13 +9,15 @@ from stocfl.experiment.loop import Experiment
 from stocfl.experiment.metrics import cluster_numbers, clustering_scores
 from stocfl.experiment.modelfiles import export_models, load_model
 from stocfl.experiment.plots import integer_rounds
-from stocfl.experiment.provenance import config_digest, finished_summary
+from stocfl.experiment.provenance import STATE_FILES, config_digest, finished_summary, shed_state
 from stocfl.experiment.saved import LoadedRun, SavedRun, open_run
 
 __all__ = [
+    "STATE_FILES",
     "Experiment",
     "LoadedRun",
     "SavedRun",
+    "build_federation",
     "cluster_numbers",
     "clustering_scores",
     "config_digest",
@@ -26,4 +29,5 @@ __all__ = [
     "open_run",
     "run_or_reuse",
     "settle",
+    "shed_state",
 ]

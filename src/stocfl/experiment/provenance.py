@@ -22,6 +22,7 @@ from stocfl.experiment import configure
 from stocfl.experiment.build import read_config
 from stocfl.storage import checkpoint, formats
 from stocfl.storage.files import write_atomic
+from stocfl.storage.store import FILE_SUFFIXES
 
 CHECKPOINT = "checkpoint.safetensors"
 
@@ -260,3 +261,25 @@ def finished_summary(out: Path) -> dict[str, Any] | None:
     ):
         return None  # edited since the run wrote it: not a finished run's summary (resume writes it anew)
     return summary if summary.get("rounds_done") == summary.get("rounds") == rounds == meta.get("round") else None
+
+
+# what a run's directory holds only to go on with it: its checkpoint and its client stores'
+# files (their rows, journals, snapshots and undo logs); its results files are the rest
+STATE_FILES = (CHECKPOINT, *(f"*{suffix}" for suffix in FILE_SUFFIXES))
+
+
+def shed_state(out: Path) -> int:
+    """Remove the state of the finished run in ``out`` (:data:`STATE_FILES`), keeping its config,
+    metrics, summary, per-client tables and figures; returns the bytes freed. A finished run
+    without its checkpoint is still read as finished (:func:`finished_summary`), so it is reused,
+    not run again; a run of personal models would otherwise keep every client's model on disk.
+    A run not finished keeps everything: its state is what resumes it."""
+    if finished_summary(out) is None:
+        return 0
+    freed = 0
+    for pattern in STATE_FILES:
+        for f in out.glob(pattern):
+            if f.is_file() and not f.is_symlink():
+                freed += f.stat().st_size
+                f.unlink()
+    return freed

@@ -52,6 +52,9 @@ from stocfl.storage.files import open_nofollow
 FORMAT = 2
 RAM = 2 * 2**30  # the default budget of a store kept in memory (run.store_ram)
 FOLD = 2  # the journal is folded into a snapshot once it holds this many stores' worth of rows
+# the files a store named NAME keeps in its run directory, NAME + each: its rows (mapped), the
+# undo log of those rows, the journal of a store kept in memory, and that journal's snapshot
+FILE_SUFFIXES = (".f32", ".undo.safetensors", ".journal", ".snapshot.safetensors")
 JOURNAL_MAGIC = b"STOCFLJ1"  # opens every journal record: the magic, the header's length, the header, the rows
 
 _READ_ONLY = contextvars.ContextVar("stocfl_store_read_only", default=False)
@@ -85,10 +88,8 @@ class ClientStore:
         self.existed = False
         self.trusted = False  # rows this process wrote or verified
         self.read_only = _READ_ONLY.get()  # see read_only(): nothing written to disk
-        self.path = None if directory is None else Path(directory) / f"{name}.f32"
-        self.undo_path = None if directory is None else Path(directory) / f"{name}.undo.safetensors"
-        self.journal = None if directory is None else Path(directory) / f"{name}.journal"
-        self.snapshot = None if directory is None else Path(directory) / f"{name}.snapshot.safetensors"
+        files = [None if directory is None else Path(directory) / f"{name}{s}" for s in FILE_SUFFIXES]
+        self.path, self.undo_path, self.journal, self.snapshot = files
         self.in_ram = False  # kept in memory with a journal on disk
         self.stated = 0  # the version of the last checkpoint taken or loaded: the one a snapshot may hold
         self.covered: set[int] = set()  # on disk: rows whose checkpoint value the undo file holds or needs not
