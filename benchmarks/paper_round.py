@@ -13,8 +13,11 @@ agree (checked: same clusters, models within 1e-4).
 
     .venv/bin/python benchmarks/paper_round.py --data-dir ../shared/data
     .venv/bin/python benchmarks/paper_round.py --rounds 3 --profile lowrank   # cProfile's top lines
+    .venv/bin/python benchmarks/paper_round.py --engines lowrank,lowrank-factored,lowrank,lowrank-factored
 
-Writes benchmarks/paper_round.json.
+``lowrank-factored`` is the low-rank engine with ``run.factored_replies`` (replies aggregated
+from their factors); every engine's clusters and models are compared with the first's. Writes
+benchmarks/paper_round.json (or --out).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--engines", default="lowrank,batched")
     ap.add_argument("--profile", default="", help="an engine whose rounds run under cProfile (its top lines printed)")
+    ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
 
     import torch
@@ -62,8 +66,10 @@ def main() -> int:
     peaks = [matmul_peak(2048) * 1e9]
     out: dict = {"engines": {}}
     finals = {}
-    for engine in args.engines.split(","):
-        cfg = configure.load(str(CONFIG), overrides=[*sets, f"run.engine={engine}"])
+    for n, engine in enumerate(args.engines.split(",")):
+        factored = engine == "lowrank-factored"
+        chosen = ["run.engine=lowrank", "run.factored_replies=true"] if factored else [f"run.engine={engine}"]
+        cfg = configure.load(str(CONFIG), overrides=[*sets, *chosen])
         exp = Experiment.create(cfg, None, federation=fed)
         assert structure(exp.model) is not None, "the MLP's first layer is dense"
         counter = FlopCount(fed, exp.model)
@@ -88,7 +94,7 @@ def main() -> int:
                 if prof:
                     prof.disable()
                 trainings = sum(type(x) is Train for x in ran)
-                work = path_flops(ran, fed, exp.model, counter, engine == "lowrank")
+                work = path_flops(ran, fed, exp.model, counter, engine.startswith("lowrank"))
                 bound = work / peaks[0]
                 rows.append(
                     {
@@ -106,21 +112,26 @@ def main() -> int:
                 pstats.Stats(prof).sort_stats("tottime").print_stats(25)
             exp.executor.release()  # the next engine's rounds start without this one's kept memory
         models = exp.algorithm.cluster_models()
-        finals[engine] = (exp.algorithm.assignments(), {k: m.clone() for k, m in models.items()})
-        out["engines"][engine] = rows
+        key = f"{engine} ({n + 1})" if engine in out["engines"] else engine
+        finals[key] = (exp.algorithm.cluster_labels(), {k: m.clone() for k, m in models.items()})
+        out["engines"][key] = rows
         peaks.append(matmul_peak(2048) * 1e9)
-    if len(finals) == 2:
-        (la, ma), (lb, mb) = finals.values()
-        same = la is None and lb is None or (la is not None and lb is not None and bool((la == lb).all()))
+        del exp
+    first = next(iter(finals))
+    (la, ma) = finals[first]
+    out["engines_agree"] = {}
+    for other in list(finals)[1:]:
+        lb, mb = finals[other]
+        same = bool((la == lb).all())
         close = ma.keys() == mb.keys() and all(torch.allclose(ma[k], mb[k], rtol=1e-4, atol=1e-4) for k in ma)
-        out["engines_agree"] = {"clusters": same, "models_1e-4": close}
-        print("engines agree:", out["engines_agree"])
+        out["engines_agree"][f"{other} against {first}"] = {"clusters": same, "models_1e-4": close}
+    print("engines agree:", out["engines_agree"])
     out |= {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {args.threads} threads",
         "matmul_peak_gflops": [round(p / 1e9, 1) for p in peaks],
     }
-    OUT.write_text(json.dumps(out, indent=1) + "\n")
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 

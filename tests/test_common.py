@@ -99,6 +99,7 @@ EXECUTORS = {
     "parallel": lambda fed=FED: ParallelExecutor(fed, MODEL, workers=2),
     "batched": lambda fed=FED: BatchedExecutor(fed, MODEL),
     "lowrank": lambda fed=FED: BatchedExecutor(fed, MODEL, lowrank=True),
+    "lowrank-factored": lambda fed=FED: BatchedExecutor(fed, MODEL, lowrank=True, factored=True),
     "loopback": lambda fed=FED: LoopbackExecutor(SequentialExecutor(fed, MODEL), nodes=3),
 }
 
@@ -163,7 +164,7 @@ def test_every_algorithm_on_every_executor(name, executor, tmp_path, one_thread)
     ref = sequential_reference(name)
     assert np.array_equal(labels, ref.cluster_labels())
     assert torch.allclose(alg.global_model(), ref.global_model(), atol=1e-5)
-    if executor not in ("batched", "lowrank"):
+    if executor not in ("batched", "lowrank", "lowrank-factored"):
         assert torch.equal(alg.global_model(), ref.global_model()), "the codec must carry numbers unchanged"
     # state through the checkpoint file (safetensors + JSON metadata) and back
     tensors, meta = alg.encode_state()

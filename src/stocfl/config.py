@@ -71,6 +71,13 @@ class RunConfig(Section):
     chunk_size: int = Field(
         0, ge=0, le=MAX_COUNT, description="clients per batched computation (batched engine); 0 = from a memory budget"
     )
+    factored_replies: bool = Field(
+        False,
+        description="lowrank engine on the CPU: each trained reply kept as its low-rank factors (first layer "
+        "alpha W_0 + beta C + A^T X) and averaged from them in one product, never formed as a dense model unless "
+        "the algorithm reads it; the same training, aggregates that differ in the last bits (another order of "
+        "float32 sums)",
+    )
     store_ram: int = Field(
         2048,
         ge=0,

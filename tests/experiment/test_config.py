@@ -109,8 +109,8 @@ def test_cli_subprocess_no_traceback(tmp_path):
     assert p.returncode == 2
     assert p.stderr.strip() == (
         "stocfl: error: config: unknown key 'run.unknown'; allowed keys here: rounds, sample_rate, seed, "
-        "eval_every, eval_rounds, target_accuracy, engine, threads, device, client_timeout, chunk_size, store_ram, "
-        "tensorboard, "
+        "eval_every, eval_rounds, target_accuracy, engine, threads, device, client_timeout, chunk_size, "
+        "factored_replies, store_ram, tensorboard, "
         "sim_nodes, node_wait"
     )
 

@@ -351,6 +351,7 @@ def test_tensorboard_without_a_results_directory_is_refused_in_one_line():
         ([], "run.store_ram", "0"),
         ([], "run.target_accuracy", "0.99"),
         ([], "run.eval_rounds", "[3]"),
+        ([], "run.factored_replies", "true"),
     ],
 )
 def test_a_config_key_added_later_leaves_an_older_runs_digest_as_it_was(base, key, other):
@@ -368,6 +369,7 @@ def test_a_config_key_added_later_leaves_an_older_runs_digest_as_it_was(base, ke
     d["run"].pop("store_ram")
     d["run"].pop("target_accuracy")
     d["run"].pop("eval_rounds")
+    d["run"].pop("factored_replies")
     d["algorithm"].pop("cluster_start", None)
     d["algorithm"].pop("cluster_warmup", None)
     d["algorithm"].pop("chain", None)

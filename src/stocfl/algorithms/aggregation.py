@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, cast, get_args
 
 import numpy as np
 import torch
 
+from stocfl.client.tasks import FactoredTrained
 from stocfl.config import RULES
 
 Rule = Literal["mean", "clip", "median", "trimmed_mean"]
@@ -31,19 +32,26 @@ assert RULES == get_args(Rule)  # the config's names for them
 
 
 MEAN_BLOCK = 1 << 16  # entries of the float64 sum held at once (512 KB: it stays in cache)
+FACTOR_ROWS = 1 << 13  # samples of factored replies in one product (their A and X rows: a few tens of MB)
+
+Vector = torch.Tensor | FactoredTrained
 
 
-def weighted_mean(vectors: list[torch.Tensor], weights) -> torch.Tensor:
+def weighted_mean(vectors: Sequence[Vector], weights) -> torch.Tensor:
     """sum_i a_i v_i / sum_i a_i, accumulated in float64 for stability, returned as float32.
 
     Summed a block of entries at a time, every vector adding its part in turn: each entry's sum
     is the same sum in the same order as over whole vectors (a test checks it to the bit), but a
-    model-sized float64 sum is never read and written once per vector."""
+    model-sized float64 sum is never read and written once per vector. Factored replies
+    (:class:`~stocfl.client.tasks.FactoredTrained`) are summed from their factors
+    (:func:`factored_mean`)."""
     a = torch.as_tensor(np.asarray(weights, dtype=np.float64))
     if a.sum() <= 0:
         raise ValueError("weighted_mean needs a positive total weight")
+    if any(isinstance(v, FactoredTrained) for v in vectors):
+        return factored_mean(vectors, [float(x) for x in a])
     alphas, total = [float(x) for x in a], a.sum()
-    flat = [v.reshape(-1) for v in vectors]
+    flat = [cast(torch.Tensor, v).reshape(-1) for v in vectors]
     n = flat[0].numel()
     out = torch.empty(n, dtype=torch.float32)
     acc = torch.empty(min(n, MEAN_BLOCK), dtype=torch.float64)
@@ -53,7 +61,53 @@ def weighted_mean(vectors: list[torch.Tensor], weights) -> torch.Tensor:
         for v, ai in zip(flat, alphas):
             part.add_(v[s : s + MEAN_BLOCK].double(), alpha=ai)
         out[s : s + len(part)] = (part / total).float()
-    return out.reshape(vectors[0].shape)
+    return out.reshape(cast(torch.Tensor, vectors[0]).shape)
+
+
+def factored_mean(vectors: Sequence[Vector], weights: list[float]) -> torch.Tensor:
+    """:func:`weighted_mean` of replies some or all of which are factored. A factored reply's
+    first layer is alpha_i W_i + beta_i C_i + A_i^T X_i, so the weighted sum of the first layers
+    is sum_i a_i alpha_i W_i + sum_i a_i beta_i C_i (a few distinct W and C: a round's starts
+    and centers) plus [a_i A_i]^T [X_i], one product over all their samples (in blocks of
+    FACTOR_ROWS) in place of forming every reply. The dense terms are summed in float64, the
+    product in float32: the mean differs from that of the formed replies in the last bits."""
+    total = sum(weights)
+    ref = next(v for v in vectors if isinstance(v, FactoredTrained))
+    h, d, p = ref.A.shape[1], ref.X.shape[1], ref.start.numel()
+    hd = h * d
+    acc = torch.zeros(p, dtype=torch.float64)
+    scale: dict[int, tuple[torch.Tensor, float]] = {}  # the coefficient of each distinct W and C
+
+    def add(t: torch.Tensor, c: float) -> None:
+        held = scale.get(id(t))
+        scale[id(t)] = (t, c + (held[1] if held else 0.0))
+
+    factored: list[tuple[FactoredTrained, float]] = []
+    for v, ai in zip(vectors, weights):
+        if not isinstance(v, FactoredTrained) or (v.A.shape[1], v.X.shape[1]) != (h, d):
+            w = v.weights if isinstance(v, FactoredTrained) else v
+            acc.add_(w.double(), alpha=ai)
+            continue
+        factored.append((v.unchanged(), ai))
+        add(v.start, ai * v.alpha)
+        if v.center is not None and v.beta != 0.0:
+            add(v.center, ai * v.beta)
+        acc[hd:].add_(v.tail.double(), alpha=ai)
+    for t, c in scale.values():
+        acc[:hd].add_(t[:hd].double(), alpha=c)
+    product = torch.zeros(h, d, dtype=ref.A.dtype)
+    block: list[tuple[FactoredTrained, float]] = []
+    rows = 0
+    for k, (v, ai) in enumerate(factored):
+        block.append((v, ai))
+        rows += len(v.A)
+        if rows >= FACTOR_ROWS or k == len(factored) - 1:
+            a_rows = torch.cat([u.A * bi for u, bi in block])
+            x_rows = torch.cat([u.X for u, _ in block])
+            product.addmm_(a_rows.T, x_rows)
+            block, rows = [], 0
+    acc[:hd].add_(product.reshape(-1).double())
+    return (acc / total).float()
 
 
 BLOCK = 1 << 22  # numbers per coordinate block of the coordinate-wise rules (memory stays O(BLOCK))
@@ -109,18 +163,19 @@ class Aggregator:
     trim: float = 0.1
 
     def __call__(
-        self, vectors: Sequence[torch.Tensor], weights, start: torch.Tensor | Sequence[torch.Tensor]
+        self, vectors: Sequence[Vector], weights, start: torch.Tensor | Sequence[torch.Tensor]
     ) -> torch.Tensor:
         """Combine ``vectors`` (trained from ``start``: one model, or one per vector) with
-        weights ``weights`` (|D_i|, or ones); ``median`` and ``trimmed_mean`` ignore the weights."""
-        vectors = list(vectors)
+        weights ``weights`` (|D_i|, or ones); ``median`` and ``trimmed_mean`` ignore the weights.
+        A factored reply is averaged from its factors by the mean, formed for the other rules."""
         if not vectors:
             raise ValueError("nothing to aggregate")
         if self.rule == "mean":
             return weighted_mean(vectors, weights)
+        dense = [v.weights if isinstance(v, FactoredTrained) else v for v in vectors]
         if self.rule == "clip":
-            starts = [start] * len(vectors) if isinstance(start, torch.Tensor) else list(start)
-            return clipped_mean(vectors, weights, starts, self.clip_norm)
+            starts = [start] * len(dense) if isinstance(start, torch.Tensor) else list(start)
+            return clipped_mean(dense, weights, starts, self.clip_norm)
         if self.rule == "median":
-            return coordinate_median(vectors)
-        return trimmed_mean(vectors, self.trim)
+            return coordinate_median(dense)
+        return trimmed_mean(dense, self.trim)

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from stocfl.algorithms.aggregation import Aggregator
 from stocfl.bounds import MAX_MODEL_BYTES
 from stocfl.client.mixture import Mixture
-from stocfl.client.tasks import Evaluate, Reply, Task, Train, Trained, task_seed
+from stocfl.client.tasks import Evaluate, FactoredTrained, Reply, Task, Train, Trained, task_seed
 from stocfl.client.training import LocalTraining
 from stocfl.errors import UserError
 from stocfl.storage import state as state_mod
@@ -219,7 +219,8 @@ class Algorithm:
         weighted by ``weights``, else by the samples that trained each); ``start`` is the model
         they were trained from (one, or one per result)."""
         w = [r.n_samples for r in results] if weights is None else weights
-        return self.ctx.aggregator([r.weights for r in results], w, start)
+        # a factored reply goes as it is: the mean rule sums it from its factors, never formed
+        return self.ctx.aggregator([r if isinstance(r, FactoredTrained) else r.weights for r in results], w, start)
 
     def chain(
         self, clients: list[int], task: Callable[[int, torch.Tensor], Train], start: torch.Tensor, ask: AskClients

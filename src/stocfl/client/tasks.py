@@ -60,6 +60,110 @@ class Trained:
     n_samples: int
 
 
+class FactoredTrained(Trained):
+    """A :class:`Train` reply of the low-rank path (``run.factored_replies``) kept as its
+    factors: the first layer, the first h*d entries of the flat weights, is
+
+        alpha W_0 + beta C + A^T X
+
+    with W_0 the weights sent (``start``: the executor's copy of them, which nothing writes
+    into), C the proximal center (None: no pull; also a copy), X the
+    client's flattened inputs (n x d) and A (n x h) the updates SGD accumulated on them; the
+    other entries (``tail``) as trained. ``weights`` forms the dense model on first use (and
+    keeps it); the mean rule aggregates such replies from their factors, one product for all
+    of them (:func:`~stocfl.algorithms.aggregation.weighted_mean`), and their checks bound
+    the move from the factors (:func:`check_trained`), so a round whose algorithm only
+    averages them never forms them. Only the in-process executors make them."""
+
+    start: torch.Tensor
+    center: torch.Tensor | None
+    alpha: float
+    beta: float
+    A: torch.Tensor
+    X: torch.Tensor
+    tail: torch.Tensor
+    _dense: torch.Tensor | None
+    _versions: tuple[int, int | None]
+
+    def __init__(
+        self,
+        start: torch.Tensor,
+        center: torch.Tensor | None,
+        alpha: float,
+        beta: float,
+        A: torch.Tensor,
+        X: torch.Tensor,
+        tail: torch.Tensor,
+        n_samples: int,
+    ):
+        for name, value in (
+            ("start", start),
+            ("center", center),
+            ("alpha", float(alpha)),
+            ("beta", float(beta)),
+            ("A", A),
+            ("X", X),
+            ("tail", tail),
+            ("n_samples", n_samples),
+            ("_dense", None),
+            ("_versions", (start._version, None if center is None else center._version)),
+        ):
+            object.__setattr__(self, name, value)
+
+    @property
+    def hd(self) -> int:
+        return self.A.shape[1] * self.X.shape[1]
+
+    @property
+    def weights(self) -> torch.Tensor:
+        dense = self._dense
+        if dense is None:
+            dense = self.form()
+            object.__setattr__(self, "_dense", dense)
+        return dense
+
+    def unchanged(self) -> FactoredTrained:
+        """Itself, after checking that W_0 and C are still what it was trained from (an algorithm
+        replaces its models, w = new; one written in place would change this reply)."""
+        center = None if self.center is None else self.center._version
+        if (self.start._version, center) != self._versions:
+            raise RuntimeError(
+                "a factored reply's start or center was changed in place after the reply was made; an "
+                "algorithm replaces its models (w = new), it does not write into those it sent"
+            )
+        return self
+
+    def form(self) -> torch.Tensor:
+        """The dense weights, in the low-rank trainer's order: alpha W_0, + A^T X, + beta C."""
+        self.unchanged()
+        h, d = self.A.shape[1], self.X.shape[1]
+        out = torch.empty_like(self.start)
+        first = out[: h * d].view(h, d)
+        torch.mul(self.start[: h * d].view(h, d), self.alpha, out=first)
+        first.addmm_(self.A.T, self.X)
+        if self.center is not None and self.beta != 0.0:
+            first.add_(self.beta * self.center[: h * d].view(h, d))
+        out[h * d :] = self.tail
+        return out
+
+    def move_bound(self) -> float:
+        """An upper bound of max |weights - start| from the factors (inf or NaN where a factor
+        holds one): |alpha - 1| max|W_0| + |beta| max|C| + max_j sum_n |A_nj| max|X| on the
+        first layer, the exact largest change elsewhere."""
+        hd = self.hd
+        first = abs(self.alpha - 1.0) * largest_sent(self.start)
+        if self.center is not None and self.beta != 0.0:
+            first += abs(self.beta) * largest_sent(self.center)
+        if self.A.numel():
+            first += float(self.A.abs().sum(0).max()) * largest_entry(self.X)
+        return max(first, largest_change(self.tail, self.start[hd:]))
+
+    @property
+    def nbytes(self) -> int:
+        """What the reply is on the network: the dense weights."""
+        return self.start.numel() * self.start.element_size()
+
+
 @dataclass(frozen=True)
 class Evaluated:
     loss: float
@@ -114,12 +218,21 @@ def _count(n, expected: int, what: str) -> None:
 
 
 def check_trained(task: Train, result: Trained, train_size: int, test_size: int) -> Trained:
-    w = check_shape(result.weights, "weights", task.weights.numel())  # its size is bounded by out_of_bound
     moves = _MOVES.get()
+    if isinstance(result, FactoredTrained) and result.start.shape == task.weights.shape:
+        # a finite bound of the move means every entry finite; out_of_bound takes the exact move
+        # where the bound could decide (its verdicts are the dense reply's)
+        bound = result.move_bound()
+        if np.isfinite(bound):
+            if moves is not None:
+                moves[id(result)] = (result, bound, False)
+            _count(result.n_samples, train_size, "n_samples")
+            return result
+    w = check_shape(result.weights, "weights", task.weights.numel())  # its size is bounded by out_of_bound
     if moves is not None and w.shape == task.weights.shape:  # one pass: its entries and its move
         top, move = largest_entry_and_change(w, task.weights)
         check_entries(w, "weights", top)
-        moves[id(result)] = (result, move)
+        moves[id(result)] = (result, move, True)
     else:
         check_entries(w, "weights", largest_entry(w))
     _count(result.n_samples, train_size, "n_samples")
@@ -169,8 +282,9 @@ def _largest_by_blocks(a: torch.Tensor, b: torch.Tensor, entry: bool) -> tuple[f
 
 
 # A Train reply's move, measured by its check inside :func:`checking` (id of the reply -> the
-# reply, kept so that its id is not reused meanwhile, and its move).
-_MOVES: contextvars.ContextVar[dict[int, tuple[Any, float]] | None] = contextvars.ContextVar(
+# reply, kept so that its id is not reused meanwhile, its move, and whether that is the move
+# itself or an upper bound of it: a factored reply's).
+_MOVES: contextvars.ContextVar[dict[int, tuple[Any, float, bool]] | None] = contextvars.ContextVar(
     "stocfl_reply_moves", default=None
 )
 
@@ -179,10 +293,11 @@ _MOVES: contextvars.ContextVar[dict[int, tuple[Any, float]] | None] = contextvar
 def checking():
     """The scope of one list of replies' checks and :func:`out_of_bound`: a trained model's move
     from what was sent is measured in the pass its check reads it in, and used by the bound."""
-    token = _MOVES.set({})
+    token, sent = _MOVES.set({}), _SENT.set({})  # the scale of a model sent to many found once
     try:
         yield
     finally:
+        _SENT.reset(sent)
         _MOVES.reset(token)
 
 
@@ -204,11 +319,19 @@ def largest_sent(t: torch.Tensor) -> float:
 
 
 def moved_trained(task: Train, result: Trained) -> tuple[float, float]:
-    """(the largest change of the reply's weights from those sent, the sent weights' largest entry)."""
+    """(the largest change of the reply's weights from those sent, the sent weights' largest
+    entry); a factored reply's is an upper bound of that change until :func:`out_of_bound`
+    needs the change itself."""
     moves = _MOVES.get()
     known = None if moves is None else moves.get(id(result))
     move = known[1] if known is not None and known[0] is result else largest_change(result.weights, task.weights)
     return move, largest_sent(task.weights)
+
+
+def _bounded_only(result: Any) -> bool:
+    moves = _MOVES.get()
+    known = None if moves is None else moves.get(id(result))
+    return known is not None and known[0] is result and not known[2]
 
 
 def out_of_bound(tasks: list, results: list) -> dict[int, str]:
@@ -226,6 +349,13 @@ def out_of_bound(tasks: list, results: list) -> dict[int, str]:
             kind = kind_of(type(t))
             if kind.moved is not None:
                 moves[k] = kind.moved(t, r)
+        # factored replies carry a bound of their move. Where no move reaches MAX_ABS * max(1, its
+        # scale), none is out of bound whatever the median: the bounds decide as the moves would.
+        # Else the moves themselves, so that the medians and verdicts are the dense replies'.
+        bounded = [k for k in moves if _bounded_only(results[k])]
+        if bounded and any(m > MAX_ABS * max(1.0, scale) for m, scale in moves.values()):
+            for k in bounded:
+                moves[k] = (largest_change(results[k].weights, tasks[k].weights), moves[k][1])
     finally:
         _SENT.reset(token)
     order = sorted(moves, key=lambda k: moves[k][0])

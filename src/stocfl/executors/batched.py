@@ -15,7 +15,7 @@ import torch
 from torch.func import grad, vmap
 
 from stocfl.client.mixture import MixtureTrain, MixtureTrained, e_step, proximal_center
-from stocfl.client.tasks import KINDS, Train, Trained, check_train_task
+from stocfl.client.tasks import KINDS, FactoredTrained, Train, Trained, check_train_task
 from stocfl.client.training import LocalTraining, batch_plan, stacked_batch
 from stocfl.devices import free_bytes
 from stocfl.errors import UserError
@@ -34,7 +34,9 @@ class BatchedExecutor(Executor):
     # gradient, their concatenation (the same numbers: the reference a test compares with)
     split_gradients = True
 
-    def __init__(self, federation, model, chunk_size: int = 0, lowrank: bool = False, device="cpu"):
+    def __init__(
+        self, federation, model, chunk_size: int = 0, lowrank: bool = False, device="cpu", factored: bool = False
+    ):
         super().__init__(federation, model, device)
         if model.random:
             raise UserError(
@@ -43,6 +45,9 @@ class BatchedExecutor(Executor):
                 f"draw as each would alone; use run.engine = sequential (auto picks it for such a model)"
             )
         self.chunk_size = chunk_size
+        # replies of the low-rank path as their factors (run.factored_replies); on an accelerator
+        # they come to the host formed, as every reply does
+        self.factored = factored and lowrank and self.device.type == "cpu"
         self.pool = RowPool()  # the chunks' stacked weights, reused once their replies are gone
         s = structure(model) if lowrank else None
         self.lowrank = LowRankTrainer(s) if s is not None else None  # plain SGD on a dense first layer
@@ -129,6 +134,9 @@ class BatchedExecutor(Executor):
             check_train_task(t, self.model.n_params)
             kinds[t.local].append(k)
         sizes = self.fed.train_sizes
+        # factored replies refer to the models sent (their W_0 and C), which an algorithm may then
+        # write in place (a row of its stacked state): each distinct one copied once for them
+        sent: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for local, idx in kinds.items():
             idx.sort(key=lambda k: sizes[tasks[k].client])  # similar sizes share a chunk: less padding
             max_batch = int(max(sizes[tasks[k].client] for k in idx))
@@ -137,12 +145,16 @@ class BatchedExecutor(Executor):
             for a in range(0, len(idx), step):
                 chunk = idx[a : a + step]
                 q = None if sample_weights is None else [sample_weights[k] for k in chunk]
-                for k, r in zip(chunk, self._train_chunk([tasks[k] for k in chunk], local, q)):
+                for k, r in zip(chunk, self._train_chunk([tasks[k] for k in chunk], local, q, sent)):
                     out[k] = r
         return out  # type: ignore[return-value]
 
     def _train_chunk(
-        self, tasks: list[Train], local: LocalTraining, sample_weights: list[torch.Tensor] | None = None
+        self,
+        tasks: list[Train],
+        local: LocalTraining,
+        sample_weights: list[torch.Tensor] | None = None,
+        sent: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> list[Trained]:
         epochs, batch_size, opt = local.epochs, local.batch_size, local.optimizer
         c = len(tasks)
@@ -167,20 +179,30 @@ class BatchedExecutor(Executor):
         if has_prox:
             centers = _centers(tasks)
         if self.lowrank is not None and opt.plain:
-            trained = self.lowrank.train(
-                w,
-                centers if has_prox else None,
-                mu,
-                x_pad,
-                y_pad,
-                sizes,
-                epochs,
-                batch_size,
-                opt.lr,
-                [t.seed for t in tasks],
-                q_pad,
-                center_is_start=all(t.prox_center is None or t.prox_center is t.weights for t in tasks),
-            )
+            args = (w, centers if has_prox else None, mu, x_pad, y_pad, sizes, epochs, batch_size, opt.lr)
+            center_is_start = all(t.prox_center is None or t.prox_center is t.weights for t in tasks)
+            if self.factored and sample_weights is None:
+                f = self.lowrank.factors(*args, [t.seed for t in tasks], None, center_is_start)
+                tails = torch.cat([f.b, f.rest], dim=1)
+                copies = {} if sent is None else sent
+
+                def own(m: torch.Tensor) -> torch.Tensor:  # the original kept too: its id is not reused
+                    return copies.setdefault(id(m), (m, m.clone()))[1]
+
+                return [
+                    FactoredTrained(
+                        own(t.weights),
+                        own(t.prox_center) if t.prox_center is not None and float(f.mu[i]) != 0.0 else None,
+                        float(f.alpha[i]),
+                        float(f.beta[i]),
+                        f.A[i, :n],
+                        f.X[i, :n],
+                        tails[i],
+                        n,
+                    )
+                    for i, (t, n) in enumerate(zip(tasks, sizes))
+                ]
+            trained = self.lowrank.train(*args, [t.seed for t in tasks], q_pad, center_is_start)
             # each reply a row of the chunk's tensor, not a copy of it (the rows are the replies')
             return [Trained(row, n) for row, n in zip(trained.unbind(0), sizes)]
         plans = [batch_plan(sizes[i], epochs, batch_size, t.seed) for i, t in enumerate(tasks)]

@@ -91,6 +91,20 @@ def flops(s: Structure, n: int, epochs: int, batch: int, prox_distinct: bool) ->
     return plain, lowrank
 
 
+@dataclass(frozen=True)
+class Factors:
+    """A chunk's trained rows as the low-rank form holds them (c rows): the first layer
+    alpha W_0 + beta C + A^T X, and the bias and later layers as trained."""
+
+    alpha: torch.Tensor  # (c,)
+    beta: torch.Tensor  # (c,)
+    mu: torch.Tensor  # (c,): the proximal weights (a row with 0 has no center)
+    A: torch.Tensor  # (c, n_max, h); a padded sample's rows are 0
+    X: torch.Tensor  # (c, n_max, d), the flattened inputs
+    b: torch.Tensor  # (c, h) or (c, 0)
+    rest: torch.Tensor  # (c, P - h d - h)
+
+
 class LowRankTrainer:
     """Plain-SGD local training of a stack of clients through the low-rank form (vmap over
     clients; padded samples weigh 0 and a client out of mini-batches is frozen)."""
@@ -133,6 +147,38 @@ class LowRankTrainer:
         first layer's update stays in the span of the samples: the low-rank form holds.
         ``center_is_start``: every row's center is its start (FedProx), so X C^T is X W_0^T,
         formed once (told, not found by comparing two model-sized stacks)."""
+        f = self.factors(w, centers, mu, x, y, sizes, epochs, batch_size, lr, seeds, q, center_is_start)
+        hd, nb = self.hd, f.b.shape[1]
+        W0 = w[:, :hd].reshape(len(w), self.s.h, self.s.d)
+        # W_0 is a view of w: the first layer is formed in place, in as few passes over it as possible
+        if not bool((f.alpha == 1).all()):
+            W0.mul_(f.alpha[:, None, None])
+        W0.baddbmm_(f.A.transpose(1, 2), f.X)
+        if centers is not None:  # row by row: a model-sized product at a time, none for a row without a center
+            C = centers[:, :hd].reshape(len(w), self.s.h, self.s.d)
+            for i in torch.nonzero(f.mu).flatten().tolist():
+                W0[i].add_(f.beta[i] * C[i])
+        w[:, hd : hd + nb] = f.b
+        w[:, hd + nb :] = f.rest
+        return w
+
+    def factors(
+        self,
+        w: torch.Tensor,
+        centers: torch.Tensor | None,
+        mu: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        sizes: list[int],
+        epochs: int,
+        batch_size: int,
+        lr: float,
+        seeds: list[int],
+        q: torch.Tensor | None = None,
+        center_is_start: bool = False,
+    ) -> Factors:
+        """The training of :meth:`train` without forming the first layer: its factors (``w``
+        is read, not written)."""
         c, hd, h, d, dev = len(w), self.hd, self.s.h, self.s.d, w.device
         X = x.reshape(c, x.shape[1], -1).to(w.dtype)
         W0 = w[:, :hd].reshape(c, h, d)
@@ -204,13 +250,4 @@ class LowRankTrainer:
                 if nb:
                     b = b - step[:, None] * gb
                 rest = rest - step[:, None] * grest
-        # W_0 is a view of w: the first layer is formed in place, in as few passes over it as possible
-        if not bool((alpha == 1).all()):
-            W0.mul_(alpha[:, None, None])
-        W0.baddbmm_(A.transpose(1, 2), X)
-        if has_prox:  # row by row: a model-sized product at a time, none for a row without a center
-            for i in torch.nonzero(mu).flatten().tolist():
-                W0[i].add_(beta[i] * C[i])
-        w[:, hd : hd + nb] = b
-        w[:, hd + nb :] = rest
-        return w
+        return Factors(alpha, beta, mu, A, X, b, rest)

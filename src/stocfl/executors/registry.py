@@ -199,7 +199,12 @@ register_engine(
         "batched, with plain-SGD training of a dense first layer in the span of each "
         "client's inputs (exact; stocfl.executors.lowrank)",
         executor=lambda fed, model, cfg: BatchedExecutor(
-            fed, model, chunk_size=cfg.run.chunk_size, lowrank=True, device=resolve_device(cfg.run.device)
+            fed,
+            model,
+            chunk_size=cfg.run.chunk_size,
+            lowrank=True,
+            device=resolve_device(cfg.run.device),
+            factored=cfg.run.factored_replies,
         ),
     )
 )

@@ -20,7 +20,7 @@ from stocfl.algorithms import Algorithm, Context, algorithm_class
 from stocfl.algorithms.aggregation import Aggregator
 from stocfl.client.flops import FlopCount
 from stocfl.client.models import FlatModel, build_module, make_model
-from stocfl.client.tasks import BadResult, ClientsDropped, check_result, checking, out_of_bound
+from stocfl.client.tasks import BadResult, ClientsDropped, FactoredTrained, check_result, checking, out_of_bound
 from stocfl.client.training import LocalTraining
 from stocfl.config import Config
 from stocfl.data.datasets import resolve_data_dir
@@ -207,6 +207,8 @@ def tensor_bytes(item: Any) -> int:
     a few numbers of bookkeeping (counts, losses, seeds) that no method's cost depends on."""
     if isinstance(item, torch.Tensor):
         return item.numel() * item.element_size()
+    if isinstance(item, FactoredTrained):  # in-process factors; a client would send the dense model
+        return item.nbytes
     if dataclasses.is_dataclass(item) and not isinstance(item, type):
         return sum(tensor_bytes(getattr(item, f.name)) for f in dataclasses.fields(item))
     if isinstance(item, (list, tuple)):

@@ -60,6 +60,7 @@ ADDED_KEYS = {
     "algorithm.quorum_tau": 0.35,
     "scenario.validation": 0.0,
     "run.store_ram": 2048,
+    "run.factored_replies": False,
 }
 
 GIVEN = (("custom_data", "federation"), ("custom_model", "model"), ("custom_loss", "loss"))
