@@ -43,6 +43,7 @@ def main() -> int:
     ap.add_argument("--engines", default="lowrank,batched")
     ap.add_argument("--profile", default="", help="an engine whose rounds run under cProfile (its top lines printed)")
     ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--device", default="cpu", help="where client work runs (run.device), e.g. cuda")
     args = ap.parse_args()
 
     import torch
@@ -57,13 +58,17 @@ def main() -> int:
     from stocfl_lab.tablebench import path_flops
 
     set_threads(args.threads)
-    sets = ["algorithm.name=stocfl", f"run.threads={args.threads}", "run.eval_every=1000"]
+    sets = ["algorithm.name=stocfl", f"run.threads={args.threads}", "run.eval_every=1000", f"run.device={args.device}"]
     sets += [f"scenario.data_dir={args.data_dir}"] if args.data_dir else []
     base = configure.load(str(CONFIG), overrides=sets)
     t = time.perf_counter()
     fed = build_federation(base)
     print(f"federation built in {time.perf_counter() - t:.1f} s", flush=True)
-    peaks = [matmul_peak(2048) * 1e9]
+    dev = torch.device(args.device)  # the bound at the peak of where the clients' work runs (TF32 off on CUDA)
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+    size = 8192 if dev.type == "cuda" else 2048  # a GPU needs a larger product to reach its peak
+    peaks = [matmul_peak(size, device=dev) * 1e9]
     out: dict = {"engines": {}}
     finals = {}
     for n, engine in enumerate(args.engines.split(",")):
@@ -90,6 +95,8 @@ def main() -> int:
                     prof.enable()
                 t = time.perf_counter()
                 exp.algorithm.round(r, sampled, recording)
+                if args.device.startswith("cuda"):
+                    torch.cuda.synchronize()
                 seconds = time.perf_counter() - t
                 if prof:
                     prof.disable()
@@ -115,7 +122,7 @@ def main() -> int:
         key = f"{engine} ({n + 1})" if engine in out["engines"] else engine
         finals[key] = (exp.algorithm.cluster_labels(), {k: m.clone() for k, m in models.items()})
         out["engines"][key] = rows
-        peaks.append(matmul_peak(2048) * 1e9)
+        peaks.append(matmul_peak(size, device=dev) * 1e9)
         del exp
     first = next(iter(finals))
     (la, ma) = finals[first]
@@ -128,7 +135,7 @@ def main() -> int:
     print("engines agree:", out["engines_agree"])
     out |= {
         "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {args.threads} threads",
+        "machine": f"{platform.machine()}, {args.threads} threads, device {args.device}",
         "matmul_peak_gflops": [round(p / 1e9, 1) for p in peaks],
     }
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")

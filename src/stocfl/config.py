@@ -73,10 +73,10 @@ class RunConfig(Section):
     )
     factored_replies: bool = Field(
         False,
-        description="lowrank engine on the CPU: each trained reply kept as its low-rank factors (first layer "
-        "alpha W_0 + beta C + A^T X) and averaged from them in one product, never formed as a dense model unless "
-        "the algorithm reads it; the same training, aggregates that differ in the last bits (another order of "
-        "float32 sums)",
+        description="lowrank engine: each trained reply kept as its low-rank factors (first layer "
+        "alpha W_0 + beta C + A^T X), on the device it trained on, and averaged from them in one product, never "
+        "formed as a dense model unless the algorithm reads it; the same training, aggregates that differ in the "
+        "last bits (another order of float32 sums)",
     )
     store_ram: int = Field(
         2048,

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 import stocfl
+from stocfl.algorithms.aggregation import weighted_mean
 from stocfl.cli import main
 from stocfl.client.models import make_model
 from stocfl.client.optim import Optimizer
-from stocfl.client.tasks import Evaluate, Train, Trained
+from stocfl.client.tasks import Evaluate, FactoredTrained, Train, Trained
 from stocfl.client.training import LocalTraining
 from stocfl.data.scenarios import build
 from stocfl.devices import federation_on, move, resolve_device
@@ -84,6 +85,7 @@ def test_every_executor_on_cuda_gives_the_cpu_numbers(dataset, model, request):
         SequentialExecutor(fed, flat, device="cuda"),
         BatchedExecutor(fed, flat, chunk_size=3, device="cuda"),
         BatchedExecutor(fed, flat, lowrank=True, device="cuda"),
+        BatchedExecutor(fed, flat, lowrank=True, device="cuda", factored=True),
     ]
     # float32 on another device sums in another order. The MLP's weights agree to 1e-5; cuDNN's
     # convolutions (their algorithm picked at run time) round more, and Adam divides by sqrt(v),
@@ -117,3 +119,12 @@ def test_every_executor_on_cuda_gives_the_cpu_numbers(dataset, model, request):
             ):
                 wrong.append((ex.name, i, "evaluated", a.correct, b.correct, a.loss, b.loss))
     assert not wrong, wrong
+    # factored replies stay on the device; their mean, taken there, comes to the host as the
+    # CPU's mean of the same replies
+    trains = [t for t in tasks if isinstance(t, Train) and t.local.optimizer.plain]
+    on_device = BatchedExecutor(fed, flat, lowrank=True, device="cuda", factored=True).execute(trains)
+    on_host = BatchedExecutor(fed, flat, lowrank=True, factored=True).execute(trains)
+    assert all(isinstance(r, FactoredTrained) and r.A.device.type == "cuda" for r in on_device)
+    mean = weighted_mean(on_device, [r.n_samples for r in on_device])
+    want = weighted_mean(on_host, [r.n_samples for r in on_host])
+    assert mean.device.type == "cpu" and torch.allclose(mean, want, rtol=1e-4, atol=1e-5)

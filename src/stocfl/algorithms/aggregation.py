@@ -75,7 +75,8 @@ def factored_mean(vectors: Sequence[Vector], weights: list[float]) -> torch.Tens
     ref = next(v for v in vectors if isinstance(v, FactoredTrained))
     h, d, p = ref.A.shape[1], ref.X.shape[1], ref.start.numel()
     hd = h * d
-    acc = torch.zeros(p, dtype=torch.float64)
+    dev = ref.A.device  # an accelerator's factors are summed there; the mean comes to the host
+    acc = torch.zeros(p, dtype=torch.float64, device=dev)
     scale: dict[int, tuple[torch.Tensor, float]] = {}  # the coefficient of each distinct W and C
 
     def add(t: torch.Tensor, c: float) -> None:
@@ -86,28 +87,28 @@ def factored_mean(vectors: Sequence[Vector], weights: list[float]) -> torch.Tens
     for v, ai in zip(vectors, weights):
         if not isinstance(v, FactoredTrained) or (v.A.shape[1], v.X.shape[1]) != (h, d):
             w = v.weights if isinstance(v, FactoredTrained) else v
-            acc.add_(w.double(), alpha=ai)
+            acc.add_(w.to(dev).double(), alpha=ai)
             continue
         factored.append((v.unchanged(), ai))
         add(v.start, ai * v.alpha)
         if v.center is not None and v.beta != 0.0:
             add(v.center, ai * v.beta)
-        acc[hd:].add_(v.tail.double(), alpha=ai)
+        acc[hd:].add_(v.tail.to(dev).double(), alpha=ai)
     for t, c in scale.values():
-        acc[:hd].add_(t[:hd].double(), alpha=c)
-    product = torch.zeros(h, d, dtype=ref.A.dtype)
+        acc[:hd].add_(t[:hd].to(dev).double(), alpha=c)
+    product = torch.zeros(h, d, dtype=ref.A.dtype, device=dev)
     block: list[tuple[FactoredTrained, float]] = []
     rows = 0
     for k, (v, ai) in enumerate(factored):
         block.append((v, ai))
         rows += len(v.A)
         if rows >= FACTOR_ROWS or k == len(factored) - 1:
-            a_rows = torch.cat([u.A * bi for u, bi in block])
-            x_rows = torch.cat([u.X for u, _ in block])
+            a_rows = torch.cat([u.A.to(dev) * bi for u, bi in block])
+            x_rows = torch.cat([u.X.to(dev) for u, _ in block])
             product.addmm_(a_rows.T, x_rows)
             block, rows = [], 0
     acc[:hd].add_(product.reshape(-1).double())
-    return (acc / total).float()
+    return (acc / total).float().cpu()
 
 
 BLOCK = 1 << 22  # numbers per coordinate block of the coordinate-wise rules (memory stays O(BLOCK))

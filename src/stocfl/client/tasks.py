@@ -73,7 +73,8 @@ class FactoredTrained(Trained):
     keeps it); the mean rule aggregates such replies from their factors, one product for all
     of them (:func:`~stocfl.algorithms.aggregation.weighted_mean`), and their checks bound
     the move from the factors (:func:`check_trained`), so a round whose algorithm only
-    averages them never forms them. Only the in-process executors make them."""
+    averages them never forms them. Only the in-process executors make them; on an
+    accelerator the factors stay there, and the mean is taken there."""
 
     start: torch.Tensor
     center: torch.Tensor | None
@@ -116,9 +117,10 @@ class FactoredTrained(Trained):
 
     @property
     def weights(self) -> torch.Tensor:
+        """The dense weights, on the host (where the server's state lives)."""
         dense = self._dense
         if dense is None:
-            dense = self.form()
+            dense = self.form().cpu()
             object.__setattr__(self, "_dense", dense)
         return dense
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 
 from stocfl.client.models import FlatModel
-from stocfl.client.tasks import ClientData, Evaluate, Evaluated, Reply, Task, evaluate_pooled, kind_of
+from stocfl.client.tasks import ClientData, Evaluate, Evaluated, FactoredTrained, Reply, Task, evaluate_pooled, kind_of
 from stocfl.data.federation import Federation
 from stocfl.devices import federation_on, move
 from stocfl.errors import UserError
@@ -67,7 +67,9 @@ class Executor:
                     f"{len(batch)} tasks; it returns one result per task, in order"
                 )
             for k, r in zip(idx, results):
-                out[k] = move(r, cpu) if remote else r
+                # a factored reply stays where it was trained: its mean is taken there, and only
+                # the mean (or a reply an algorithm reads) comes to the host
+                out[k] = move(r, cpu) if remote and not isinstance(r, FactoredTrained) else r
         return out
 
     def run(self, tasks: list[Task]) -> list[Reply]:

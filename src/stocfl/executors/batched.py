@@ -45,9 +45,8 @@ class BatchedExecutor(Executor):
                 f"draw as each would alone; use run.engine = sequential (auto picks it for such a model)"
             )
         self.chunk_size = chunk_size
-        # replies of the low-rank path as their factors (run.factored_replies); on an accelerator
-        # they come to the host formed, as every reply does
-        self.factored = factored and lowrank and self.device.type == "cpu"
+        # replies of the low-rank path as their factors (run.factored_replies), kept on the device
+        self.factored = factored and lowrank
         self.pool = RowPool()  # the chunks' stacked weights, reused once their replies are gone
         s = structure(model) if lowrank else None
         self.lowrank = LowRankTrainer(s) if s is not None else None  # plain SGD on a dense first layer
