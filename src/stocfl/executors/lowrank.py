@@ -125,29 +125,10 @@ class LowRankTrainer:
         self._grads = vmap(grad(loss, argnums=(0, 1)))
         self._weighted_grads = vmap(grad(weighted_loss, argnums=(0, 1)))
 
-    def train(
-        self,
-        w: torch.Tensor,
-        centers: torch.Tensor | None,
-        mu: torch.Tensor,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        sizes: list[int],
-        epochs: int,
-        batch_size: int,
-        lr: float,
-        seeds: list[int],
-        q: torch.Tensor | None = None,
-        center_is_start: bool = False,
-    ) -> torch.Tensor:
-        """Trained weights (c x P) from ``w`` (c x P, trained in place and returned); ``x``
-        (c x n_max x ...) padded, ``sizes`` the true sizes; ``centers`` (c x P) with weights
-        ``mu`` (c), or None; ``q`` (c x n_max), each sample's weight in its loss, or None. The
-        weights scale each sample's gradient with respect to its first-layer output, so the
-        first layer's update stays in the span of the samples: the low-rank form holds.
-        ``center_is_start``: every row's center is its start (FedProx), so X C^T is X W_0^T,
-        formed once (told, not found by comparing two model-sized stacks)."""
-        f = self.factors(w, centers, mu, x, y, sizes, epochs, batch_size, lr, seeds, q, center_is_start)
+    def train(self, w: torch.Tensor, centers: torch.Tensor | None, *args, **kwargs) -> torch.Tensor:
+        """Trained weights (c x P): :meth:`factors`' training (its arguments), with the first
+        layer formed in ``w`` (trained in place and returned)."""
+        f = self.factors(w, centers, *args, **kwargs)
         hd, nb = self.hd, f.b.shape[1]
         W0 = w[:, :hd].reshape(len(w), self.s.h, self.s.d)
         # W_0 is a view of w: the first layer is formed in place, in as few passes over it as possible
@@ -177,8 +158,13 @@ class LowRankTrainer:
         q: torch.Tensor | None = None,
         center_is_start: bool = False,
     ) -> Factors:
-        """The training of :meth:`train` without forming the first layer: its factors (``w``
-        is read, not written)."""
+        """The factors of the trained rows from ``w`` (c x P, read, not written); ``x``
+        (c x n_max x ...) padded, ``sizes`` the true sizes; ``centers`` (c x P) with weights
+        ``mu`` (c), or None; ``q`` (c x n_max), each sample's weight in its loss, or None. The
+        weights scale each sample's gradient with respect to its first-layer output, so the
+        first layer's update stays in the span of the samples: the low-rank form holds.
+        ``center_is_start``: every row's center is its start (FedProx), so X C^T is X W_0^T,
+        formed once (told, not found by comparing two model-sized stacks)."""
         c, hd, h, d, dev = len(w), self.hd, self.s.h, self.s.d, w.device
         X = x.reshape(c, x.shape[1], -1).to(w.dtype)
         W0 = w[:, :hd].reshape(c, h, d)
