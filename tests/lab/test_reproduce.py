@@ -1218,7 +1218,7 @@ def test_a_rerun_of_a_migrated_record_compares_the_figures_it_holds_at_its_decim
     flagged, one it does not give is said (at the record's decimals), a missing one is not."""
     import shutil
 
-    from stocfl_lab.rerun import moved_as_recorded
+    from stocfl_lab.rerun import moved_as_recorded, recorded_places
 
     root = tiny_root(tmp_path)
     doc = reproduce("tiny", root=root, progress=False, log=lambda m: None)
@@ -1248,6 +1248,14 @@ def test_a_rerun_of_a_migrated_record_compares_the_figures_it_holds_at_its_decim
         "accuracy 0.794 -> 0.793 (compared at the 3 decimals it was recorded with)",
         "n_clusters 4 -> 3",
     ]
+    # a percentage rounded to 87.07 and divided by 100 carries float noise: it holds 4 decimals
+    noisy = {"accuracy": 87.07 / 100}
+    assert repr(noisy["accuracy"]) == "0.8706999999999999"
+    assert moved_as_recorded(noisy, {"accuracy": 0.87074}, ["accuracy"]) == []
+    assert moved_as_recorded(noisy, {"accuracy": 0.870755}, ["accuracy"]) == [
+        "accuracy 0.8707 -> 0.870755 (compared at the 4 decimals it was recorded with)"
+    ]
+    assert [recorded_places(x) for x in (0.5, 0.794, 1.0, 0.123456789, 2.0 / 3.0)] == [1, 3, 0, 9, 16]
 
 
 def _set_first_run(field, value):

@@ -8,6 +8,7 @@ re-run's numbers differ, so a reader can tell a machine's rounding from a change
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -34,6 +35,16 @@ def moved(held: dict[str, Any], now: dict[str, Any], keys) -> list[str]:
     return [f"{k} {held.get(k)} -> {now.get(k)}" for k in keys if held.get(k) != now.get(k)]
 
 
+def recorded_places(x: float) -> int:
+    """The decimals a rounded figure holds: the fewest at which it is itself, its float's last
+    bits aside (a percentage rounded to 87.07 and divided by 100 reads 0.8706999999999999, a
+    figure of 4 decimals, not 16)."""
+    for places in range(18):
+        if abs(round(x, places) - x) <= 2 * math.ulp(x):
+            return places
+    return 17
+
+
 def moved_as_recorded(held: dict[str, Any], now: dict[str, Any], keys) -> list[str]:
     """:func:`moved` for a record migrated from an older table, whose numbers were rounded when
     written (an accuracy of 0.794) and which lacks the figures added since (None): each figure
@@ -44,9 +55,11 @@ def moved_as_recorded(held: dict[str, Any], now: dict[str, Any], keys) -> list[s
         if was is None:
             continue
         if isinstance(was, float) and isinstance(new, (int, float)):
-            places = len(repr(was).partition(".")[2]) if "e" not in repr(was) else 17
-            if round(float(new), places) != was:
-                said.append(f"{k} {was} -> {new} (compared at the {places} decimals it was recorded with)")
+            places = recorded_places(was)
+            if round(float(new), places) != round(was, places):
+                said.append(
+                    f"{k} {round(was, places)} -> {new} (compared at the {places} decimals it was recorded with)"
+                )
         elif was != new:
             said.append(f"{k} {was} -> {new}")
     return said
