@@ -32,25 +32,34 @@ done
 mkdir -p "$out/fashion_mnist"
 cp "$tmp"/x/usr/share/datasets/fashion-mnist/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz "$out/fashion_mnist/"
 
-"$py" - "$out/fashion_mnist" "$shared/fashion_mnist" <<'EOF'
+"$py" - "$out" "$shared" <<'EOF'
 import sys
-from pathlib import Path
-import numpy as np
-from stocfl.data import _read_idx
 
-new, old = map(Path, sys.argv[1:])
-idx = lambda path: _read_idx(path, "fashion_mnist", 3 if "images" in path.name else 1)
-x = {s: idx(new / f"{s}-images-idx3-ubyte.gz") for s in ("train", "t10k")}
-assert x["train"].shape == (60000, 28, 28) and x["t10k"].shape == (10000, 28, 28), "unexpected image counts"
-for s in ("train", "t10k"):
-    ref = old / f"{s}-labels-idx1-ubyte.gz"
-    if ref.exists():
-        assert (idx(new / f"{s}-labels-idx1-ubyte.gz") == idx(ref)).all(), f"{s} labels differ from {ref}"
-sub = old / "fashion_mnist_subset.npz"
-if sub.exists():
-    f = np.load(sub)
-    assert (x["train"][:100] == f["x_train_first100"]).all() and (x["t10k"][:2000] == f["x_test_first2000"]).all(), \
-        f"images differ from {sub}"
+import torch
+
+from stocfl.data import load_dataset
+
+new, old = sys.argv[1:]
+full = load_dataset("fashion_mnist", new)  # the official IDX files
+assert len(full.x_train) == 60000 and len(full.x_test) == 10000, "unexpected image counts"
+try:
+    held = load_dataset("fashion_mnist", old)  # the shared directory's: the official files, or its subset
+except Exception:  # noqa: BLE001 - nothing to compare with
+    held = None
+if held is not None and len(held.x_train) == 60000:
+    same = torch.equal(full.x_train, held.x_train) and torch.equal(full.y_test, held.y_test)
+elif held is not None:  # the subset: official train 0..99 + test 0..1499 as train, test 1500..1999 as test
+    k = len(held.x_train) - 100
+    same = (
+        torch.equal(full.x_train[:100], held.x_train[:100])
+        and torch.equal(full.y_train[:100], held.y_train[:100])
+        and torch.equal(full.x_test[:k], held.x_train[100:])
+        and torch.equal(full.x_test[k : k + len(held.x_test)], held.x_test)
+        and torch.equal(full.y_test[k : k + len(held.y_test)], held.y_test)
+    )
+else:
+    same = True
+assert same, f"the package's images or labels differ from those in {old}"
 print("Fashion-MNIST: 60,000 train and 10,000 test images, checked against", old)
 EOF
 echo "--data-dir $out"
