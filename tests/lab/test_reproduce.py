@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stocfl.cli import main
 from stocfl.devices import describe
@@ -894,12 +896,12 @@ def test_rows_whose_data_this_call_lacks_are_refused_before_anything_runs(tmp_pa
     (root / "tiny.toml").write_text(
         TABLE.replace('"algorithm.name=stocfl"', '"algorithm.name=stocfl", "scenario.dataset=kept_elsewhere"')
     )
-    for given, says in (
+    for data_dir, says in (
         (None, "data set 'kept_elsewhere' needs a data directory"),
         (str(tmp_path / "gone"), "data directory .*gone does not exist"),
     ):
         with pytest.raises(UserError, match=rf"^reproduce tiny: row\(s\) 2 cannot run: {says}.*; nothing was run$"):
-            reproduce("tiny", root=root, data_dir=given, progress=False, log=lambda m: None)
+            reproduce("tiny", root=root, data_dir=data_dir, progress=False, log=lambda m: None)
         assert not (root / "tiny.json").exists() and not (root / "runs").exists()
     doc = reproduce("tiny", root=root, rows="1", progress=False, log=lambda m: None)  # row 1 needs none
     assert [r["status"] for r in doc["rows"]] == ["done", "not run"]
@@ -1256,6 +1258,18 @@ def test_a_rerun_of_a_migrated_record_compares_the_figures_it_holds_at_its_decim
         "accuracy 0.8707 -> 0.870755 (compared at the 4 decimals it was recorded with)"
     ]
     assert [recorded_places(x) for x in (0.5, 0.794, 1.0, 0.123456789, 2.0 / 3.0)] == [1, 3, 0, 9, 16]
+
+
+@settings(max_examples=300, deadline=None)
+@given(v=st.floats(0, 1), places=st.integers(0, 9), percent=st.booleans())
+def test_a_rounded_figure_holds_no_more_decimals_than_it_was_rounded_to(v, places, percent):
+    """A figure rounded to p decimals (or a percentage rounded to p - 2 and divided by 100, as
+    older tables were migrated) reads as holding at most p decimals, and is itself at them."""
+    from stocfl_lab.rerun import recorded_places
+
+    x = round(v * 100, places - 2) / 100 if percent and places >= 2 else round(v, places)
+    p = recorded_places(x)
+    assert p <= places and round(x, p) == round(x, places)
 
 
 def _set_first_run(field, value):
