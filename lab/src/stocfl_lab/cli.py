@@ -7,7 +7,6 @@ packages' exports, ``stocfl.config``, ``stocfl.errors``, ``stocfl.cli``'s parser
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -142,9 +141,11 @@ def _reproduce(args) -> int:
             print(text, end="")
         return 0
     if args.pending:
+        from stocfl.data import resolve_data_dir
         from stocfl_lab.reproduce import pending
 
-        print(pending(Path(args.tables), args.data_dir or os.environ.get("STOCFL_DATA_DIR") or None)[1])
+        data_dir = resolve_data_dir(args.data_dir)  # --data-dir, else $STOCFL_DATA_DIR
+        print(pending(Path(args.tables), None if data_dir is None else str(data_dir))[1])
         return 0
     if args.list:
         if args.table:

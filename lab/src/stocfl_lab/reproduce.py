@@ -1258,26 +1258,29 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 3600 else f"{seconds / 3600:.1f} h"
 
 
-def _data_problems(items: list[dict[str, Any]], root: Path, data_dir: str) -> None:
+def _data_problems(
+    items: list[dict[str, Any]], configs: dict[tuple[str, str], tuple[Path, tuple[str, ...]]], data_dir: str
+):
     """Set each pending item's ``cannot`` to why its federation cannot be built from ``data_dir``
-    (the data set absent, or too small for the scenario: a partial Fashion-MNIST), or None. Each
-    distinct scenario and seed is built once; nothing is trained."""
+    (the data set absent, or too small for the scenario: a partial Fashion-MNIST), or None.
+    ``configs``: (table, row) -> the table's config and the row's overrides. Each distinct
+    scenario and seed is built once; nothing is trained."""
     built: dict[tuple[str, int], str | None] = {}
     for i in items:
-        t = load_table(i["table"], root)
-        row = next(r for r in t.rows if r.name == i["row"])
+        path, overrides = configs[(i["table"], i["row"])]
         try:
-            cfg = stocfl.load_config(t.config, [*row.overrides, f"run.seed={i['seed']}"], data_dir)
-            key = (cfg.scenario.model_dump_json(), cfg.run.seed)
-            if key not in built:
-                try:
-                    build_federation(cfg)
-                    built[key] = None
-                except UserError as err:
-                    built[key] = str(err)
-            i["cannot"] = built[key]
+            cfg = stocfl.load_config(path, [*overrides, f"run.seed={i['seed']}"], data_dir)
         except UserError as err:
             i["cannot"] = str(err)
+            continue
+        key = (cfg.scenario.model_dump_json(), cfg.run.seed)
+        if key not in built:
+            try:
+                build_federation(cfg)
+                built[key] = None
+            except UserError as err:
+                built[key] = str(err)
+        i["cannot"] = built[key]
 
 
 def pending(root: Path = ROOT, data_dir: str | None = None) -> tuple[list[dict[str, Any]], str]:
@@ -1290,8 +1293,10 @@ def pending(root: Path = ROOT, data_dir: str | None = None) -> tuple[list[dict[s
     again with ``--rerun``, each with the seconds it took."""
     items: list[dict[str, Any]] = []
     legacy: list[dict[str, Any]] = []
+    configs: dict[tuple[str, str], tuple[Path, tuple[str, ...]]] = {}  # (table, row) -> its config, overrides
     for name in tables(root):
         t = load_table(name, root)
+        configs.update({(name, row.name): (t.config, row.overrides) for row in t.rows})
         recorded = _written(t, table_files(name, root=root)[1], False)[1]
         runs_of: dict[tuple[str, ...], list[dict[str, Any]]] = {}
         for row in t.rows:  # a config's runs, whichever of its rows records them
@@ -1332,7 +1337,7 @@ def pending(root: Path = ROOT, data_dir: str | None = None) -> tuple[list[dict[s
                 )
     items.sort(key=lambda i: (i["seconds"] is None, i["seconds"] or 0.0))
     if data_dir is not None:
-        _data_problems(items, root, data_dir)
+        _data_problems(items, configs, data_dir)
     runnable = [i for i in items if not i.get("cannot")]
     known = [i["seconds"] for i in runnable if i["seconds"] is not None]
     gpu = sum(1 for i in runnable if any("NVIDIA" in p for p in i["measured_on"]))
