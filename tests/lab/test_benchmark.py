@@ -247,6 +247,11 @@ def test_ranks_share_ties_and_give_friedman_and_the_critical_difference():
             lambda t: t.replace('name = "cfl"', 'name = "cfl"\ntune = [["train.lr=0.1"]]'),
             "method 'cfl' declares 1 tuning settings, the budget is 5",
         ),
+        (
+            lambda t: t.replace('knob = [["algorithm.threshold=5"], ["algorithm.threshold=10"], ', "knob = ["),
+            "method 'pacfl' declares 2 knob settings; the budget is its default and 4 others",
+        ),
+        (lambda t: t.replace('knob = [["algorithm.threshold=5"]', "knob = [5"), "pacfl: knob: expected a list"),
         (lambda t: t.replace('tune_on = "rotated"', 'tune_on = "nowhere"'), "tune_on = 'nowhere' is not a scenario"),
         (lambda t: t.replace("validation = 0.1\n", ""), "KeyError 'validation'"),
     ],
@@ -359,10 +364,12 @@ def test_tuning_chooses_on_the_validation_split_and_runs_the_tuned_rows(quick, c
     grid = load_grid(quick / "grid.toml")
     record = json.loads((quick / "BENCHMARK-quick.json").read_text())
     tune = {k: e for k, e in record["runs"].items() if k.startswith("tune / ")}
-    assert len(tune) == 3 * 2 * 2  # methods x scenarios x settings
+    # methods x scenarios x settings, and StoCFL's knob (tau) at one setting besides its default
+    # on each scenario; IFCA's (its number of models) is not tuned where the scenario tells it
+    assert len(tune) == 3 * 2 * 2 + 2
     for key, e in tune.items():
-        cfg = (quick / "runs" / "tune" / e["scenario"] / e["method"]).glob(f"setting{e['tune']}-*/config.toml")
-        text = next(cfg).read_text()
+        name = f"knob{e['knob']}" if "knob" in e else f"setting{e['tune']}"
+        text = next((quick / "runs" / "tune" / e["scenario"] / e["method"]).glob(f"{name}-*/config.toml")).read_text()
         assert "validation = 0.2" in text and "sample_rate = 0.5" in text and "seed = 0" in text
         assert e["default_setting"] == (e["setting"] == ["train.lr=0.1"]), key
     expected = 0
@@ -370,9 +377,17 @@ def test_tuning_chooses_on_the_validation_split_and_runs_the_tuned_rows(quick, c
         for s in grid.scenarios:
             if not s.quick_only:
                 continue
-            i, chosen = tuning_choice(grid, record, m, s, True)
-            accs = [tune[f"tune / {m} / {s.name} / {j}"]["figures"]["accuracy"] for j in (0, 1)]
+            (i, j), chosen = tuning_choice(grid, record, m, s, True)
+            accs = [tune[f"tune / {m} / {s.name} / {k}"]["figures"]["accuracy"] for k in (0, 1)]
             assert accs[i] == max(accs) and (accs[0] < accs[1] or i == 0)
+            if m == "stocfl":  # the knob at the step chosen: tau = 0.3 where it beats the default
+                knob = tune[f"tune / stocfl / {s.name} / knob 1"]
+                lr = ["train.lr=0.1", "train.lr=0.3"][i]
+                assert knob["setting"] == [lr, "algorithm.tau=0.3"] and knob["tune"] == i
+                assert j == (1 if knob["figures"]["accuracy"] > accs[i] else 0)
+                assert chosen["setting"] == ([lr, "algorithm.tau=0.3"] if j else [lr])
+            else:
+                assert j == 0
             expected += 0 if chosen["default_setting"] else 2  # two seeds at one participation
     capsys.readouterr()
     stale = quick / "figures" / "benchmark-quick" / "gone-p0.5.png"  # a cell the record no longer has
@@ -383,7 +398,10 @@ def test_tuning_chooses_on_the_validation_split_and_runs_the_tuned_rows(quick, c
     assert f"{expected} runs run" in capsys.readouterr().out
     record = json.loads((quick / "BENCHMARK-quick.json").read_text())
     tuned = [e for e in record["runs"].values() if e.get("tuned_of")]
-    assert len(tuned) == expected and all(e["setting"] == ["train.lr=0.3"] for e in tuned)
+    assert len(tuned) == expected
+    scenarios = {s.name: s for s in grid.scenarios}
+    for e in tuned:  # each at the setting tuning chose: the step and, where it won, the knob
+        assert e["setting"] == tuning_choice(grid, record, e["tuned_of"], scenarios[e["scenario"]], True)[1]["setting"]
     text = (quick / "tuned.md").read_text()
     assert "| stocfl, tuned |" in text and "## Tuning" in text and "tuning pending" not in text
 
@@ -412,10 +430,44 @@ def test_the_tuning_choice_is_the_best_validation_accuracy_first_of_equals_none_
         }
         return {"runs": runs}
 
-    assert tuning_choice(grid, record([None, 0.5, 0.7, 0.7, 0.6]), "ifca", rotated, False)[0] == 2
-    assert tuning_choice(grid, record([None, None, None, None, None]), "ifca", rotated, False)[0] == 0
-    assert tuning_choice(grid, record([0.1, 0.9, 0.2, 0.3, 0.4]), "ifca", drift, False)[0] == 1  # drift: rotated's
+    assert tuning_choice(grid, record([None, 0.5, 0.7, 0.7, 0.6]), "ifca", rotated, False)[0] == (2, 0)
+    assert tuning_choice(grid, record([None, None, None, None, None]), "ifca", rotated, False)[0] == (0, 0)
+    assert tuning_choice(grid, record([0.1, 0.9, 0.2, 0.3, 0.4]), "ifca", drift, False)[0] == (1, 0)  # rotated's
     assert tuning_choice(grid, record([0.1, 0.9, 0.2, 0.3]), "ifca", rotated, False) is None  # a setting missing
+
+
+def test_the_knob_is_chosen_at_the_step_chosen_its_default_first_of_equals():
+    """Where a method's knob is tuned (IFCA's number of models: where no groups are planted),
+    the choice waits for the knob's runs at the step chosen, takes the best of the step's own run
+    (the knob's default) and the knob's, the default first of equals, and ignores a knob run made
+    at another step."""
+    from stocfl_lab.benchmark import knob_key, tuning_choice
+
+    grid = load_grid(GRID)
+    dirichlet = next(s for s in grid.scenarios if s.name == "dirichlet-0.1")
+    steps, knob = grid.tune_settings("ifca"), grid.knob_settings("ifca")
+    assert grid.knob_on("ifca", dirichlet) and len(knob) == len(steps) - 1
+
+    def record(step_accs, knob_accs, at=1):
+        runs = {
+            f"tune / ifca / dirichlet-0.1 / {i}": {"figures": {"accuracy": a}, "setting": list(steps[i])}
+            for i, a in enumerate(step_accs)
+        }
+        for j, a in enumerate(knob_accs, start=1):
+            runs[knob_key("ifca", "dirichlet-0.1", j)] = {
+                "figures": {"accuracy": a},
+                "setting": [*steps[at], *knob[j - 1]],
+            }
+        return {"runs": runs}
+
+    step = [0.1, 0.6, 0.2, 0.3, 0.4]  # the step chosen: setting 1 (0.6)
+    assert tuning_choice(grid, record(step, [0.5, 0.7, 0.7]), "ifca", dirichlet, False) is None  # one missing
+    (i, j), e = tuning_choice(grid, record(step, [0.5, 0.7, 0.7, None]), "ifca", dirichlet, False)
+    assert (i, j) == (1, 2) and e["setting"] == [*steps[1], *knob[1]]
+    assert tuning_choice(grid, record(step, [0.6, 0.6, 0.5, 0.1]), "ifca", dirichlet, False)[0] == (1, 0)
+    assert tuning_choice(grid, record(step, [0.9, 0.9, 0.9, 0.9], at=2), "ifca", dirichlet, False) is None
+    rotated = next(s for s in grid.scenarios if s.name == "rotated")  # IFCA is told rotated's 4 groups
+    assert not grid.knob_on("ifca", rotated) and grid.knob_on("stocfl", rotated) and not grid.knob_on("fedavg", rotated)
 
 
 def test_the_rest_of_the_grid_is_costed_from_the_runs_recorded():
@@ -464,3 +516,10 @@ def test_the_rest_of_the_grid_is_costed_from_the_runs_recorded():
     done = {"runs": {k: v | {"figures_version": FIGURES_VERSION} for k, v in runs.items()}}
     full = Grid("g", (0,), (0.1,), (), (Method("a"),), (s,), {}, tune)
     assert _projection_text(projected_cost(full, done)).startswith("The grid is complete")
+    # a knob (one setting besides its default: the budget less one) adds its run per (method, scenario)
+    knobbed = Grid(
+        "g", (0, 1), (0.1, 1.0), (), (Method("a"), Method("b", knob=(("algorithm.x=1",),))), (s, t), {}, tune
+    )
+    more = projected_cost(knobbed, {"runs": runs})
+    assert more["runs"] == {"default": 11, "tune": 8, "tuned": 12}
+    assert math.isclose(more["hours"] * 3600, default + tuning + 30 + b_t + tuned)

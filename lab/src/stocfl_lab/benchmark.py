@@ -68,6 +68,15 @@ class Method:
     set: tuple[str, ...] = ()
     role: str = "clustered"  # or "reference" (FedAvg, FedProx, Ditto)
     tune: tuple[tuple[str, ...], ...] | None = None  # its own tuning settings (None: the grid's)
+    # the knob that sets its number of clusters (a threshold, or a count it is told): the
+    # settings tried besides its default, at the step tuning chose (the budget's size less one)
+    knob: tuple[tuple[str, ...], ...] = ()
+
+    def knob_on(self, scenario: Scenario) -> bool:
+        """Whether the knob is tuned on ``scenario``: a count the method is told (a ``{k}``
+        override) is tuned only where the scenario has no planted groups to tell (k = 1)."""
+        told = {s.split("=", 1)[0] for s in self.set if "{k}" in s}
+        return bool(self.knob) and not (scenario.k > 1 and {x.split("=", 1)[0] for k in self.knob for x in k} <= told)
 
 
 @dataclass(frozen=True)
@@ -113,6 +122,17 @@ class Grid:
         if own is None or (quick and "settings" in self.quick.get("tune", {})):
             return tuple(tuple(x) for x in self.tune_protocol(quick)["settings"])
         return own
+
+    def knob_settings(self, method: str, quick: bool = False) -> tuple[tuple[str, ...], ...]:
+        """The settings of ``method``'s knob tried besides its default (the quick grid: as many as
+        its budget allows)."""
+        knob = next(m.knob for m in self.methods if m.name == method)
+        return knob[: len(self.tune_protocol(quick)["settings"]) - 1] if quick else knob
+
+    def knob_on(self, method: str, scenario: Scenario) -> bool:
+        """Whether ``method``'s knob is tuned on ``scenario`` (or the scenario it is tuned on)."""
+        on = next((s for s in self.scenarios if s.name == scenario.tune_on), scenario)
+        return next(m for m in self.methods if m.name == method).knob_on(on)
 
     def cells(self, quick: bool = False) -> list[Cell]:
         """Every cell, in a fixed order (scenario, participation, method): the order shards split."""
@@ -178,6 +198,7 @@ def load_grid(path: str | Path = GRID) -> Grid:
                 _strings(m.get("set", []), f"{path}: method {m['name']}"),
                 m.get("role", "clustered"),
                 None if "tune" not in m else _settings(m["tune"], f"{path}: method {m['name']}: tune"),
+                () if "knob" not in m else _settings(m["knob"], f"{path}: method {m['name']}: knob"),
             )
             for m in raw["method"]
         )
@@ -224,6 +245,11 @@ def load_grid(path: str | Path = GRID) -> Grid:
             raise UserError(
                 f"benchmark grid {path}: method {m.name!r} declares {len(m.tune)} tuning settings, the budget is "
                 f"{budget} (tune.settings): every method gets the same"
+            )
+        if m.knob and len(m.knob) != budget - 1:
+            raise UserError(
+                f"benchmark grid {path}: method {m.name!r} declares {len(m.knob)} knob settings; the budget is its "
+                f"default and {budget - 1} others (tune.settings has {budget}): every method gets the same"
             )
     names = {s.name: s for s in scenarios}
     for s in scenarios:
@@ -376,24 +402,57 @@ def _setting_text(setting: tuple[str, ...]) -> str:
     return ", ".join(x.split(".", 1)[-1] for x in setting) or "the defaults"
 
 
-def tuning_choice(grid: Grid, record: dict[str, Any], method: str, scenario: Scenario, quick: bool):
-    """The setting chosen for ``method`` on ``scenario`` (or the scenario it is tuned on): the
-    best validation accuracy among the budget's settings (the first of equals), as (index, its
-    entry); None while a setting's tuning run is missing."""
-    on = scenario.tune_on or scenario.name
+def knob_key(method: str, scenario: str, j: int) -> str:
+    """The record's key of a knob's tuning run (j = 1, 2, ...: the knob's settings besides its default)."""
+    return f"tune / {method} / {scenario} / knob {j}"
+
+
+def _best(entries: list[dict[str, Any]]) -> int:
+    """The entry of best validation accuracy, the first of equals; a run that trained to nothing
+    (no accuracy) is the worst."""
+
+    def score(i: int) -> tuple[float, int]:
+        acc = entries[i]["figures"]["accuracy"]
+        return (-math.inf if acc is None else acc, -i)
+
+    return max(range(len(entries)), key=score)
+
+
+def step_choice(grid: Grid, record: dict[str, Any], method: str, on: str, quick: bool):
+    """Tuning's first step for ``method`` on the scenario named ``on``: the best of the budget's
+    settings, as (index, its entry); None while a setting's tuning run is missing."""
     entries = []
     for i in range(len(grid.tune_settings(method, quick))):
         e = record["runs"].get(f"tune / {method} / {on} / {i}")
         if e is None or bool(e.get("quick")) != quick:
             return None
         entries.append(e)
-
-    def score(i: int) -> tuple[float, int]:  # a run that trained to nothing (no accuracy) is the worst
-        acc = entries[i]["figures"]["accuracy"]
-        return (-math.inf if acc is None else acc, -i)
-
-    best = max(range(len(entries)), key=score)
+    best = _best(entries)
     return best, entries[best]
+
+
+def tuning_choice(grid: Grid, record: dict[str, Any], method: str, scenario: Scenario, quick: bool):
+    """The setting chosen for ``method`` on ``scenario`` (or the scenario it is tuned on), as
+    ((i, j), its entry): i the first step's setting (the best validation accuracy among the
+    budget's, the first of equals), j its knob's at that step (0: the knob's default, the first
+    step's run itself; a knob run made at another step does not count); None while a run is
+    missing."""
+    on = scenario.tune_on or scenario.name
+    step = step_choice(grid, record, method, on, quick)
+    if step is None:
+        return None
+    i, first = step
+    if not grid.knob_on(method, scenario):
+        return (i, 0), first
+    at = list(grid.tune_settings(method, quick)[i])
+    entries = [first]
+    for j, knob in enumerate(grid.knob_settings(method, quick), start=1):
+        e = record["runs"].get(knob_key(method, on, j))
+        if e is None or bool(e.get("quick")) != quick or e.get("setting") != [*at, *knob]:
+            return None
+        entries.append(e)
+    j = _best(entries)
+    return (i, j), entries[j]
 
 
 def jobs(
@@ -428,14 +487,25 @@ def jobs(
         group = []
         if stage == "tune":
             default = stocfl.config_digest(grid.config(cell, t["seed"], quick, data_dir))
+            val = f"scenario.validation={t['validation']:g}"
             for i, setting in enumerate(grid.tune_settings(m.name, quick)):
-                sets = [*setting, f"scenario.validation={t['validation']:g}"]
-                cfg = grid.config(cell, t["seed"], quick, data_dir, extra=sets)
+                cfg = grid.config(cell, t["seed"], quick, data_dir, extra=[*setting, val])
                 plain = stocfl.config_digest(grid.config(cell, t["seed"], quick, data_dir, extra=list(setting)))
                 meta = base | {"cell": cell.key, "seed": t["seed"], "tune": i, "setting": list(setting)}
                 meta["default_setting"] = plain == default
                 path = runs / "tune" / sc.name / m.name / f"setting{i}"
                 group.append(Job(f"tune / {m.name} / {sc.name} / {i}", cfg, path, meta, sc.target))
+            step = step_choice(grid, record, m.name, sc.name, quick) if grid.knob_on(m.name, sc) else None
+            if step is not None:  # the knob's settings at the step chosen (known once its runs are)
+                at = list(grid.tune_settings(m.name, quick)[step[0]])
+                for j, knob in enumerate(grid.knob_settings(m.name, quick), start=1):
+                    setting = [*at, *knob]
+                    cfg = grid.config(cell, t["seed"], quick, data_dir, extra=[*setting, val])
+                    plain = stocfl.config_digest(grid.config(cell, t["seed"], quick, data_dir, extra=setting))
+                    meta = base | {"cell": cell.key, "seed": t["seed"], "tune": step[0], "knob": j}
+                    meta |= {"setting": setting, "default_setting": plain == default}
+                    path = runs / "tune" / sc.name / m.name / f"knob{j}"
+                    group.append(Job(knob_key(m.name, sc.name, j), cfg, path, meta, sc.target))
         elif stage == "tuned":
             chosen = tuning_choice(grid, record, m.name, sc, quick)
             if chosen is None or chosen[1]["default_setting"]:
@@ -477,61 +547,72 @@ def run(
     of runs run and reused. A run once recorded keeps its results files but not its state
     (:func:`shed_state`) unless ``keep_state``."""
     counts = {"ran": 0, "reused": 0, "refigured": 0, "changed": 0}
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, stocfl {stocfl.__version__}"
     start = read_record(record)
-
-    def reusable(held, digest) -> bool:
-        return held is not None and held["digest"] == digest and held.get("figures_version", 1) == FIGURES_VERSION
-
-    for index, group in enumerate(jobs(grid, stage, start, runs, quick, data_dir, only)):
-        if index % shard[1] != shard[0]:
-            continue
-        for job in group:
-            digest = stocfl.config_digest(job.cfg)
-            held = start["runs"].get(job.key)
-            if not reusable(held, digest):  # read again: another shard may have recorded it since
-                held = read_record(record)["runs"].get(job.key)
-            same = held is not None and held["digest"] == digest
-            if reusable(held, digest):
-                counts["reused"] += 1
-                continue
-            # the digest in the name: a grid whose settings changed runs anew beside the old run;
-            # the figures' version: a run of older code (without the newer figures) is not reused
-            out = job.out.with_name(f"{job.out.name}-{digest[:10]}-f{FIGURES_VERSION}")
-            t, cpu = time.perf_counter(), _cpu_seconds()
-            summary = run_or_reuse(job.cfg, out, data_dir, progress, label=job.meta["method"])
-            rows = read_jsonl(out / "metrics.jsonl")
-            entry = job.meta | {
-                "digest": digest,
-                "figures": figures(summary, rows, job.target),
-                "curve": [[r["round"], r["accuracy"]] for r in rows if r.get("accuracy") is not None],
-                "wall_seconds": round(time.perf_counter() - t, 2),
-                # CPU seconds of this process: less sensitive than wall time to what else runs
-                "cpu_seconds": round(_cpu_seconds() - cpu, 2),
-                # the machine's load over the last minute as the run ended: above its cores, the
-                # times were measured beside other work
-                "load_average": round(os.getloadavg()[0], 2),
-                "cores": os.cpu_count(),
-                "figures_version": FIGURES_VERSION,
-                "machine": machine,
-                # numbers repeat to the bit only on the same kind of processor at the same torch
-                # threads: a re-run's warning needs both to say whether the machine explains it
-                "processor": summary.get("processor"),
-                "threads": summary.get("threads"),
-                "date": time.strftime("%Y-%m-%d"),
-            }
-            if same:  # run again for newer figures: its numbers must be the ones recorded
-                if moved(held["figures"], entry["figures"], FIGURES) or held.get("curve") != entry["curve"]:
-                    counts["changed"] += 1
-                    # said even when quiet: the same config gave other numbers, and which
-                    print(f"{job.key}: WARNING run again under the same config, {_what_changed(held, entry)}")
-                counts["refigured"] += 1
-            _save_run(record, job.key, entry)
-            if not keep_state:
-                shed_state(out)
-            counts["ran"] += 1
-            log(f"{job.key}: accuracy {entry['figures']['accuracy']}")
+    seen: set[str] = set()
+    # tuning's knob runs are known once the step they run at is chosen: a second pass finds them
+    for again in (False, True) if stage == "tune" else (False,):
+        view = read_record(record) if again else start
+        for index, group in enumerate(jobs(grid, stage, view, runs, quick, data_dir, only)):
+            if index % shard[1] == shard[0]:
+                for job in (j for j in group if j.key not in seen):
+                    seen.add(job.key)
+                    _run_job(job, view, record, counts, data_dir, progress, log, keep_state)
     return counts
+
+
+def _run_job(job: Job, start: dict[str, Any], record: Path, counts, data_dir, progress, log, keep_state) -> None:
+    """Run ``job`` (or reuse its recorded run: ``start``'s, else the record's read again, since
+    another shard may have recorded it), record it and count which in ``counts``."""
+    digest = stocfl.config_digest(job.cfg)
+    held = start["runs"].get(job.key)
+    if not _reusable(held, digest):  # read again: another shard may have recorded it since
+        held = read_record(record)["runs"].get(job.key)
+    same = held is not None and held["digest"] == digest
+    if _reusable(held, digest):
+        counts["reused"] += 1
+        return
+    # the digest in the name: a grid whose settings changed runs anew beside the old run;
+    # the figures' version: a run of older code (without the newer figures) is not reused
+    out = job.out.with_name(f"{job.out.name}-{digest[:10]}-f{FIGURES_VERSION}")
+    t, cpu = time.perf_counter(), _cpu_seconds()
+    summary = run_or_reuse(job.cfg, out, data_dir, progress, label=job.meta["method"])
+    rows = read_jsonl(out / "metrics.jsonl")
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, stocfl {stocfl.__version__}"
+    entry = job.meta | {
+        "digest": digest,
+        "figures": figures(summary, rows, job.target),
+        "curve": [[r["round"], r["accuracy"]] for r in rows if r.get("accuracy") is not None],
+        "wall_seconds": round(time.perf_counter() - t, 2),
+        # CPU seconds of this process: less sensitive than wall time to what else runs
+        "cpu_seconds": round(_cpu_seconds() - cpu, 2),
+        # the machine's load over the last minute as the run ended: above its cores, the
+        # times were measured beside other work
+        "load_average": round(os.getloadavg()[0], 2),
+        "cores": os.cpu_count(),
+        "figures_version": FIGURES_VERSION,
+        "machine": machine,
+        # numbers repeat to the bit only on the same kind of processor at the same torch
+        # threads: a re-run's warning needs both to say whether the machine explains it
+        "processor": summary.get("processor"),
+        "threads": summary.get("threads"),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    if same:  # run again for newer figures: its numbers must be the ones recorded
+        if moved(held["figures"], entry["figures"], FIGURES) or held.get("curve") != entry["curve"]:
+            counts["changed"] += 1
+            # said even when quiet: the same config gave other numbers, and which
+            print(f"{job.key}: WARNING run again under the same config, {_what_changed(held, entry)}")
+        counts["refigured"] += 1
+    _save_run(record, job.key, entry)
+    if not keep_state:
+        shed_state(out)
+    counts["ran"] += 1
+    log(f"{job.key}: accuracy {entry['figures']['accuracy']}")
+
+
+def _reusable(held: dict[str, Any] | None, digest: str) -> bool:
+    """A recorded run serves a job of this config digest at the current figures' version."""
+    return held is not None and held["digest"] == digest and held.get("figures_version", 1) == FIGURES_VERSION
 
 
 def _what_changed(held: dict, entry: dict) -> str:
@@ -573,7 +654,8 @@ def asked(grid: Grid, record: dict[str, Any], quick: bool = False) -> dict[str, 
     runs = record["runs"]
     keep = {k: r for k, r in runs.items() if bool(r.get("quick")) != quick}
     want: dict[str, str] = {}
-    stages = (("default", "tune"), ("tuned",))  # a tuned row's setting is read from the tuning runs kept
+    # a knob's tuning runs follow the first step's runs kept, a tuned row's setting all tuning runs kept
+    stages = (("default", "tune"), ("tune",), ("tuned",))
     for names in stages:
         view = record | {"runs": keep | {k: r for k, r in runs.items() if want.get(k) == r["digest"]}}
         for stage in names:
@@ -742,9 +824,10 @@ def projected_cost(grid: Grid, record: dict[str, Any], quick: bool = False) -> d
             if tuned_row and f"{m} (tuned) / {s.name} / {p:g} / seed {seed}" not in done:
                 stages["tuned"].append(seconds(m, s.name, p))
     for m, s in dict.fromkeys((c.method.name, c.scenario) for c in cells if not c.scenario.tune_on):
-        for i in range(len(grid.tune_settings(m, quick))):
-            if f"tune / {m} / {s.name} / {i}" not in done:
-                stages["tune"].append(seconds(m, s.name, tune["participation"]))
+        keys = [f"tune / {m} / {s.name} / {i}" for i in range(len(grid.tune_settings(m, quick)))]
+        if grid.knob_on(m, s):
+            keys += [knob_key(m, s.name, j) for j in range(1, len(grid.knob_settings(m, quick)) + 1)]
+        stages["tune"] += [seconds(m, s.name, tune["participation"]) for k in keys if k not in done]
     known = [v for v in (x for xs in stages.values() for x in xs) if v is not None]
     return {
         "runs": {k: len(v) for k, v in stages.items()},
@@ -804,8 +887,11 @@ def page(grid: Grid, record: dict[str, Any], quick: bool = False) -> str:
     default = [r for c in cells.values() if " (tuned)" not in c["method"] for r in c["runs"]]
     tuned = [r for c in cells.values() if " (tuned)" in c["method"] for r in c["runs"]]
     n_tune = sum("tune" in r for r in runs)
-    n_asked = sum(len(grid.tune_settings(m, quick)) for m in methods) * len(
-        [s for s in grid.scenarios if not s.tune_on and _in_grid(grid, s, quick)]
+    tuned_on = [s for s in grid.scenarios if not s.tune_on and _in_grid(grid, s, quick)]
+    n_asked = sum(
+        len(grid.tune_settings(m, quick)) + (len(grid.knob_settings(m, quick)) if grid.knob_on(m, s) else 0)
+        for m in methods
+        for s in tuned_on
     )
     lines = [
         f"# {grid.title}" + (" (quick grid)" if quick else ""),
@@ -947,15 +1033,19 @@ def tuned_cell(grid, record, cells, method: str, scenario: Scenario, p: float, q
 def tuning_section(grid, record, cells, methods, quick, parts) -> list[str]:
     """The tuning runs' validation accuracies, each method's choice, and the tuned rows' ranks."""
     protocol = grid.tune_protocol(quick)
+    budget = len(protocol["settings"])
     lines = [
         "## Tuning",
         "",
-        f"Each method tried {len(protocol['settings'])} settings (its declared budget, the same for all) once, at "
-        f"seed {protocol['seed']} and participation {protocol['participation']:g}, on a validation split: "
+        f"Each method tried {budget} settings (its declared budget, the same for all) once, at seed "
+        f"{protocol['seed']} and participation {protocol['participation']:g}, on a validation split: "
         f"{protocol['validation']:g} of each client's train samples held out as its test data, the test data "
         f"never seen. The best validation accuracy (the first of equals) is its tuned setting; a drifting "
-        f"scenario takes its base scenario's. Validation accuracy (%) per setting, the chosen one in bold, "
-        f"marked (edge) where it is the budget's first or last setting (the best may lie beyond):",
+        f"scenario takes its base scenario's. Then, at that setting, the knob that sets a method's number of "
+        f"clusters (a threshold; or the count it is told, where the scenario has no planted groups to tell) "
+        f"tried at {budget - 1} settings besides its default, chosen the same way (the default first of "
+        f"equals). Validation accuracy (%) per setting, the chosen one in bold, marked (edge) where it is the "
+        f"budget's first or last step (the best may lie beyond):",
         "",
     ]
     tuned_on = [
@@ -965,22 +1055,30 @@ def tuning_section(grid, record, cells, methods, quick, parts) -> list[str]:
     ]
     head = ["method", *(s.name for s in tuned_on)]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def text(setting, e, chosen: bool, edge: bool = False) -> str:
+        if e is None or bool(e.get("quick")) != quick:
+            return f"{_setting_text(setting)}: -"
+        acc = e["figures"]["accuracy"]
+        said = f"{_setting_text(setting)}: {'-' if acc is None else f'{100 * acc:.1f}'}"
+        return f"**{said}**" + (" (edge)" if edge else "") if chosen else said
+
     for m in methods:
         row = [m]
         for s in tuned_on:
-            said = []
             choice = tuning_choice(grid, record, m, s, quick)
-            budget = grid.tune_settings(m, quick)
-            for i, setting in enumerate(budget):
-                e = record["runs"].get(f"tune / {m} / {s.name} / {i}")
-                if e is None or bool(e.get("quick")) != quick:
-                    said.append(f"{_setting_text(setting)}: -")
-                    continue
-                acc = e["figures"]["accuracy"]
-                text = f"{_setting_text(setting)}: {'-' if acc is None else f'{100 * acc:.1f}'}"
-                chosen = choice is not None and choice[0] == i
-                edge = chosen and len(budget) > 1 and i in (0, len(budget) - 1)
-                said.append(f"**{text}**" + (" (edge)" if edge else "") if chosen else text)
+            i, j = (None, None) if choice is None else choice[0]
+            steps = grid.tune_settings(m, quick)
+            said = [
+                text(setting, record["runs"].get(f"tune / {m} / {s.name} / {k}"), k == i, k in (0, len(steps) - 1))
+                for k, setting in enumerate(steps)
+            ]
+            if grid.knob_on(m, s):
+                said.append("knob: " + ("default" + (" (chosen)" if j == 0 else "")))
+                said += [
+                    text(knob, record["runs"].get(knob_key(m, s.name, k)), k == j)
+                    for k, knob in enumerate(grid.knob_settings(m, quick), start=1)
+                ]
             row.append("<br>".join(said))
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
