@@ -195,7 +195,8 @@ def test_quantity_skews_sizes_alone():
 
 def test_validation_holds_out_train_samples_and_never_uses_the_test_data():
     """scenario.validation: each client's test data are a held-out part of its own train data
-    (round(f n), at least 1), the rest its train data; nothing of the real test split is left."""
+    (round(f n), at least 1, at most n - 1), the rest its train data; nothing of the real test
+    split is left."""
     from stocfl.data.federation import Federation
 
     fed = build("quantity", DIGITS, 20, 30, alpha=0.5, seed=0)
@@ -214,12 +215,18 @@ def test_validation_holds_out_train_samples_and_never_uses_the_test_data():
     assert torch.equal(again.x_test, tuned.x_test) and not torch.equal(
         fed.with_validation(0.1, seed=5).y_test, tuned.y_test
     )
+    # a client of one train sample (dirichlet-0.1 at seeds 0 and 1 has one) keeps it for training
+    # and holds none out; the others hold theirs out as before
     tiny = Federation.from_arrays(
-        [(torch.zeros(1, 3), torch.zeros(1, dtype=torch.long))] * 2,
-        [(torch.zeros(1, 3), torch.zeros(1, dtype=torch.long))] * 2,
+        [
+            (torch.arange(3.0)[:1, None], torch.zeros(1, dtype=torch.long)),
+            (torch.arange(3.0)[:, None], torch.arange(3)),
+        ],
+        [(torch.zeros(1, 1), torch.zeros(1, dtype=torch.long))] * 2,
     )
-    with pytest.raises(UserError, match="client 0 holds 1 train sample"):
-        tiny.with_validation(0.1)
+    split = tiny.with_validation(0.1)
+    assert split.train_data(0)[0].tolist() == [[0.0]] and len(split.test_data(0)[1]) == 0
+    assert len(split.train_data(1)[1]) == 2 and len(split.test_data(1)[1]) == 1
 
 
 @settings(max_examples=20, deadline=None)

@@ -78,9 +78,11 @@ class Federation:
 
     def with_validation(self, fraction: float, seed: int = 0) -> Federation:
         """This federation for tuning: each client holds out ``fraction`` of its train samples
-        (round(fraction x n), at least 1, drawn with ``seed``) and they become its test data;
-        the real test data are not used. So a setting is chosen on the clients' own training
-        data, never on the test data it will be judged on. A client needs 2 train samples."""
+        (round(fraction x n), at least 1 and at most n - 1, drawn with ``seed``) and they become
+        its test data; the real test data are not used. So a setting is chosen on the clients'
+        own training data, never on the test data it will be judged on. A client of one train
+        sample (a Dirichlet split's smallest) keeps it for training and holds none out: it
+        trains as in the run tuned for, and weighs nothing in the validation accuracy."""
         if not 0 < fraction < 1:
             raise UserError(f"config: scenario.validation = {fraction}: expected a fraction in (0, 1)")
         if self.drift is not None:
@@ -93,12 +95,7 @@ class Federation:
         for i in range(self.n_clients):
             a, b = int(self.train_offsets[i]), int(self.train_offsets[i + 1])
             n = b - a
-            if n < 2:
-                raise UserError(
-                    f"config: scenario.validation: client {i} holds {n} train sample(s); holding some out for "
-                    f"validation needs at least 2 per client"
-                )
-            v = min(n - 1, max(1, round(fraction * n)))
+            v = min(n - 1, max(1, round(fraction * n))) if n > 1 else 0
             order = rng.permutation(n)
             held.append(np.sort(order[:v]) + a)
             train.append(np.sort(order[v:]) + a)
