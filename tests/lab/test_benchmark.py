@@ -254,6 +254,18 @@ def test_ranks_share_ties_and_give_friedman_and_the_critical_difference():
         (lambda t: t.replace('knob = [["algorithm.threshold=5"]', "knob = [5"), "pacfl: knob: expected a list"),
         (lambda t: t.replace('tune_on = "rotated"', 'tune_on = "nowhere"'), "tune_on = 'nowhere' is not a scenario"),
         (lambda t: t.replace("validation = 0.1\n", ""), "KeyError 'validation'"),
+        (
+            lambda t: t.replace('["algorithm.threshold=5"]', '["algorithm.treshold=5"]'),
+            "method 'pacfl': knob ['algorithm.treshold=5']: config: unknown key 'algorithm.treshold'",
+        ),
+        (
+            lambda t: t.replace('["algorithm.tau=0.7"]', '["algorithm.tau=7"]'),
+            "method 'stocfl': knob ['algorithm.tau=7']: config: algorithm.tau: tau must be in [-1, 1]",
+        ),
+        (
+            lambda t: t.replace('["train.lr=0.8"]]', '["train.lr=-1"]]', 1),
+            "method 'fedavg': tune ['train.lr=-1']: config: train.lr: must be > 0.0",
+        ),
     ],
 )
 def test_a_bad_grid_is_one_line(tmp_path, capsys, edit, says):

@@ -260,6 +260,18 @@ def load_grid(path: str | Path = GRID) -> Grid:
     unknown = [m.name for m in methods if m.name not in ALGORITHMS]
     if unknown:
         raise UserError(f"benchmark grid {path}: unknown method {unknown[0]!r}; choose among {', '.join(ALGORITHMS)}")
+    # every method's settings are built once here (a config is checked as it is built), so that a
+    # misspelt key or a value out of range is one line now, not a run that fails hours into a stage
+    for m in methods:
+        for what, settings in (("tune", m.tune or grid.tune["settings"]), ("knob", m.knob)):
+            for setting in settings:
+                for s in scenarios[:1]:
+                    try:
+                        grid.config(Cell(m, s, grid.participation[0]), grid.seeds[0], extra=list(setting))
+                    except UserError as err:
+                        raise UserError(
+                            f"benchmark grid {path}: method {m.name!r}: {what} {list(setting)}: {err}"
+                        ) from None
     return grid
 
 
