@@ -255,6 +255,14 @@ def test_ranks_share_ties_and_give_friedman_and_the_critical_difference():
         (lambda t: t.replace('tune_on = "rotated"', 'tune_on = "nowhere"'), "tune_on = 'nowhere' is not a scenario"),
         (lambda t: t.replace("validation = 0.1\n", ""), "KeyError 'validation'"),
         (
+            lambda t: t.replace('set = ["algorithm.n_centers={k}"]', 'set = ["algorithm.n_centres={k}"]'),
+            "method 'fesem': config: unknown key 'algorithm.n_centres'",
+        ),
+        (
+            lambda t: t.replace('"scenario.alpha=0.1"', '"scenario.alpha=-1"', 1),
+            "scenario 'dirichlet-0.1': config: scenario.alpha",
+        ),
+        (
             lambda t: t.replace('["algorithm.threshold=5"]', '["algorithm.treshold=5"]'),
             "method 'pacfl': knob ['algorithm.treshold=5']: config: unknown key 'algorithm.treshold'",
         ),

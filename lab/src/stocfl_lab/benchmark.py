@@ -262,17 +262,27 @@ def load_grid(path: str | Path = GRID) -> Grid:
         raise UserError(f"benchmark grid {path}: unknown method {unknown[0]!r}; choose among {', '.join(ALGORITHMS)}")
     # every method's settings are built once here (a config is checked as it is built), so that a
     # misspelt key or a value out of range is one line now, not a run that fails hours into a stage
+    # (a method's {k} overrides apply only where groups are planted: one scenario of each kind)
+    kinds = list({s.k > 1: s for s in scenarios}.values())
+    for s in scenarios:
+        _built(grid, Cell(methods[0], s, grid.participation[0]), [], f"benchmark grid {path}: scenario {s.name!r}")
     for m in methods:
-        for what, settings in (("tune", m.tune or grid.tune["settings"]), ("knob", m.knob)):
+        for what, settings in (("set", [()]), ("tune", m.tune or grid.tune["settings"]), ("knob", m.knob)):
             for setting in settings:
-                for s in scenarios[:1]:
-                    try:
-                        grid.config(Cell(m, s, grid.participation[0]), grid.seeds[0], extra=list(setting))
-                    except UserError as err:
-                        raise UserError(
-                            f"benchmark grid {path}: method {m.name!r}: {what} {list(setting)}: {err}"
-                        ) from None
+                for s in kinds:
+                    said = f"benchmark grid {path}: method {m.name!r}" + (
+                        f": {what} {list(setting)}" if setting else ""
+                    )
+                    _built(grid, Cell(m, s, grid.participation[0]), list(setting), said)
     return grid
+
+
+def _built(grid: Grid, cell: Cell, extra: list[str], said: str) -> None:
+    """``cell``'s config with ``extra`` is built (and so checked), else one line after ``said``."""
+    try:
+        grid.config(cell, grid.seeds[0], extra=extra)
+    except UserError as err:
+        raise UserError(f"{said}: {err}") from None
 
 
 # ---- one run's figures ------------------------------------------------------------------------
