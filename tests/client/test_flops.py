@@ -81,6 +81,33 @@ def test_a_count_reused_per_shape_equals_counting_every_task(tasks):
         assert count(t) == alone, t
 
 
+def test_counts_shared_across_runs_are_the_models_own():
+    """A process shares its counts between runs (each FlopCount of the same model and samples
+    reuses the others'), keyed by the model as it prints: two models whose tensors have the same
+    shapes but whose convolutions stride differently (so differ in arithmetic) each get their own
+    count, and a new FlopCount of the first model finds its counts without counting again."""
+    from torch import nn
+
+    from stocfl.client.models import FlatModel
+
+    def conv(stride):
+        module = nn.Sequential(
+            nn.Conv2d(1, 4, 3, stride=stride), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, C)
+        )
+        return FlatModel(module), FlatModel.init_weights(module, 0)
+
+    (one, w1), (two, w2) = conv(1), conv(2)
+    assert one.shapes == two.shapes
+    counts = []
+    for model, w in ((one, w1), (two, w2), (one, w1)):
+        count = FlopCount(FED, model)
+        for t in (Train(3, w, LocalTraining.sgd(1, 4, 0.1), seed=0), Evaluate(5, w, "test")):
+            assert count(t) == count_flops(kind_of(type(t)).reference, count.client(t.client), t), (model, t)
+        counts.append((count(Evaluate(5, w, "test")), count.seconds))
+    assert counts[0][0] > counts[1][0]  # stride 1 does more arithmetic than stride 2
+    assert counts[2][0] == counts[0][0] and counts[2][1] == 0.0  # found, not counted again
+
+
 def test_a_users_kind_is_counted():
     @dataclass(frozen=True, eq=False)
     class Gram:

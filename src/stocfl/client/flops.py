@@ -11,12 +11,15 @@ multiply-add); to it we add the thin SVD (:func:`svd_flops`), which PACFL's subs
 FLUX's projection axes do on the client and torch does not count. Element-wise work (activations,
 optimizer steps, losses) is left out, as torch leaves it out.
 
-The count depends on the task's shape, not its numbers: the kind, its fields other than the
-client and its seeds (a tensor by its shape, anything else by value), the client's train and
-test sizes and, for the kinds that declare it (``TaskKind.cost_by_labels``: a per-label SVD, a
-class-balanced sample), its train labels' counts. A run counts each shape once and reuses the
-count. Caches that stand for work every client does (:data:`CLIENT_CACHES`) are cleared before a
-count, so a count does not depend on what the process ran before.
+The count depends on the task's shape, not its numbers: the kind (and its reference function),
+its fields other than the client and its seeds (a tensor by its shape, anything else by value),
+the client's train and test sizes and, for the kinds that declare it (``TaskKind.cost_by_labels``:
+a per-label SVD, a class-balanced sample), its train labels' counts; and the model (its modules
+as they print, its tensors' shapes and types, its loss) and the samples' shape. A process counts
+each such shape once and reuses the count, across runs too (a benchmark runs thousands of runs of
+a few models in one process, each of which counted afresh for about a second). Caches that stand
+for work every client does (:data:`CLIENT_CACHES`) are cleared before a count, so a count does
+not depend on what the process ran before.
 """
 
 from __future__ import annotations
@@ -103,6 +106,28 @@ def _shape_key(task) -> tuple:
     return tuple(key)
 
 
+# (model, samples) -> (counts by (task shape, n_train, n_test), affine coefficients by task
+# shape): the counts every FlopCount of this process shares
+_SHARED: dict[tuple, tuple[dict[tuple, int], dict[tuple, tuple[int, int, int] | None]]] = {}
+
+
+def _context(fed, model) -> tuple:
+    """What a count depends on besides the task and the client's sizes: the model's modules as
+    they print (layer sizes, strides, kernels), its tensors' shapes and types, its loss, and the
+    samples' shape, type and classes."""
+    module = getattr(model, "module", model)
+    x = getattr(fed, "x_train", None)
+    return (
+        type(module),
+        str(module),
+        tuple(getattr(model, "shapes", ())),
+        tuple(getattr(model, "dtypes", ())),
+        getattr(model, "loss", None),
+        None if x is None else (tuple(x.shape[1:]), x.dtype),
+        getattr(fed, "n_classes", None),
+    )
+
+
 class FlopCount:
     """Counts the FLOPs of tasks on ``fed``'s clients with ``model`` (see the module docstring);
     ``seconds`` is the time spent counting, which a round's time leaves out.
@@ -117,8 +142,7 @@ class FlopCount:
 
     def __init__(self, fed, model) -> None:
         self.fed, self.model = fed, model
-        self.known: dict[tuple, int] = {}
-        self.affine: dict[tuple, tuple[int, int, int] | None] = {}
+        self.known, self.affine = _SHARED.setdefault(_context(fed, model), ({}, {}))
         self.seconds = 0.0
 
     def client(self, i: int, n_train: int | None = None, n_test: int | None = None) -> ClientData:
@@ -138,7 +162,7 @@ class FlopCount:
         i = task.client
         a, b = int(self.fed.train_offsets[i]), int(self.fed.train_offsets[i + 1])
         n_train, n_test = b - a, int(self.fed.test_offsets[i + 1] - self.fed.test_offsets[i])
-        shape = _shape_key(task)
+        shape = (kind.reference, *_shape_key(task))
         if kind.cost_by_labels:
             shape += (tuple(torch.bincount(self.fed.y_train[a:b], minlength=self.fed.n_classes).tolist()),)
         key = (shape, n_train, n_test)
