@@ -299,6 +299,7 @@ def test_a_bad_grid_is_one_line(tmp_path, capsys, edit, says):
         (lambda e: e.update(curve=[[5, 0.5], [10]]), "a list of [round, accuracy] pairs"),
         (lambda e: e.update(wall_seconds=-1), "has wall_seconds = -1, where it must be a number of seconds"),
         (lambda e: e.update(setting="train.lr=0.1"), "where it must be a list of overrides"),
+        (lambda e: e.update(knob=0), "has knob = 0, where it must be an integer from 1"),
     ],
 )
 def test_a_record_with_a_malformed_run_is_one_line_naming_it(tmp_path, capsys, corrupt, says):

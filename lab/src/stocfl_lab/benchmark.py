@@ -354,6 +354,7 @@ _ENTRY_FIELDS: dict[str, Check] = {
     ),
     "figures_version": (False, lambda v: int_or_none(v) and v is not None, "an integer"),
     "tune": (False, lambda v: int_or_none(v) and v is not None, "an integer"),
+    "knob": (False, lambda v: int_or_none(v) and v is not None and v >= 1, "an integer from 1"),
     "setting": (False, lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of overrides"),
     "default_setting": (False, lambda v: isinstance(v, bool), "true or false"),
     "cpu_seconds": (False, lambda v: number(v) and v >= 0, "a number of seconds"),
