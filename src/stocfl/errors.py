@@ -36,3 +36,8 @@ class UserError(Exception):
     def __init__(self, message: object = "", *args: object):
         text = str(message)
         super().__init__(_BREAKING.sub(lambda m: ascii(m.group())[1:-1], text), *args)
+
+
+class InUse(UserError):
+    """A run directory another process holds (:func:`stocfl.storage.exclusive`): a runner that
+    shares its runs with other processes (the benchmark's shards) leaves that run to its holder."""

@@ -134,6 +134,39 @@ def test_shards_split_the_cells_and_merge_into_the_whole(quick, tmp_path, capsys
     assert "has another config" in capsys.readouterr().err
 
 
+def test_a_run_another_process_holds_is_left_to_it_and_the_rest_run(tmp_path, capsys):
+    """Two runners whose cells overlap: a run whose directory another process holds is left to
+    that process (one line naming it), and the runner goes on with the other runs."""
+    import subprocess
+    import sys
+
+    import stocfl
+    from stocfl_lab.benchmark import FIGURES_VERSION, jobs
+
+    shutil.copy(GRID, tmp_path / "grid.toml")
+    grid, only = load_grid(tmp_path / "grid.toml"), "fedavg / rotated-digits / 0.5"
+    first = jobs(grid, "default", {"runs": {}}, tmp_path / "runs", True, None, only)[0][0]
+    held = first.out.with_name(f"{first.out.name}-{stocfl.config_digest(first.cfg)[:10]}-f{FIGURES_VERSION}")
+    held.mkdir(parents=True)
+    hold = (
+        "import sys, time\nfrom stocfl.storage import exclusive\n"
+        "with exclusive(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(600)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(held)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert lab(["benchmark", "--grid", str(tmp_path / "grid.toml"), "--quick", "--quiet", "--only", only]) == 0
+    finally:
+        holder.kill()
+        holder.wait()
+    out = capsys.readouterr().out
+    said = f"{held.resolve()} is in use by another process (pid {holder.pid})"
+    assert f"{first.key}: left to the process that holds it ({said}" in out
+    assert "1 runs run, 0 reused, 1 left to other processes that hold them" in out
+    record = json.loads((tmp_path / "BENCHMARK-quick.json").read_text())["runs"]
+    assert first.key not in record and len(record) == 1
+
+
 def test_a_run_recorded_under_a_config_the_grid_no_longer_asks_is_not_shown_and_runs_again(quick, tmp_path, capsys):
     """A scenario's settings changed after its runs were recorded: the page shows none of their
     numbers (the scenario's cells pending, the runs named as to run again, the cost counting

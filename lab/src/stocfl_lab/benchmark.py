@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 import stocfl
-from stocfl.errors import UserError
+from stocfl.errors import InUse, UserError
 from stocfl.experiment import run_or_reuse, shed_state
 from stocfl.storage import exclusive, read_jsonl, write_atomic
 from stocfl_lab.records import Check, int_or_none, load_json, number, number_or_none, problem
@@ -567,9 +567,10 @@ def run(
 ) -> dict[str, int]:
     """Run (or reuse) every run of ``stage`` (:func:`jobs`) in this shard (``only``: the cells
     whose key, "method / scenario / participation", matches this shell pattern); returns counts
-    of runs run and reused. A run once recorded keeps its results files but not its state
+    of runs run and reused, and of runs left to another process that holds their directory
+    (shards that overlap). A run once recorded keeps its results files but not its state
     (:func:`shed_state`) unless ``keep_state``."""
-    counts = {"ran": 0, "reused": 0, "refigured": 0, "changed": 0}
+    counts = {"ran": 0, "reused": 0, "refigured": 0, "changed": 0, "busy": 0}
     start = read_record(record)
     seen: set[str] = set()
     # tuning's knob runs are known once the step they run at is chosen: a second pass finds them
@@ -598,7 +599,12 @@ def _run_job(job: Job, start: dict[str, Any], record: Path, counts, data_dir, pr
     # the figures' version: a run of older code (without the newer figures) is not reused
     out = job.out.with_name(f"{job.out.name}-{digest[:10]}-f{FIGURES_VERSION}")
     t, cpu = time.perf_counter(), _cpu_seconds()
-    summary = run_or_reuse(job.cfg, out, data_dir, progress, label=job.meta["method"])
+    try:
+        summary = run_or_reuse(job.cfg, out, data_dir, progress, label=job.meta["method"])
+    except InUse as err:  # another process runs it (shards that overlap): its holder records it
+        counts["busy"] += 1
+        print(f"{job.key}: left to the process that holds it ({err})")
+        return
     rows = read_jsonl(out / "metrics.jsonl")
     machine = f"{platform.machine()}, {os.cpu_count()} cores, stocfl {stocfl.__version__}"
     entry = job.meta | {
@@ -1225,7 +1231,8 @@ def main(args) -> int:
             if counts["refigured"]
             else ""
         )
-        print(f"stocfl-lab benchmark: {counts['ran']} runs run{again}, {counts['reused']} reused ({record})")
+        busy = f", {counts['busy']} left to other processes that hold them" if counts["busy"] else ""
+        print(f"stocfl-lab benchmark: {counts['ran']} runs run{again}, {counts['reused']} reused{busy} ({record})")
     out = Path(args.out) if args.out else None
     held = asked(grid, read_record(record), quick)  # once, for the page and its figures
     text = page(grid, held, quick)

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from stocfl.errors import UserError
+from stocfl.errors import InUse, UserError
 
 try:
     import fcntl
@@ -111,7 +111,7 @@ def exclusive(directory: Path, wait: bool = False, lock: str = LOCK) -> Iterator
         except OSError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise UserError(
+            raise InUse(
                 f"{directory} is in use by another process (pid {holder}); let it finish or stop it, "
                 f"then continue the run with 'stocfl resume {directory}'"
             ) from None
