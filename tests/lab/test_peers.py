@@ -87,6 +87,21 @@ def test_bench_peers_runs_the_cases_asked_and_refuses_bad_options_in_one_line(tm
     assert set(got["cases"][0]["ratios"]) == {"stocfl", "naive"} and got["cases"][0]["ratios"]["stocfl"] == 1.0
 
 
+def test_bench_peers_repeats_each_system_three_times_unless_told(tmp_path, monkeypatch):
+    """`make bench-peers` passes no --repeats: the timing gets the documented 3 (it got None,
+    refused as 'must be a whole number'), and --repeats N gets N."""
+    import stocfl_lab.peers
+    from stocfl_lab.cli import main as lab_main
+
+    asked = []
+    monkeypatch.setattr(stocfl_lab.peers, "bench_peers", lambda *a, **k: asked.append(k["repeats"]))
+    monkeypatch.setattr("stocfl_lab.bench.matmul_peak", lambda n: 1e11)
+    base = ["bench", "--peers", "--data-dir", str(tmp_path), "--case", "c_digits_500x10"]
+    assert lab_main([*base, "--out", str(tmp_path / "a.json")]) == 0
+    assert lab_main([*base, "--repeats", "5", "--out", str(tmp_path / "b.json")]) == 0
+    assert asked == [3, 5]
+
+
 def test_the_bench_writes_each_case_as_it_ends(tmp_path, data_dir, monkeypatch, capsys):
     """Finding 29: a bench failing in its last part (flower-sim on a busy machine, after 12
     minutes) lost every finished case's timings: nothing was written before the end. The file

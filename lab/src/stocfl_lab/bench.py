@@ -282,7 +282,8 @@ def peers_main(args, root, quick: bool, threads: int) -> int:
     unknown = [c for c in cases if c not in CASES]
     if unknown:
         raise UserError(f"stocfl-lab bench --peers: unknown case {unknown[0]!r}; choose among {', '.join(CASES)}")
-    repeats = getattr(args, "repeats", 3)
+    repeats = getattr(args, "repeats", None)  # argparse gives None where --repeats is not given
+    repeats = 3 if repeats is None else repeats
     if not isinstance(repeats, int) or repeats < 1:
         raise UserError(f"stocfl-lab bench --peers: --repeats must be a whole number >= 1, got {repeats!r}")
     peak = matmul_peak(1024 if quick else 2048)
