@@ -166,3 +166,36 @@ def test_a_runs_flops_do_not_depend_on_the_engine(tmp_path, algorithm):
     flops = {e: [r["flops"] for r in rs] for e, rs in rows.items()}
     assert all(isinstance(f, int) and f > 0 for f in flops["sequential"])
     assert flops["sequential"] == flops["batched"]
+
+
+def _tensor_bytes_plain(item) -> int:
+    """The traffic count as first written: every dataclass's fields asked afresh, recursively."""
+    import dataclasses
+
+    from stocfl.client.tasks import FactoredTrained
+
+    if isinstance(item, torch.Tensor):
+        return item.numel() * item.element_size()
+    if isinstance(item, FactoredTrained):
+        return item.nbytes
+    if dataclasses.is_dataclass(item) and not isinstance(item, type):
+        return sum(_tensor_bytes_plain(getattr(item, f.name)) for f in dataclasses.fields(item))
+    if isinstance(item, (list, tuple)):
+        return sum(_tensor_bytes_plain(x) for x in item)
+    return 0
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(tasks_strategy(), min_size=1, max_size=6))
+def test_traffic_counted_with_cached_fields_equals_the_plain_walk(tasks):
+    """A round's traffic (stocfl.experiment.build.tensor_bytes, with each type's fields found
+    once) against the plain recursive walk, on every built-in task kind and on each task's
+    reply as the reference computes it (mixtures' models inside, Psi, subspaces), and on lists,
+    numbers and types."""
+    from stocfl.experiment.build import tensor_bytes
+
+    count = FlopCount(FED, MODEL)
+    for t in tasks:
+        reply = kind_of(type(t)).reference(count.client(t.client), t)
+        for item in (t, reply, [t, (reply, 3)], 2.5, "x", None, type(t)):
+            assert tensor_bytes(item) == _tensor_bytes_plain(item), item

@@ -96,13 +96,19 @@ def count_flops(fn, *args) -> int:
     return int(counter.get_total_flops())
 
 
+_SHAPED: dict[type, tuple[str, ...]] = {}  # a task type's fields that enter its shape key
+
+
 def _shape_key(task) -> tuple:
+    names = _SHAPED.get(type(task))
+    if names is None:  # found once a type: a round asks a key of every task
+        names = _SHAPED[type(task)] = tuple(
+            f.name for f in fields(task) if f.name != "client" and not f.name.endswith("seed")
+        )
     key: list[Any] = [type(task)]
-    for f in fields(task):
-        if f.name == "client" or f.name.endswith("seed"):
-            continue
-        v = getattr(task, f.name)
-        key.append((f.name, ("tensor", tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v))
+    for name in names:
+        v = getattr(task, name)
+        key.append((name, ("tensor", tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v))
     return tuple(key)
 
 
@@ -144,6 +150,9 @@ class FlopCount:
         self.fed, self.model = fed, model
         self.known, self.affine = _SHARED.setdefault(_context(fed, model), ({}, {}))
         self.seconds = 0.0
+        # each client's train and test sizes as plain ints (indexing the offsets' tensors costs
+        # microseconds a task, and a round asks for every task's)
+        self.sizes = list(zip(fed.train_sizes.tolist(), fed.test_sizes.tolist()))
 
     def client(self, i: int, n_train: int | None = None, n_test: int | None = None) -> ClientData:
         """Client ``i``'s data (its first ``n_train`` and ``n_test`` samples where given), with
@@ -160,10 +169,10 @@ class FlopCount:
     def __call__(self, task) -> int:
         kind = kind_of(type(task))
         i = task.client
-        a, b = int(self.fed.train_offsets[i]), int(self.fed.train_offsets[i + 1])
-        n_train, n_test = b - a, int(self.fed.test_offsets[i + 1] - self.fed.test_offsets[i])
+        n_train, n_test = self.sizes[i]
         shape = (kind.reference, *_shape_key(task))
         if kind.cost_by_labels:
+            a, b = int(self.fed.train_offsets[i]), int(self.fed.train_offsets[i + 1])
             shape += (tuple(torch.bincount(self.fed.y_train[a:b], minlength=self.fed.n_classes).tolist()),)
         key = (shape, n_train, n_test)
         if key not in self.known:
