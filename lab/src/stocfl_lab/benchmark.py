@@ -76,7 +76,9 @@ class Method:
         """Whether the knob is tuned on ``scenario``: a count the method is told (a ``{k}``
         override) is tuned only where the scenario has no planted groups to tell (k = 1)."""
         told = {s.split("=", 1)[0] for s in self.set if "{k}" in s}
-        return bool(self.knob) and not (scenario.k > 1 and {x.split("=", 1)[0] for k in self.knob for x in k} <= told)
+        return bool(self.knob) and not (
+            scenario.k > 1 and {x.split("=", 1)[0] for setting in self.knob for x in setting} <= told
+        )
 
 
 @dataclass(frozen=True)
