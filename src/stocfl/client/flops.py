@@ -25,13 +25,12 @@ not depend on what the process ran before.
 from __future__ import annotations
 
 import time
-from dataclasses import fields
 from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode, _FlopCounterMode, flop_registry
 
-from stocfl.client.tasks import ClientData, kind_of
+from stocfl.client.tasks import ClientData, field_names, kind_of
 
 CLIENT_CACHES: list[Any] = []  # functools caches of client-side work, cleared before a count
 
@@ -96,17 +95,11 @@ def count_flops(fn, *args) -> int:
     return int(counter.get_total_flops())
 
 
-_SHAPED: dict[type, tuple[str, ...]] = {}  # a task type's fields that enter its shape key
-
-
 def _shape_key(task) -> tuple:
-    names = _SHAPED.get(type(task))
-    if names is None:  # found once a type: a round asks a key of every task
-        names = _SHAPED[type(task)] = tuple(
-            f.name for f in fields(task) if f.name != "client" and not f.name.endswith("seed")
-        )
     key: list[Any] = [type(task)]
-    for name in names:
+    for name in field_names(task):
+        if name == "client" or name.endswith("seed"):
+            continue
         v = getattr(task, name)
         key.append((name, ("tensor", tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v))
     return tuple(key)
@@ -121,16 +114,15 @@ def _context(fed, model) -> tuple:
     """What a count depends on besides the task and the client's sizes: the model's modules as
     they print (layer sizes, strides, kernels), its tensors' shapes and types, its loss, and the
     samples' shape, type and classes."""
-    module = getattr(model, "module", model)
-    x = getattr(fed, "x_train", None)
     return (
-        type(module),
-        str(module),
-        tuple(getattr(model, "shapes", ())),
-        tuple(getattr(model, "dtypes", ())),
-        getattr(model, "loss", None),
-        None if x is None else (tuple(x.shape[1:]), x.dtype),
-        getattr(fed, "n_classes", None),
+        type(model.module),
+        str(model.module),
+        tuple(model.shapes),
+        tuple(model.dtypes),
+        model.loss,
+        tuple(fed.x_train.shape[1:]),
+        fed.x_train.dtype,
+        fed.n_classes,
     )
 
 

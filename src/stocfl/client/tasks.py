@@ -394,6 +394,19 @@ def check_evaluated(task: Evaluate, result: Evaluated, train_size: int, test_siz
     return result
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def field_names(value: Any) -> tuple[str, ...]:
+    """The field names of ``value``, a dataclass instance (anything else: none), found once per
+    type: a round's bookkeeping (its traffic, its FLOP counts) asks them of every task and reply."""
+    names = _FIELD_NAMES.get(type(value))
+    if names is None:
+        is_instance = is_dataclass(value) and not isinstance(value, type)
+        names = _FIELD_NAMES[type(value)] = tuple(f.name for f in fields(value)) if is_instance else ()
+    return names
+
+
 def check_any(task, result, train_size: int, test_size: int):
     """The check of a kind registered without its own: every tensor finite, a count named
     ``n_samples`` equal to the client's train size."""

@@ -5,7 +5,6 @@ loop, the Flower ClientApp, new-client placement (``stocfl assign``) and the tes
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 import math
 import tomllib
@@ -21,7 +20,15 @@ from stocfl.algorithms import Algorithm, Context, algorithm_class
 from stocfl.algorithms.aggregation import Aggregator
 from stocfl.client.flops import FlopCount
 from stocfl.client.models import FlatModel, build_module, make_model
-from stocfl.client.tasks import BadResult, ClientsDropped, FactoredTrained, check_result, checking, out_of_bound
+from stocfl.client.tasks import (
+    BadResult,
+    ClientsDropped,
+    FactoredTrained,
+    check_result,
+    checking,
+    field_names,
+    out_of_bound,
+)
 from stocfl.client.training import LocalTraining
 from stocfl.config import Config
 from stocfl.data.datasets import resolve_data_dir
@@ -218,15 +225,10 @@ def tensor_bytes(item: Any) -> int:
         return item.nbytes
     if isinstance(item, (list, tuple)):
         return sum(tensor_bytes(x) for x in item)
-    names = _FIELDS.get(type(item))
-    if names is None:
-        is_instance = dataclasses.is_dataclass(item) and not isinstance(item, type)
-        names = _FIELDS[type(item)] = tuple(f.name for f in dataclasses.fields(item)) if is_instance else ()
-    return sum(tensor_bytes(getattr(item, name)) for name in names)
+    return sum(tensor_bytes(getattr(item, name)) for name in field_names(item))
 
 
 _SCALARS = (int, float, str, bool, bytes, np.generic)
-_FIELDS: dict[type, tuple[str, ...]] = {}  # a dataclass type's field names (another type: none)
 
 
 def pin_data_dir(cfg: Config) -> None:
