@@ -215,3 +215,107 @@ def test_a_run_on_parallel_has_the_numbers_of_sequential_at_one_thread_every_met
     finally:
         pool.close()
     assert rows["parallel"] == rows["sequential"] and rows["sequential"][-1]["objective"] > 0
+
+
+# Results through the workers' arenas (large tensors written into shared memory a worker keeps
+# from call to call, copied out by the parent) against the same results computed here.
+
+
+@dataclass(frozen=True, eq=False)
+class Make:
+    client: int
+    seed: int
+    sizes: tuple[int, ...]  # one tensor field per size (numel)
+    dtype: str
+    view: bool  # the large tensor as a strided view into a larger storage
+    same: bool  # the second field the first one itself
+
+
+@dataclass(frozen=True, eq=False)
+class Made:
+    a: torch.Tensor
+    b: torch.Tensor
+    c: torch.Tensor | None
+    n: int
+
+
+def _make(data, task):
+    g = torch.Generator().manual_seed(task.seed)
+    dtype = getattr(torch, task.dtype)
+
+    def tensor(n):
+        if task.view:  # every other entry of a larger tensor: not contiguous, offset
+            full = (torch.randn(2 * n + 1, generator=g) * 100).to(dtype)
+            return full[1::2]
+        return (torch.randn(n, generator=g) * 100).to(dtype)
+
+    a = tensor(task.sizes[0])
+    b = a if task.same else tensor(task.sizes[1])
+    c = tensor(task.sizes[2]) if len(task.sizes) > 2 else None
+    return Made(a, b, c, task.client)
+
+
+makes = st.lists(
+    st.builds(
+        Make,
+        client=st.integers(0, FED.n_clients - 1),
+        seed=st.integers(0, 2**31 - 1),
+        sizes=st.lists(st.sampled_from([0, 1, 100, 16_383, 16_384, 40_000, 300_000]), min_size=2, max_size=3).map(
+            tuple
+        ),
+        dtype=st.sampled_from(["float32", "float64", "int64", "uint8", "bool", "float16"]),
+        view=st.booleans(),
+        same=st.booleans(),
+    ),
+    min_size=2,
+    max_size=12,
+)
+
+
+@pytest.fixture(scope="module")
+def made_kind():
+    KINDS.pop(Make, None)
+    register_task(Make, Made, _make, message="query.make")
+    executors = {cap: ParallelExecutor(FED, MODEL, workers=2) for cap in (1 << 30, 1 << 20, 0)}
+    for cap, ex in executors.items():
+        ex.arena_max = cap  # a large arena, one that some calls overflow, none
+    yield executors
+    KINDS.pop(Make, None)
+    for ex in executors.values():
+        ex.close()
+
+
+@settings(max_examples=25, deadline=None)
+@given(calls=st.lists(makes, min_size=1, max_size=3), cap=st.sampled_from([1 << 30, 1 << 20, 0]))
+def test_results_through_the_arena_equal_the_results_made_here_and_a_later_call_leaves_them_be(
+    made_kind, calls, cap
+):
+    ex = made_kind[cap]
+    kept = []  # every call's results, held while the later calls write the arenas again
+    for tasks in calls:
+        kept.append((tasks, ex.execute(tasks)))
+    for tasks, got in kept:
+        for t, r in zip(tasks, got):
+            want = _make(None, t)
+            assert r.n == want.n
+            for name in ("a", "b", "c"):
+                g, w = getattr(r, name), getattr(want, name)
+                assert (g is None) == (w is None)
+                if w is not None:
+                    assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w)
+            assert (r.a is r.b) == t.same or t.same and r.a.numel() == 0
+
+
+def test_an_arena_grows_to_a_call_and_holds_the_next_one():
+    from stocfl.executors.parallel import _Arena
+
+    arena = _Arena(cap=1 << 26)
+    x = torch.arange(1 << 18, dtype=torch.float32)  # 1 MB
+    assert arena.put(x, call=0) is None  # none yet: the plain way, and room for the next call
+    first = arena.put(x, call=1)
+    assert first is not None and torch.equal(first, x) and first.is_shared()
+    second = arena.put(x + 1, call=1)
+    assert second is not None and torch.equal(first, x) and second.data_ptr() >= first.data_ptr() + (1 << 20)
+    again = arena.put(x + 2, call=2)  # a new call writes from the start
+    assert again is not None and again.data_ptr() == first.data_ptr()
+    assert _Arena(cap=0).put(x, call=0) is None and _Arena(cap=0).put(x, call=1) is None

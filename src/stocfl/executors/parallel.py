@@ -6,14 +6,16 @@ measured-figures page). Threads in one process do not get that (the interpreter 
 serialises the Python between the kernels), processes do.
 
 Workers are forked from this process when the first tasks come, so they start with the
-federation, the model and the registered task kinds. Tasks and results cross through shared
-memory (torch.multiprocessing's tensor reductions). Each task runs its kind's reference
+federation, the model and the registered task kinds. Tasks cross through shared memory
+(torch.multiprocessing's tensor reductions); so do results, their large tensors through an
+arena of shared memory each worker keeps from call to call (:class:`_Arena`). Each task runs its kind's reference
 function in one worker on one thread, so its numbers are those of the sequential executor at
 one torch thread, bit for bit, whichever worker takes it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import multiprocessing
 import os
@@ -35,6 +37,9 @@ _worker: ParallelExecutor | None = None  # the executor being forked; in a worke
 
 
 def _start_worker() -> None:
+    global _arena
+    assert _worker is not None
+    _arena = _Arena(arena_cap(_worker.workers, _worker.arena_max))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle (it names the run to resume)
     _die_with_parent()
     torch.set_num_threads(1)
@@ -55,9 +60,77 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _run_part(tasks: list) -> list:
+def _run_part(job: tuple[int, list]) -> list:
+    call, tasks = job
     assert _worker is not None
-    return [_compact(r) for r in Executor.execute_reference(_worker, type(tasks[0]), tasks)]
+    out = []
+    for r in Executor.execute_reference(_worker, type(tasks[0]), tasks):
+        placed: list[str] = []
+        out.append((_outgoing(r, call, placed), placed))
+    return out
+
+
+class _Arena:
+    """A worker's results, written into shared memory that the worker keeps from call to call.
+
+    A result tensor sent as it is goes through a new shared-memory segment: the worker's pages
+    are fresh (faulted and zeroed as it writes them), and so are the parent's as it first reads
+    them, which cost several times the copy itself for model-sized replies. The arena's pages
+    are written and mapped once; the parent copies each result out of it as it receives it
+    (:func:`_incoming`), so a later call may write over them. What does not fit goes the plain
+    way, and the arena grows to it for the next call, up to ``cap`` bytes."""
+
+    def __init__(self, cap: int):
+        self.cap, self.buf, self.call, self.used, self.wanted = cap, None, -1, 0, 0
+
+    def put(self, t: torch.Tensor, call: int) -> torch.Tensor | None:
+        """``t`` copied into the arena (a view of it), or None where it has no room."""
+        if call != self.call:  # the parent has copied out every result of the calls before
+            self.call, self.used = call, 0
+            if self.wanted > (len(self.buf) if self.buf is not None else 0):
+                self.buf = None  # the parent keeps its mapping until it has seen the new one
+                try:
+                    self.buf = torch.empty(self.wanted, dtype=torch.uint8).share_memory_()
+                except RuntimeError:  # no room in /dev/shm: the plain way from now on
+                    self.cap = 0
+            self.wanted = 0
+        start = -(-self.used // 64) * 64
+        self.used = start + t.numel() * t.element_size()  # this call's results so far, fitting or not
+        if self.buf is None or self.used > len(self.buf):
+            self.wanted = min(self.cap, -(-self.used * 5 // 4 // ARENA_STEP) * ARENA_STEP)  # room to grow
+            return None
+        view = self.buf[start : self.used].view(t.dtype).view(t.shape)
+        view.copy_(t)
+        return view
+
+
+_arena: _Arena | None = None
+
+
+def _outgoing(value: Any, call: int, placed: list[str]) -> Any:
+    """A result on its way to the parent: its large tensors written into this worker's arena
+    (their fields named in ``placed``), any other view replaced by a copy of its own
+    (:func:`_compact`). Fields that hold one tensor still hold one tensor on arrival."""
+    if not dataclasses.is_dataclass(value) or isinstance(value, type):
+        return value
+    changes: dict[str, torch.Tensor] = {}
+    done: dict[int, tuple[torch.Tensor | None, bool]] = {}  # id -> (what is sent in its place, in the arena)
+    for f in dataclasses.fields(value):
+        v = getattr(value, f.name)
+        if not isinstance(v, torch.Tensor) or v.device.type != "cpu":
+            continue
+        if id(v) not in done:
+            big = _arena is not None and v.numel() * v.element_size() >= ARENA_FROM
+            a = _arena.put(v, call) if big and _arena is not None else None
+            if a is None and _is_view(v):
+                a, big = v.clone(memory_format=torch.contiguous_format), False
+            done[id(v)] = (a, a is not None and big)
+        sent, in_arena = done[id(v)]
+        if sent is not None:
+            changes[f.name] = sent
+        if in_arena:
+            placed.append(f.name)
+    return dataclasses.replace(value, **changes) if changes else value
 
 
 def _compact(value: Any, memo: dict[int, torch.Tensor] | None = None) -> Any:
@@ -73,6 +146,22 @@ def _is_view(v: torch.Tensor) -> bool:
         or not v.is_contiguous()
         or v.untyped_storage().nbytes() != v.numel() * v.element_size()
     )
+
+
+ARENA_FROM = 1 << 16  # bytes of a result tensor from which it goes through the arena
+ARENA_MAX = 1 << 30  # bytes of a worker's arena at most
+ARENA_STEP = 1 << 24  # an arena grows by whole steps (it is not made anew for every few more bytes)
+
+
+def arena_cap(workers: int, most: int = ARENA_MAX) -> int:
+    """A worker's arena at most: ``most``, and a quarter of /dev/shm's free space shared by
+    the workers (a call's results pass through it as they do without an arena)."""
+    try:
+        st = os.statvfs("/dev/shm")
+        free = st.f_bavail * st.f_frsize
+    except OSError:
+        return 0
+    return max(0, min(most, free // (4 * workers)))
 
 
 def part_sizes(n: int, workers: int) -> list[int]:
@@ -113,6 +202,9 @@ class ParallelExecutor(Executor):
         self.workers = workers
         self._pool: ProcessPoolExecutor | None = None
         self._kinds: tuple = ()  # the task kinds registered when the workers were forked
+        self.arena_max = ARENA_MAX  # bytes of each worker's arena at most (taken when the workers fork)
+        self._calls = 0  # calls to the workers: a worker's arena is written over from the next one on
+        self._arenas: dict[int, torch.UntypedStorage] = {}
 
     def execute_reference(self, kind: type, tasks: list) -> list:
         if self.workers == 1 or len(tasks) < 2:
@@ -121,9 +213,14 @@ class ParallelExecutor(Executor):
         memo: dict[int, torch.Tensor] = {}
         tasks = [_compact(t, memo) for t in tasks]
         ends = list(itertools.accumulate(part_sizes(len(tasks), self.workers)))
-        parts = [tasks[a:b] for a, b in zip([0, *ends], ends)]
+        self._calls += 1
+        parts = [(self._calls, tasks[a:b]) for a, b in zip([0, *ends], ends)]
+        seen: dict[int, torch.UntypedStorage] = {}
         try:
-            return [r for part in self._workers().map(_run_part, parts) for r in part]
+            out = [_incoming(r, placed, seen) for part in self._workers().map(_run_part, parts) for r, placed in part]
+            if seen:  # the workers' arenas stay mapped here from call to call
+                self._arenas = seen
+            return out
         except BrokenProcessPool:
             self.close()
             raise UserError(
@@ -161,7 +258,25 @@ class ParallelExecutor(Executor):
         if self._pool is not None:
             self._finalizer.detach()
             _shutdown(self._pool)
-            self._pool = None
+            self._pool, self._arenas = None, {}
+
+
+def _incoming(value: Any, placed: list[str], seen: dict[int, torch.UntypedStorage]) -> Any:
+    """A result from a worker with its fields in the worker's arena copied out of it (the
+    arena is written over by the worker's next call); the arena's storage noted in ``seen``."""
+    if not placed:
+        return value
+    changes: dict[str, torch.Tensor] = {}
+    copies: dict[tuple[int, int], torch.Tensor] = {}  # fields that were one tensor stay one
+    for name in placed:
+        v = getattr(value, name)
+        storage = v.untyped_storage()
+        seen[storage.data_ptr()] = storage
+        key = (v.data_ptr(), v.numel())
+        if key not in copies:
+            copies[key] = v.clone()
+        changes[name] = copies[key]
+    return dataclasses.replace(value, **changes)
 
 
 def _noop(_: int) -> None:
