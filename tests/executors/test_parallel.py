@@ -287,9 +287,7 @@ def made_kind():
 
 @settings(max_examples=25, deadline=None)
 @given(calls=st.lists(makes, min_size=1, max_size=3), cap=st.sampled_from([1 << 30, 1 << 20, 0]))
-def test_results_through_the_arena_equal_the_results_made_here_and_a_later_call_leaves_them_be(
-    made_kind, calls, cap
-):
+def test_results_through_the_arena_equal_the_results_made_here_and_a_later_call_leaves_them_be(made_kind, calls, cap):
     ex = made_kind[cap]
     kept = []  # every call's results, held while the later calls write the arenas again
     for tasks in calls:
