@@ -36,3 +36,114 @@ def test_femnist_cnn_is_the_stocfl_authors_femnist_model_with_xavier_weights_and
     assert torch.equal(w, again)  # seeded: same seed, same w_0
     with pytest.raises(ValueError, match="femnist_cnn needs 28x28 images"):
         build_module("femnist_cnn", (3, 32, 32), 10)
+
+
+# The plain steps (a Sequential's layers called as their own forwards call them) against
+# torch.func.functional_call, to the bit, on generated models, inputs and modes.
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.func import functional_call  # noqa: E402
+
+from stocfl.client.models import FlatModel, hooked, plain_steps  # noqa: E402
+from stocfl.client.training import rows  # noqa: E402
+
+
+@st.composite
+def sequentials(draw):
+    layers: list[nn.Module] = []
+    shape: tuple[int, ...]
+    if draw(st.booleans()):  # images: convolutions, pooling
+        c = draw(st.integers(1, 3))
+        shape = (c, draw(st.integers(6, 12)), draw(st.integers(6, 12)))
+        for _ in range(draw(st.integers(1, 2))):
+            out = draw(st.integers(1, 5))
+            layers.append(
+                nn.Conv2d(
+                    c,
+                    out,
+                    draw(st.integers(1, 3)),
+                    stride=draw(st.integers(1, 2)),
+                    padding=draw(st.integers(0, 1)),
+                    bias=draw(st.booleans()),
+                )
+            )
+            c = out
+            layers.append(nn.ReLU(inplace=draw(st.booleans())))
+            if draw(st.booleans()):
+                layers.append(nn.MaxPool2d(2, ceil_mode=draw(st.booleans())))
+            if draw(st.booleans()):
+                layers.append(nn.Dropout(draw(st.sampled_from([0.1, 0.5]))))
+        layers.append(nn.Flatten())
+    else:
+        shape = (draw(st.integers(2, 30)),)
+    width = nn.Sequential(*layers)(torch.zeros(1, *shape)).shape[1] if layers else shape[0]
+    for _ in range(draw(st.integers(1, 3))):
+        out = draw(st.integers(1, 40))
+        layers += [nn.Linear(width, out, bias=draw(st.booleans())), nn.ReLU()]
+        if draw(st.booleans()):
+            layers.append(nn.Dropout(0.3))
+        width = out
+    layers.append(nn.Linear(width, 4))
+    return nn.Sequential(*layers), shape
+
+
+@settings(max_examples=60, deadline=None)
+@given(sequentials(), st.integers(1, 9), st.integers(0, 2**31 - 1), st.booleans())
+def test_the_plain_steps_give_functional_calls_outputs_and_gradients_to_the_bit(built, n, seed, train):
+    module, shape = built
+    model = FlatModel(module)
+    assert model._steps is not None  # every layer generated has its plain step
+    w = FlatModel.init_weights(module, seed)
+    x = torch.randn(n, *shape, generator=torch.Generator().manual_seed(seed))
+    r = torch.randn(n, 4, generator=torch.Generator().manual_seed(seed + 1))
+
+    def run(plain: bool):
+        leaves = [v.detach().clone().requires_grad_(True) for v in model.param_views(w)]
+        torch.manual_seed(seed)  # dropout's draws
+        if plain:
+            out = model.forward_tensors(leaves, [] if train else None, x)
+        else:
+            model._mode(train)
+            out = functional_call(model.module, dict(zip(model.names, leaves)), (x,))
+        grads = torch.autograd.grad((out * r).sum(), leaves, allow_unused=True)
+        return out.detach(), grads
+
+    (a, ga), (b, gb) = run(True), run(False)
+    assert torch.equal(a, b)
+    assert all((p is None and q is None) or torch.equal(p, q) for p, q in zip(ga, gb))
+    if not train:  # evaluation's forward too (no gradient taken: other kernels than above)
+        plain = model.forward(w, x)
+        model._steps = None
+        assert torch.equal(plain, model.forward(w, x))
+
+
+def test_modules_the_plain_steps_do_not_cover_and_hooks_take_the_modules_own_call():
+    norm = FlatModel(nn.Sequential(nn.Flatten(), nn.Linear(4, 3), nn.BatchNorm1d(3), nn.Linear(3, 2)))
+    assert norm._steps is None  # buffers
+    assert plain_steps(nn.Sequential(nn.Linear(4, 3), nn.GELU()), ["0.weight", "0.bias"]) is None
+    assert plain_steps(nn.Linear(4, 3), ["weight", "bias"]) is None  # not a Sequential
+    reflect = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1, padding_mode="reflect"), nn.Flatten())
+    assert FlatModel(reflect)._steps is None
+    model, w = make_model("mlp", (1, 4, 4), 3, 8, 0)
+    seen = []
+    handle = model.module[1].register_forward_pre_hook(lambda m, args: seen.append(args[0].shape))
+    try:
+        assert hooked(model._hookable)
+        model.forward(w, torch.rand(5, 1, 4, 4))
+    finally:
+        handle.remove()
+    assert seen == [(5, 16)] and not hooked(model._hookable)
+
+
+@given(st.integers(1, 30), st.integers(0, 2**31 - 1), st.booleans())
+def test_rows_equal_advanced_indexing_values_and_strides(n, seed, channels_last):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, 4, 5, generator=g)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    idx = torch.randint(0, n, (max(1, n // 2),), generator=g)
+    for t in (x, x.flatten(1), x[:, 0, 0, 0]):
+        got, want = rows(t, idx), t[idx]
+        assert torch.equal(got, want) and got.stride() == want.stride()

@@ -9,9 +9,11 @@ the same code runs one client (plain autograd) or a stack of clients (``vmap``).
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import math
 from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -189,6 +191,93 @@ def channels_last(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(x.shape, strides, dtype=x.dtype, device=x.device).copy_(x)
 
 
+Step = Callable[[torch.Tensor, list[torch.Tensor]], torch.Tensor]
+
+
+def plain_steps(module: nn.Module, names: list[str]) -> list[Step] | None:
+    """An ``nn.Sequential`` of layers whose forward is one functional call (Linear, Conv2d with
+    zero padding, ReLU, Flatten, MaxPool2d, Dropout) as those calls, each taking its parameters
+    from a list ordered as ``names``; None for any other module.
+
+    :func:`torch.func.functional_call` swaps every parameter into the module and back around
+    each forward, which costs more than the small models' arithmetic (a step of the MLP-200 on
+    a batch of 20). The calls made here are the layers' own, with the same arguments, so the
+    numbers are theirs to the bit (a test checks outputs and gradients). Hooks need the module's
+    own call (:func:`hooked`)."""
+    if not isinstance(module, nn.Sequential):
+        return None
+    index = {n: k for k, n in enumerate(names)}
+    steps: list[Step] = []
+    for name, layer in module.named_children():
+        kind = type(layer)
+        linear = isinstance(layer, nn.Linear) and kind.forward is nn.Linear.forward
+        conv = (
+            isinstance(layer, nn.Conv2d)
+            and kind.forward is nn.Conv2d.forward
+            and getattr(kind, "_conv_forward", None) is nn.Conv2d._conv_forward
+            and layer.padding_mode == "zeros"
+        )
+        if linear or conv:
+            w = index.get(f"{name}.weight")
+            b = index.get(f"{name}.bias") if layer.bias is not None else -1
+            if w is None or b is None:  # a parameter tied to another layer's: not a plain list
+                return None
+            if linear:
+                steps.append(functools.partial(_linear, w=w, b=b))
+            else:
+                steps.append(functools.partial(_conv2d, w=w, b=b, layer=cast(nn.Conv2d, layer)))
+        elif isinstance(layer, nn.ReLU) and kind is nn.ReLU:
+            steps.append(functools.partial(_relu, layer=layer))
+        elif isinstance(layer, nn.Flatten) and kind is nn.Flatten:
+            steps.append(functools.partial(_flatten, layer=layer))
+        elif isinstance(layer, nn.MaxPool2d) and kind is nn.MaxPool2d and not layer.return_indices:
+            steps.append(functools.partial(_max_pool2d, layer=layer))
+        elif isinstance(layer, nn.Dropout) and kind is nn.Dropout:
+            steps.append(functools.partial(_dropout, layer=layer))
+        else:
+            return None
+    return steps
+
+
+# Each as the layer's own forward calls it.
+def _linear(x: torch.Tensor, p: list[torch.Tensor], w: int, b: int) -> torch.Tensor:
+    return F.linear(x, p[w], p[b] if b >= 0 else None)
+
+
+def _conv2d(x: torch.Tensor, p: list[torch.Tensor], w: int, b: int, layer: nn.Conv2d) -> torch.Tensor:
+    return F.conv2d(x, p[w], p[b] if b >= 0 else None, layer.stride, layer.padding, layer.dilation, layer.groups)
+
+
+def _relu(x: torch.Tensor, p: list[torch.Tensor], layer: nn.ReLU) -> torch.Tensor:
+    return F.relu(x, inplace=layer.inplace)
+
+
+def _flatten(x: torch.Tensor, p: list[torch.Tensor], layer: nn.Flatten) -> torch.Tensor:
+    return x.flatten(layer.start_dim, layer.end_dim)
+
+
+def _max_pool2d(x: torch.Tensor, p: list[torch.Tensor], layer: nn.MaxPool2d) -> torch.Tensor:
+    return F.max_pool2d(x, layer.kernel_size, layer.stride, layer.padding, layer.dilation, ceil_mode=layer.ceil_mode)
+
+
+def _dropout(x: torch.Tensor, p: list[torch.Tensor], layer: nn.Dropout) -> torch.Tensor:
+    return F.dropout(x, layer.p, layer.training, layer.inplace)  # training: the model's mode at the call
+
+
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_GLOBAL_HOOKS = tuple(f"_global{h}" for h in _HOOKS)
+
+
+def hooked(modules: list[nn.Module]) -> bool:
+    """Hooks on any of ``modules`` or global module hooks (stocfl's own features and
+    descriptors hook a layer for one forward): then only the module's own call runs them."""
+    from torch.nn.modules import module as base
+
+    return any(getattr(m, h, None) for m in modules for h in _HOOKS) or any(
+        getattr(base, h, None) for h in _GLOBAL_HOOKS
+    )
+
+
 class FlatModel:
     """A module as a pure function of a flat vector: its parameters, then its buffers.
 
@@ -218,6 +307,8 @@ class FlatModel:
         self.n_tensors = len(params)  # the first n_tensors names are parameters, the rest buffers
         norms = {name for name, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)}
         self.batchnorm_tensors = [k for k, n in enumerate(self.names) if n.rpartition(".")[0] in norms]
+        self._steps = None if buffers else plain_steps(self.module, self.names)
+        self._hookable = list(self.module.modules())  # hooks on any rule the plain steps out
 
     def batchnorm_entries(self) -> torch.Tensor:
         """Indices into the flat vector of every BatchNorm layer's parameters and buffers."""
@@ -315,7 +406,15 @@ class FlatModel:
         """Logits of the model at ``w`` (eval mode: BatchNorm uses the running statistics,
         dropout is off)."""
         self._mode(train=False)
+        if self._steps is not None and not hooked(self._hookable):
+            return self._plain(list(self.unflatten(w).values()), x)
         return functional_call(self.module, self.unflatten(w), (x,))
+
+    def _plain(self, params: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        assert self._steps is not None
+        for step in self._steps:
+            x = step(x, params)
+        return x
 
     def _mode(self, train: bool) -> None:
         if self.module.training != train:
@@ -341,6 +440,9 @@ class FlatModel:
         come back per tensor, never concatenated); with ``buffers`` in train mode (as
         :meth:`forward_train`), without them as :meth:`forward`."""
         k = self.n_tensors
+        if self._steps is not None and not hooked(self._hookable):  # no buffers: the module has none
+            self._mode(train=buffers is not None)
+            return self._plain(params, x)
         tensors = dict(zip(self.names[:k], params))
         if buffers is not None:
             tensors.update({n: t.view(s) for n, t, s in zip(self.names[k:], buffers, self.shapes[k:])})

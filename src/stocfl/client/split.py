@@ -58,7 +58,7 @@ from stocfl.client.tasks import (
     largest_sent,
     register_task,
 )
-from stocfl.client.training import LocalTraining, _seeded, batch_plan
+from stocfl.client.training import LocalTraining, _seeded, batch_plan, rows
 from stocfl.errors import UserError
 
 
@@ -215,7 +215,7 @@ def _phase(
     with _seeded(seed, x.device) if model.random else contextlib.nullcontext(), features_of(model) as seen:
         for epoch in batch_plan(len(y), local.epochs, local.batch_size, seed):
             for idx in list(epoch) if epoch else [None]:
-                xb, yb = (x, y) if idx is None else (x[idx], y[idx])
+                xb, yb = (x, y) if idx is None else (rows(x, idx), rows(y, idx))
                 leaves = [v.detach().requires_grad_(True) if m else v.detach() for v, m in zip(views, mine)]
                 buffers = model.split_buffers(w) if model.has_buffers else []
                 seen.clear()
