@@ -147,3 +147,22 @@ def test_rows_equal_advanced_indexing_values_and_strides(n, seed, channels_last)
     for t in (x, x.flatten(1), x[:, 0, 0, 0]):
         got, want = rows(t, idx), t[idx]
         assert torch.equal(got, want) and got.stride() == want.stride()
+
+
+@pytest.mark.parametrize(
+    "name,shape", [("cnn28", (1, 28, 28)), ("femnist_cnn", (1, 28, 28)), ("cifar_cnn", (3, 32, 32))]
+)
+def test_the_built_in_convolutional_models_plain_steps_equal_functional_call_on_their_layout(name, shape):
+    model, w = make_model(name, shape, 10, 200, 0)
+    assert model._steps is not None
+    x = model.layout(torch.rand(6, *shape, generator=torch.Generator().manual_seed(1)))
+    got = []
+    for plain in (True, False):
+        leaves = [v.detach().clone().requires_grad_(True) for v in model.param_views(w)]
+        steps, model._steps = model._steps, (model._steps if plain else None)
+        torch.manual_seed(3)
+        out = model.forward_tensors(leaves, [], x)
+        got.append((out.detach(), torch.autograd.grad(out.square().sum(), leaves)))
+        model._steps = steps
+    (a, ga), (b, gb) = got
+    assert torch.equal(a, b) and all(torch.equal(p, q) for p, q in zip(ga, gb))
