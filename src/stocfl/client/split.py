@@ -58,7 +58,7 @@ from stocfl.client.tasks import (
     largest_sent,
     register_task,
 )
-from stocfl.client.training import LocalTraining, _seeded, batch_plan, rows
+from stocfl.client.training import LocalTraining, _seeded, batch_plan, rows_of
 from stocfl.errors import UserError
 
 
@@ -212,10 +212,11 @@ def _phase(
     starts = [0, *np.cumsum(model.numels[:k]).tolist()]
     mine = [starts[j] >= part.start and starts[j + 1] <= part.stop for j in range(k)]
     views = model.param_views(params)
+    x_rows, y_rows = rows_of(x), rows_of(y)
     with _seeded(seed, x.device) if model.random else contextlib.nullcontext(), features_of(model) as seen:
         for epoch in batch_plan(len(y), local.epochs, local.batch_size, seed):
             for idx in list(epoch) if epoch else [None]:
-                xb, yb = (x, y) if idx is None else (rows(x, idx), rows(y, idx))
+                xb, yb = (x, y) if idx is None else (x_rows(idx), y_rows(idx))
                 leaves = [v.detach().requires_grad_(True) if m else v.detach() for v, m in zip(views, mine)]
                 buffers = model.split_buffers(w) if model.has_buffers else []
                 seen.clear()
