@@ -8,9 +8,9 @@ serialises the Python between the kernels), processes do.
 Workers are forked from this process when the first tasks come, so they start with the
 federation, the model and the registered task kinds. Tasks cross through shared memory
 (torch.multiprocessing's tensor reductions); so do results, their large tensors through an
-arena of shared memory each worker keeps from call to call (:class:`_Arena`). Each task runs its kind's reference
-function in one worker on one thread, so its numbers are those of the sequential executor at
-one torch thread, bit for bit, whichever worker takes it.
+arena of shared memory each worker keeps from call to call (:class:`_Arena`). Each task runs
+its kind's reference function in one worker on one thread, so its numbers are those of the
+sequential executor at one torch thread, bit for bit, whichever worker takes it.
 """
 
 from __future__ import annotations
