@@ -317,3 +317,28 @@ def test_an_arena_grows_to_a_call_and_holds_the_next_one():
     again = arena.put(x + 2, call=2)  # a new call writes from the start
     assert again is not None and again.data_ptr() == first.data_ptr()
     assert _Arena(cap=0).put(x, call=0) is None and _Arena(cap=0).put(x, call=1) is None
+
+
+def test_an_arena_that_cannot_be_made_leaves_the_results_to_the_plain_way(monkeypatch):
+    """/dev/shm without room for an arena: the worker stops asking for one, and every result
+    still arrives, equal to the one made here."""
+    real = torch.Tensor.share_memory_
+
+    def refuse(self):
+        if self.dtype == torch.uint8:  # the arena's buffer; results' storages are shared otherwise
+            raise RuntimeError("unable to write to file </torch_1>: No space left on device (28)")
+        return real(self)
+
+    monkeypatch.setattr(torch.Tensor, "share_memory_", refuse)  # before the fork: the workers inherit it
+    KINDS.pop(Make, None)
+    register_task(Make, Made, _make, message="query.make")
+    ex = ParallelExecutor(FED, MODEL, workers=2)
+    try:
+        tasks = [Make(c, c, (300_000, 40_000), "float32", False, False) for c in range(6)]
+        for _ in range(3):  # the first call asks for room, the second is refused it, the third goes plain
+            for t, r in zip(tasks, ex.execute(tasks)):
+                want = _make(None, t)
+                assert torch.equal(r.a, want.a) and torch.equal(r.b, want.b)
+    finally:
+        KINDS.pop(Make, None)
+        ex.close()
