@@ -406,9 +406,13 @@ class FlatModel:
         """Logits of the model at ``w`` (eval mode: BatchNorm uses the running statistics,
         dropout is off)."""
         self._mode(train=False)
-        if self._steps is not None and not hooked(self._hookable):
+        if self._plain_ok():
             return self._plain(list(self.unflatten(w).values()), x)
         return functional_call(self.module, self.unflatten(w), (x,))
+
+    def _plain_ok(self) -> bool:
+        """The plain steps may run: the module has them, and no hook needs its own call."""
+        return self._steps is not None and not hooked(self._hookable)
 
     def _plain(self, params: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         assert self._steps is not None
@@ -440,7 +444,7 @@ class FlatModel:
         come back per tensor, never concatenated); with ``buffers`` in train mode (as
         :meth:`forward_train`), without them as :meth:`forward`."""
         k = self.n_tensors
-        if self._steps is not None and not hooked(self._hookable):  # no buffers: the module has none
+        if self._plain_ok():  # no buffers: the module has none
             self._mode(train=buffers is not None)
             return self._plain(params, x)
         tensors = dict(zip(self.names[:k], params))

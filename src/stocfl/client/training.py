@@ -135,6 +135,7 @@ def local_sgd(
     views = model.param_views(params)
     centers = model.param_views(center) if center is not None and mu else None
     x_rows, y_rows = rows_of(x), rows_of(y)
+    q_rows = rows_of(sample_weights) if sample_weights is not None else None
     with _seeded(seed, x.device) if model.random else contextlib.nullcontext():
         for epoch in batch_plan(len(y), local.epochs, local.batch_size, seed):
             batches: list[torch.Tensor | None] = list(epoch) if epoch else [None]  # None: the whole set
@@ -152,7 +153,7 @@ def local_sgd(
                     if sample_weights is None:
                         loss = model.mean_loss(logits, yb)
                     else:
-                        qb = sample_weights if idx is None else rows(sample_weights, idx)
+                        qb = sample_weights if idx is None or q_rows is None else q_rows(idx)
                         loss = (model.per_sample_loss(logits, yb) * qb).sum() / len(yb)
                     gs = torch.autograd.grad(loss, leaves)
                     if buffers:  # after the gradient: w shares its storage with the leaves

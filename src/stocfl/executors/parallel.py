@@ -120,11 +120,13 @@ def _outgoing(value: Any, call: int, placed: list[str]) -> Any:
         if not isinstance(v, torch.Tensor) or v.device.type != "cpu":
             continue
         if id(v) not in done:
-            big = _arena is not None and v.numel() * v.element_size() >= ARENA_FROM
-            a = _arena.put(v, call) if big and _arena is not None else None
-            if a is None and _is_view(v):
-                a, big = v.clone(memory_format=torch.contiguous_format), False
-            done[id(v)] = (a, a is not None and big)
+            a = _arena.put(v, call) if _arena is not None and v.numel() * v.element_size() >= ARENA_FROM else None
+            if a is not None:
+                done[id(v)] = (a, True)
+            elif _is_view(v):
+                done[id(v)] = (v.clone(memory_format=torch.contiguous_format), False)
+            else:
+                done[id(v)] = (None, False)
         sent, in_arena = done[id(v)]
         if sent is not None:
             changes[f.name] = sent
