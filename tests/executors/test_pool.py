@@ -3,6 +3,7 @@ and a reply that is kept (an algorithm's stored model) is never written by a lat
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -186,3 +187,51 @@ def test_a_runs_rounds_run_with_freed_memory_kept_and_give_it_back_after(tmp_pat
     exp.run(progress=False)
     assert seen and all(k == 1 for k in seen), "every task of the run ran inside the block"
     assert pool._kept == 0, "and the run ended it"
+
+
+# A round whose replies cannot fit in memory is refused before any work, in one line: the system
+# would otherwise kill the process partway through it (stocfl-table1-2400x100-100pct: 4,800
+# replies of 6.5 MB on a 24 GB machine).
+def test_a_round_whose_replies_do_not_fit_in_memory_is_one_line_before_any_work(tmp_path, monkeypatch, capsys):
+    from stocfl.cli import main
+    from stocfl.executors import base
+
+    trained = []
+    train = BatchedExecutor.train
+    monkeypatch.setattr(BatchedExecutor, "train", lambda self, *a: trained.append(1) or train(self, *a))
+    argv = ["run", "--set", "run.rounds=1", "--set", "run.sample_rate=1.0", "--set", "scenario.n_clients=5"]
+    argv += ["--set", "algorithm.name=fedavg", "--engine", "batched"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0 and trained  # room enough: it runs
+    trained.clear()
+    capsys.readouterr()
+    monkeypatch.setattr(base, "available_bytes", lambda: MODEL.n_params * 4 * 5 - 1)  # less room than 5 models
+    assert main([*argv, "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "5 client trainings return" in err[0] and "run.sample_rate" in err[0], err
+    assert trained == []  # refused before any client trained
+
+
+def test_a_pools_free_memory_counts_as_room_for_the_next_replies(monkeypatch):
+    from stocfl.errors import UserError
+    from stocfl.executors import base
+
+    ex = BatchedExecutor(FED, MODEL)
+    ex.execute(_tasks([0, 1, 2, 3, 4], 0, 0, False))  # replies dropped: their chunk is free in the pool
+    monkeypatch.setattr(base, "available_bytes", lambda: 0)
+    assert ex.reusable_bytes() >= ex.reply_bytes(_tasks([0, 1, 2, 3, 4], 1, 0, False)) > 0
+    assert len(ex.execute(_tasks([0, 1, 2, 3, 4], 1, 0, False))) == 5
+    ex.release()
+    with pytest.raises(UserError, match="5 client trainings return"):
+        ex.execute(_tasks([0, 1, 2, 3, 4], 2, 0, False))
+
+
+def test_memory_freed_inside_a_run_counts_as_the_process_s_own():
+    from stocfl.executors.pool import available_bytes, heap_free_bytes, keep_freed_memory
+
+    assert (available_bytes() or 0) > 0
+    with keep_freed_memory() as kept:
+        before = heap_free_bytes()
+        t = torch.ones(32 << 20)  # 128 MB, from the heap inside a run
+        del t  # freed into the heap, kept there for the run's next tensors
+        if kept:
+            assert heap_free_bytes() - before >= 120 << 20

@@ -87,7 +87,7 @@ def _parser() -> Parser:
         "against the arithmetic bound at the matmul peak (benchmarks/tables.json; resumable)",
     )
     bench.add_argument("--table", action="append", help="with --tables: only this table (repeatable)")
-    bench.add_argument("--rounds", type=int, help="with --tables: rounds timed per table (default 2)")
+    bench.add_argument("--rounds", type=int, help="with --tables: rounds timed per table, in one run (default 3)")
     bench.add_argument("--again", action="store_true", help="with --tables: time tables already in the JSON again")
     bench.add_argument(
         "--repeats",

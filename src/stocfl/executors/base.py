@@ -10,11 +10,23 @@ from collections.abc import Callable
 
 import torch
 
+from stocfl.client.mixture import MixtureTrain
 from stocfl.client.models import FlatModel
-from stocfl.client.tasks import ClientData, Evaluate, Evaluated, FactoredTrained, Reply, Task, evaluate_pooled, kind_of
+from stocfl.client.tasks import (
+    ClientData,
+    Evaluate,
+    Evaluated,
+    FactoredTrained,
+    Reply,
+    Task,
+    Train,
+    evaluate_pooled,
+    kind_of,
+)
 from stocfl.data.federation import Federation
 from stocfl.devices import federation_on, move
 from stocfl.errors import UserError
+from stocfl.executors.pool import available_bytes
 
 
 class Executor:
@@ -49,6 +61,7 @@ class Executor:
 
     def execute(self, tasks: list[Task]) -> list[Reply]:
         """One reply per task, in the tasks' order."""
+        self.check_memory(tasks)
         out: list[Reply | None] = [None] * len(tasks)
         by_kind: dict[type, list[int]] = defaultdict(list)
         for k, t in enumerate(tasks):
@@ -71,6 +84,39 @@ class Executor:
                 # the mean (or a reply an algorithm reads) comes to the host
                 out[k] = move(r, cpu) if remote and not isinstance(r, FactoredTrained) else r
         return out
+
+    def reply_bytes(self, tasks: list[Task]) -> int:
+        """Bytes of the models that the replies to ``tasks`` carry, which all live at once when
+        the call returns: a training's model, a mixture round's K models."""
+        size = self.model.n_params * 4  # float32, the replies' dtype
+        return sum(
+            size * (len(t.models) if isinstance(t, MixtureTrain) else 1)
+            for t in tasks
+            if isinstance(t, (Train, MixtureTrain))
+        )
+
+    def reusable_bytes(self) -> int:
+        """Memory this executor keeps for its next replies (a chunk pool's free tensors)."""
+        return 0
+
+    def check_memory(self, tasks: list[Task]) -> None:
+        """Refuse, in one line and before any work, a call whose replies cannot fit in memory:
+        the system would kill the process partway through the round (its checkpoint stays at
+        the round before, but the user learns nothing of why)."""
+        need = self.reply_bytes(tasks)
+        if need <= 0:
+            return
+        free = available_bytes()
+        if free is None or need <= free + self.reusable_bytes():
+            return
+        n = sum(isinstance(t, (Train, MixtureTrain)) for t in tasks)
+        raise UserError(
+            f"this round's {n} client trainings return {need / 2**30:.1f} GiB of models "
+            f"({self.model.n_params * 4 / 2**20:.1f} MiB each), more than the "
+            f"{(free + self.reusable_bytes()) / 2**30:.1f} GiB of memory free here; sample fewer clients a "
+            f"round (run.sample_rate), take factored replies on the low-rank engine (run.factored_replies = "
+            f"true), or run it on a machine with more memory"
+        )
 
     def run(self, tasks: list[Task]) -> list[Reply]:
         """Renamed :meth:`execute`; kept for programs that call it."""

@@ -90,6 +90,13 @@ class BatchedExecutor(Executor):
     def release(self) -> None:
         self.pool.buffers.clear()
 
+    def reply_bytes(self, tasks) -> int:
+        # factored replies carry each client's factors, a fraction of a model
+        return 0 if self.factored else super().reply_bytes(tasks)
+
+    def reusable_bytes(self) -> int:
+        return self.pool.free_bytes()
+
     def _chunk_len(self, max_batch: int) -> int:
         if self.chunk_size:
             return self.chunk_size

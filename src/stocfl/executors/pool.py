@@ -54,6 +54,13 @@ class RowPool:
     def _free(self, t: torch.Tensor) -> bool:
         return _refs(t) == self.alone
 
+    def free_bytes(self) -> int:
+        """Bytes of the kept tensors that nothing refers to (a next chunk takes them)."""
+        if not self.enabled:
+            return 0
+        with self._lock:
+            return sum(b.numel() * b.element_size() for b in self.buffers if self._free(b))
+
     def take(self, rows: int, cols: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A contiguous rows x cols tensor whose values are undefined (the caller writes them all)."""
         if not self.enabled or device.type != "cpu":
@@ -143,4 +150,58 @@ def keep_freed_memory() -> Iterator[bool]:
                 libc.malloc_trim(0)
 
 
-__all__ = ["RowPool", "keep_freed_memory"]
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def available_bytes() -> int | None:
+    """Memory a new allocation of this process can have without the system running out: what
+    the system has available (``MemAvailable``, swap free) and what this process's heap holds
+    free (glibc's ``mallinfo2``: the memory a run keeps for its next tensors,
+    :func:`keep_freed_memory`). None where that is not known (not Linux)."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.split()[1:]}
+        free = info["MemAvailable"] + info.get("SwapFree", 0)
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+    return free + heap_free_bytes()
+
+
+def heap_free_bytes() -> int:
+    """Bytes this process's heap holds free for its next allocations (glibc ``mallinfo2``;
+    0 where it cannot be asked)."""
+    libc = _glibc()
+    if libc is None or not hasattr(libc, "mallinfo2"):
+        return 0
+    libc.mallinfo2.restype = _Mallinfo2
+    return int(libc.mallinfo2().fordblks)
+
+
+def trim_freed_memory() -> bool:
+    """Hand the memory this process has freed back to the system (glibc's ``malloc_trim``;
+    elsewhere nothing); whether it could. A run trims when it ends, while its own state still
+    lives; a process that runs one experiment after another (a bench) trims between them, so
+    that what one left free in the heap's middle does not add to the next one's peak."""
+    libc = _glibc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True
+
+
+__all__ = ["RowPool", "available_bytes", "heap_free_bytes", "keep_freed_memory", "trim_freed_memory"]
