@@ -204,7 +204,9 @@ def test_a_round_whose_replies_do_not_fit_in_memory_is_one_line_before_any_work(
     assert main([*argv, "--out", str(tmp_path / "a")]) == 0 and trained  # room enough: it runs
     trained.clear()
     capsys.readouterr()
-    monkeypatch.setattr(base, "available_bytes", lambda: MODEL.n_params * 4 * 5 - 1)  # less room than 5 models
+    monkeypatch.setattr(
+        base, "available_bytes", lambda at_least=0: MODEL.n_params * 4 * 5 - 1
+    )  # less room than 5 models
     assert main([*argv, "--out", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "5 client trainings return" in err[0] and "run.sample_rate" in err[0], err
@@ -217,7 +219,7 @@ def test_a_pools_free_memory_counts_as_room_for_the_next_replies(monkeypatch):
 
     ex = BatchedExecutor(FED, MODEL)
     ex.execute(_tasks([0, 1, 2, 3, 4], 0, 0, False))  # replies dropped: their chunk is free in the pool
-    monkeypatch.setattr(base, "available_bytes", lambda: 0)
+    monkeypatch.setattr(base, "available_bytes", lambda at_least=0: 0)
     assert ex.reusable_bytes() >= ex.reply_bytes(_tasks([0, 1, 2, 3, 4], 1, 0, False)) > 0
     assert len(ex.execute(_tasks([0, 1, 2, 3, 4], 1, 0, False))) == 5
     ex.release()
@@ -235,3 +237,12 @@ def test_memory_freed_inside_a_run_counts_as_the_process_s_own():
         del t  # freed into the heap, kept there for the run's next tensors
         if kept:
             assert heap_free_bytes() - before >= 120 << 20
+
+
+def test_the_heap_is_asked_only_where_the_systems_free_memory_falls_short(monkeypatch):
+    from stocfl.executors import pool
+
+    monkeypatch.setattr(pool, "heap_free_bytes", lambda: 1 << 60)  # walking the heap: milliseconds
+    system = pool.available_bytes()
+    assert system is not None and system < 1 << 60  # enough for no call: the heap not asked
+    assert (pool.available_bytes(at_least=1 << 59) or 0) >= 1 << 60  # more than the system has: the heap counted

@@ -97,7 +97,7 @@ def test_a_table_whose_round_does_not_fit_in_memory_is_said_and_recorded_not_tim
 ):
     from stocfl.executors import base
 
-    monkeypatch.setattr(base, "available_bytes", lambda: 0)  # a machine with no room for any reply
+    monkeypatch.setattr(base, "available_bytes", lambda at_least=0: 0)  # a machine with no room for any reply
     out = tmp_path / "tables.json"
     args = ["bench", "--tables", "--table", "stocfl-table3-lambda", "--rounds", "1", "--data-dir", str(data_dir)]
     assert main([*args, "--out", str(out)]) == 0

@@ -106,8 +106,8 @@ class Executor:
         need = self.reply_bytes(tasks)
         if need <= 0:
             return
-        free = available_bytes()
-        if free is None or need <= free + self.reusable_bytes():
+        free = available_bytes(at_least=need)
+        if free is None or need <= free or need <= free + self.reusable_bytes():
             return
         n = sum(isinstance(t, (Train, MixtureTrain)) for t in tasks)
         raise UserError(

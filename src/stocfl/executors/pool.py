@@ -168,18 +168,20 @@ class _Mallinfo2(ctypes.Structure):
     ]
 
 
-def available_bytes() -> int | None:
+def available_bytes(at_least: int = 0) -> int | None:
     """Memory a new allocation of this process can have without the system running out: what
     the system has available (``MemAvailable``, swap free) and what this process's heap holds
     free (glibc's ``mallinfo2``: the memory a run keeps for its next tensors,
-    :func:`keep_freed_memory`). None where that is not known (not Linux)."""
+    :func:`keep_freed_memory`). The heap is asked only where the system's figure is under
+    ``at_least`` (it walks the heap's free blocks: milliseconds in a fragmented heap). None
+    where the system's figure is not known (not Linux)."""
     try:
         with open("/proc/meminfo") as f:
             info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.split()[1:]}
         free = info["MemAvailable"] + info.get("SwapFree", 0)
     except (OSError, KeyError, ValueError, IndexError):
         return None
-    return free + heap_free_bytes()
+    return free if free >= at_least else free + heap_free_bytes()
 
 
 def heap_free_bytes() -> int:
