@@ -246,3 +246,16 @@ def test_the_heap_is_asked_only_where_the_systems_free_memory_falls_short(monkey
     system = pool.available_bytes()
     assert system is not None and system < 1 << 60  # enough for no call: the heap not asked
     assert (pool.available_bytes(at_least=1 << 59) or 0) >= 1 << 60  # more than the system has: the heap counted
+
+
+def test_the_flower_engine_refuses_a_round_that_cannot_fit_before_it_sends_a_task(monkeypatch):
+    """The server of a Flower run receives every reply too: the same one line, before any message."""
+    from stocfl.errors import UserError
+    from stocfl.executors import base
+    from stocfl.flower.engine import FlowerExecutor
+
+    monkeypatch.setattr(base, "available_bytes", lambda at_least=0: 0)
+    executor = FlowerExecutor(grid=None)  # type: ignore[arg-type]  # no grid: a message sent would fail otherwise
+    with pytest.raises(UserError, match="3 client trainings return"):
+        executor.execute(_tasks([0, 1, 2], 0, 0, False))
+    assert base.reply_bytes(_tasks([0, 1, 2], 0, 0, False)) == 3 * W0.numel() * 4

@@ -86,37 +86,17 @@ class Executor:
         return out
 
     def reply_bytes(self, tasks: list[Task]) -> int:
-        """Bytes of the models that the replies to ``tasks`` carry, which all live at once when
-        the call returns: a training's model, a mixture round's K models."""
-        size = self.model.n_params * 4  # float32, the replies' dtype
-        return sum(
-            size * (len(t.models) if isinstance(t, MixtureTrain) else 1)
-            for t in tasks
-            if isinstance(t, (Train, MixtureTrain))
-        )
+        """Bytes of the models that the replies to ``tasks`` carry (:func:`reply_bytes`)."""
+        return reply_bytes(tasks)
 
     def reusable_bytes(self) -> int:
         """Memory this executor keeps for its next replies (a chunk pool's free tensors)."""
         return 0
 
     def check_memory(self, tasks: list[Task]) -> None:
-        """Refuse, in one line and before any work, a call whose replies cannot fit in memory:
-        the system would kill the process partway through the round (its checkpoint stays at
-        the round before, but the user learns nothing of why)."""
-        need = self.reply_bytes(tasks)
-        if need <= 0:
-            return
-        free = available_bytes(at_least=need)
-        if free is None or need <= free or need <= free + self.reusable_bytes():
-            return
-        n = sum(isinstance(t, (Train, MixtureTrain)) for t in tasks)
-        raise UserError(
-            f"this round's {n} client trainings return {need / 2**30:.1f} GiB of models "
-            f"({self.model.n_params * 4 / 2**20:.1f} MiB each), more than the "
-            f"{(free + self.reusable_bytes()) / 2**30:.1f} GiB of memory free here; sample fewer clients a "
-            f"round (run.sample_rate), take factored replies on the low-rank engine (run.factored_replies = "
-            f"true), or run it on a machine with more memory"
-        )
+        """:func:`check_reply_memory` with this executor's count of the replies and its memory
+        kept for them."""
+        check_reply_memory(tasks, self.reply_bytes(tasks), self.reusable_bytes)
 
     def run(self, tasks: list[Task]) -> list[Reply]:
         """Renamed :meth:`execute`; kept for programs that call it."""
@@ -180,3 +160,38 @@ def content_digest(t: torch.Tensor) -> bytes:
 
 
 __all__ = ["Executor"]
+
+
+def reply_bytes(tasks: list[Task]) -> int:
+    """Bytes of the models that the replies to ``tasks`` carry, which all live at once when the
+    call returns: a training's model (the size of the model it starts from), a mixture round's K."""
+    total = 0
+    for t in tasks:
+        if isinstance(t, Train):
+            total += t.weights.numel() * t.weights.element_size()
+        elif isinstance(t, MixtureTrain):
+            total += sum(m.numel() * m.element_size() for m in t.models)
+    return total
+
+
+def check_reply_memory(tasks: list[Task], need: int | None = None, reusable: Callable[[], int] | None = None) -> None:
+    """Refuse, in one line and before any work, a call whose replies (``need`` bytes; by default
+    :func:`reply_bytes`) cannot fit in the memory free here plus ``reusable()`` (memory the
+    caller keeps for them): the system would kill the process partway through the round (its
+    checkpoint stays at the round before, but the user learns nothing of why)."""
+    need = reply_bytes(tasks) if need is None else need
+    if need <= 0:
+        return
+    free = available_bytes(at_least=need)
+    if free is None or need <= free:
+        return
+    free += reusable() if reusable is not None else 0
+    if need <= free:
+        return
+    n = sum(isinstance(t, (Train, MixtureTrain)) for t in tasks)
+    raise UserError(
+        f"this round's {n} client trainings return {need / 2**30:.1f} GiB of models "
+        f"({need / max(n, 1) / 2**20:.1f} MiB each), more than the {free / 2**30:.1f} GiB of memory free "
+        f"here; sample fewer clients a round (run.sample_rate), take factored replies on the low-rank "
+        f"engine (run.factored_replies = true), or run it on a machine with more memory"
+    )

@@ -24,6 +24,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from stocfl.client.tasks import ClientsDropped, Reply, Task
 from stocfl.errors import UserError
+from stocfl.executors.base import check_reply_memory
 from stocfl.flower.codec import (
     BadReply,
     client_ids,
@@ -323,6 +324,7 @@ class FlowerExecutor:
         return out
 
     def execute(self, tasks: list[Task]) -> list[Reply]:
+        check_reply_memory(tasks)  # the replies all come to this process
         self.refresh()
         why = {
             t.client: f"client {t.client}: no Flower node serves it (SuperNode offline?)"
