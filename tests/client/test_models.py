@@ -1,5 +1,7 @@
 """The built-in models: the papers' and authors' architectures, by name."""
 
+import math
+
 import pytest
 import torch
 
@@ -60,13 +62,15 @@ def sequentials(draw):
         shape = (c, draw(st.integers(6, 12)), draw(st.integers(6, 12)))
         for _ in range(draw(st.integers(1, 2))):
             out = draw(st.integers(1, 5))
+            side = min(nn.Sequential(*layers)(torch.zeros(1, *shape)).shape[2:]) if layers else min(shape[1:])
+            padding = draw(st.integers(0, 1))
             layers.append(
                 nn.Conv2d(
                     c,
                     out,
-                    draw(st.integers(1, 3)),
+                    draw(st.integers(1, min(3, side + 2 * padding))),  # a kernel no larger than its padded input
                     stride=draw(st.integers(1, 2)),
-                    padding=draw(st.integers(0, 1)),
+                    padding=padding,
                     bias=draw(st.booleans()),
                 )
             )
@@ -167,3 +171,29 @@ def test_the_built_in_convolutional_models_plain_steps_equal_functional_call_on_
         model._steps = steps
     (a, ga), (b, gb) = got
     assert torch.equal(a, b) and all(torch.equal(p, q) for p, q in zip(ga, gb))
+
+
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+
+@settings(max_examples=40, deadline=None)
+@given(sequentials())
+def test_step_params_are_the_forward_flops_of_the_weights_plus_the_biases_at_each_output(built):
+    """auto's count of a step's work, against torch's FlopCounterMode on a real forward pass:
+    FLOPs / 2 is the weights each sample meets (a convolution's at every output pixel), and
+    the count adds each bias once per output it is added to."""
+    module, shape = built
+    model = FlatModel(module)
+    seen: dict[int, int] = {}
+
+    def hook(m, _inputs, out):
+        seen[id(m)] = math.prod(out.shape[2:]) if out.dim() > 2 else 1
+
+    layers = [m for m in module.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    handles = [m.register_forward_hook(hook) for m in layers]
+    with FlopCounterMode(display=False) as flops, torch.no_grad():
+        module.eval()(torch.zeros(1, *shape))
+    for h in handles:
+        h.remove()
+    biases = sum(m.bias.numel() * seen[id(m)] for m in layers if m.bias is not None)
+    assert model.step_params(shape) == flops.get_total_flops() // 2 + biases

@@ -381,6 +381,32 @@ class FlatModel:
         except Exception:  # noqa: BLE001 - any failure: keep the caller's layout
             return False
 
+    def step_params(self, shape: tuple[int, ...]) -> int:
+        """The parameters a sample of ``shape`` meets in a forward pass, a convolution's once
+        per output pixel (its weights are applied at every one): a training step's FLOPs are
+        about 6 x this x the batch, as they are 6 x the parameters x the batch for a dense
+        model, where each weight meets a sample once. Found on the meta device (no arithmetic);
+        a module that cannot run there counts its parameters once."""
+        pixels: dict[int, int] = {}
+
+        def hook(module, _inputs, out):
+            if isinstance(out, torch.Tensor) and out.dim() > 2:
+                pixels[id(module)] = math.prod(out.shape[2:])
+
+        convs = [m for m in self.module.modules() if isinstance(m, nn.modules.conv._ConvNd)]
+        handles = [m.register_forward_hook(hook) for m in convs]
+        try:
+            with torch.no_grad():
+                self._mode(train=False)
+                self.module(torch.zeros((1, *shape), device="meta"))
+        except Exception:  # noqa: BLE001 - any op without a meta kernel: each weight once
+            return self.n_params
+        finally:
+            for h in handles:
+                h.remove()
+        extra = sum(sum(p.numel() for p in m.parameters(recurse=False)) * (pixels.get(id(m), 1) - 1) for m in convs)
+        return self.n_params + extra
+
     def _largest_output(self, shape: tuple[int, ...], dtype: torch.dtype) -> int:
         """Bytes of the largest output of any layer for one sample, found on the meta device
         (no arithmetic); a module that cannot run there is taken as one of 128 KB a sample."""

@@ -47,7 +47,9 @@ def set_threads(threads: int = 0) -> int:
 def choose_engine(engine: str, n_params: int, batch_size: int, mean_client_size: float, padding: float = 1.0) -> str:
     """``engine``, or for ``auto`` on the CPU: batched where per-client overhead dominates and the
     stack's padding (:func:`padding_factor`) wastes at most MAX_PADDING times the work, else
-    sequential."""
+    sequential. ``n_params``: the parameters a sample meets in a forward pass, a convolution's
+    once per output pixel (:meth:`~stocfl.client.models.FlatModel.step_params`), so that
+    6 x n_params x the batch is a step's work."""
     if engine != "auto":
         return engine
     b = mean_client_size if batch_size == 0 else min(batch_size, mean_client_size)
@@ -152,7 +154,7 @@ def _auto(federation, model, cfg) -> Executor:
     if on_cpu:
         sizes = federation.train_sizes
         padding = padding_factor(sizes, math.ceil(cfg.run.sample_rate * len(sizes)))
-        chosen = choose_engine("auto", model.n_params, t.batch_size, n, padding)
+        chosen = choose_engine("auto", model.step_params(federation.input_shape), t.batch_size, n, padding)
     plain_sgd = t.optimizer.plain
     if (chosen == "sequential" or not on_cpu) and choose_lowrank(model, t.epochs, t.batch_size, n, plain_sgd):
         chosen = "lowrank"
