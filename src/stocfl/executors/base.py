@@ -159,9 +159,6 @@ def content_digest(t: torch.Tensor) -> bytes:
     return h.digest()
 
 
-__all__ = ["Executor"]
-
-
 def reply_bytes(tasks: list[Task]) -> int:
     """Bytes of the models that the replies to ``tasks`` carry, which all live at once when the
     call returns: a training's model (the size of the model it starts from), a mixture round's K."""
@@ -195,3 +192,6 @@ def check_reply_memory(tasks: list[Task], need: int | None = None, reusable: Cal
         f"here; sample fewer clients a round (run.sample_rate), take factored replies on the low-rank "
         f"engine (run.factored_replies = true), or run it on a machine with more memory"
     )
+
+
+__all__ = ["Executor", "check_reply_memory", "reply_bytes"]
