@@ -162,8 +162,7 @@ def _read_result(out: Path) -> dict[str, Any]:
 def main(args) -> int:
     import sys
 
-    from stocfl.executors import set_threads
-    from stocfl.executors.pool import trim_freed_memory
+    from stocfl.executors import set_threads, trim_freed_memory
     from stocfl.storage import write_atomic
     from stocfl_lab.reproduce import tables
 

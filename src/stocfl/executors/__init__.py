@@ -7,6 +7,7 @@ from stocfl.executors.drifting import Drifting
 from stocfl.executors.lowrank import Structure, structure
 from stocfl.executors.lowrank import flops as lowrank_flops
 from stocfl.executors.parallel import ParallelExecutor
+from stocfl.executors.pool import trim_freed_memory
 from stocfl.executors.registry import (
     BATCHED_BELOW_FLOPS,
     BUILTIN_ENGINES,
@@ -41,5 +42,6 @@ __all__ = [
     "register_engine",
     "set_threads",
     "structure",
+    "trim_freed_memory",
     "usable_cores",
 ]
