@@ -106,8 +106,6 @@ def bench_table(name: str, rounds: int, data_dir: str | None) -> dict[str, Any]:
             entry["lowrank_gflop"] = round(own / 1e9, 2)
             entry["over_lowrank_bound"] = round(got["seconds"] / (own / peak), 2) if own else None
         per_round.append(entry)
-    seconds = sum(e["seconds"] for e in per_round)
-    dense_total = sum(e["gflop"] for e in per_round) * 1e9
     out = {
         "table": name,
         "row": row.name,
@@ -117,25 +115,49 @@ def bench_table(name: str, rounds: int, data_dir: str | None) -> dict[str, Any]:
         "clients": exp.fed.n_clients,
         "rounds": rounds,
         "matmul_peak_gflops": round(peak / 1e9, 1),
-        "seconds_per_round": round(seconds / rounds, 3),
-        "bound_s_per_round": round(dense_total / peak / rounds, 3),
-        "over_bound": round(seconds / (dense_total / peak), 2) if dense_total else None,
+        **_summary(per_round, peak, lowrank),
         "per_round": per_round,
     }
-    if lowrank:
-        own_total = sum(e["lowrank_gflop"] for e in per_round) * 1e9
-        out["lowrank_bound_s_per_round"] = round(own_total / peak / rounds, 3)
-        out["over_lowrank_bound"] = round(seconds / (own_total / peak), 2) if own_total else None
-    steady = per_round[1:]  # from the second round on
-    if steady:
-        s_seconds = sum(e["seconds"] for e in steady)
-        s_dense = sum(e["gflop"] for e in steady) * 1e9
-        out["steady_seconds_per_round"] = round(s_seconds / len(steady), 3)
-        out["steady_over_bound"] = round(s_seconds / (s_dense / peak), 2) if s_dense else None
-        if lowrank:
-            s_own = sum(e["lowrank_gflop"] for e in steady) * 1e9
-            out["steady_over_lowrank_bound"] = round(s_seconds / (s_own / peak), 2) if s_own else None
+    if len(per_round) > 1:  # from the second round on
+        steady = _summary(per_round[1:], peak, lowrank)
+        for key in ("seconds_per_round", "over_bound", "over_lowrank_bound"):
+            if key in steady:
+                out[f"steady_{key}"] = steady[key]
     return out
+
+
+def _summary(entries: list[dict[str, Any]], peak: float, lowrank: bool) -> dict[str, Any]:
+    """Seconds a round over ``entries`` (rounds), the bound of their FLOPs at ``peak`` and the
+    ratio; on the low-rank path, the same against that path's own arithmetic."""
+    n, seconds = len(entries), sum(e["seconds"] for e in entries)
+    dense = sum(e["gflop"] for e in entries) * 1e9
+    out = {
+        "seconds_per_round": round(seconds / n, 3),
+        "bound_s_per_round": round(dense / peak / n, 3),
+        "over_bound": round(seconds / (dense / peak), 2) if dense else None,
+    }
+    if lowrank:
+        own = sum(e["lowrank_gflop"] for e in entries) * 1e9
+        out["lowrank_bound_s_per_round"] = round(own / peak / n, 3)
+        out["over_lowrank_bound"] = round(seconds / (own / peak), 2) if own else None
+    return out
+
+
+def _line(entry: dict[str, Any]) -> str:
+    """A table's figures as the bench prints them."""
+    if "not_timed" in entry:
+        return f"not timed: {entry['not_timed']}"
+    parts = [
+        f"{entry['seconds_per_round']:.2f} s a round, bound {entry['bound_s_per_round']:.3f} s, x{entry['over_bound']}"
+    ]
+    if "over_lowrank_bound" in entry:
+        parts.append(f"low-rank bound x{entry['over_lowrank_bound']}")
+    if "steady_seconds_per_round" in entry:
+        steady = f"from round 2: {entry['steady_seconds_per_round']:.2f} s, x{entry['steady_over_bound']}"
+        if "steady_over_lowrank_bound" in entry:
+            steady += f", low-rank x{entry['steady_over_lowrank_bound']}"
+        parts.append(steady)
+    return "; ".join(parts)
 
 
 def _read_result(out: Path) -> dict[str, Any]:
@@ -194,26 +216,7 @@ def main(args) -> int:
         trim_freed_memory()
         entry["date"] = time.strftime("%Y-%m-%d")
         result["tables"][name] = entry
-        if "not_timed" in entry:
-            print(f"{name}: not timed: {entry['not_timed']}", file=sys.stderr, flush=True)
-        else:
-            print(
-                f"{name}: {entry['seconds_per_round']:.2f} s a round, bound {entry['bound_s_per_round']:.3f} s, "
-                f"x{entry['over_bound']}"
-                + (f"; low-rank bound x{entry['over_lowrank_bound']}" if "over_lowrank_bound" in entry else "")
-                + (
-                    f"; from round 2: {entry['steady_seconds_per_round']:.2f} s, x{entry['steady_over_bound']}"
-                    + (
-                        f", low-rank x{entry['steady_over_lowrank_bound']}"
-                        if "steady_over_lowrank_bound" in entry
-                        else ""
-                    )
-                    if "steady_seconds_per_round" in entry
-                    else ""
-                ),
-                file=sys.stderr,
-                flush=True,
-            )
+        print(f"{name}: {_line(entry)}", file=sys.stderr, flush=True)
         out.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(out, (json.dumps(result, indent=1, sort_keys=True) + "\n").encode())
     print(json.dumps(result, indent=1, sort_keys=True))

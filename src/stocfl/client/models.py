@@ -385,48 +385,48 @@ class FlatModel:
         """The parameters a sample of ``shape`` meets in a forward pass, a convolution's once
         per output pixel (its weights are applied at every one): a training step's FLOPs are
         about 6 x this x the batch, as they are 6 x the parameters x the batch for a dense
-        model, where each weight meets a sample once. Found on the meta device (no arithmetic);
-        a module that cannot run there counts its parameters once."""
-        pixels: dict[int, int] = {}
-
-        def hook(module, _inputs, out):
-            if isinstance(out, torch.Tensor) and out.dim() > 2:
-                pixels[id(module)] = math.prod(out.shape[2:])
-
-        convs = [m for m in self.module.modules() if isinstance(m, nn.modules.conv._ConvNd)]
-        handles = [m.register_forward_hook(hook) for m in convs]
-        try:
-            with torch.no_grad():
-                self._mode(train=False)
-                self.module(torch.zeros((1, *shape), device="meta"))
-        except Exception:  # noqa: BLE001 - any op without a meta kernel: each weight once
+        model, where each weight meets a sample once. A module that cannot run on the meta
+        device counts its parameters once."""
+        seen = self._meta_outputs(shape, torch.float32)
+        if seen is None:
             return self.n_params
-        finally:
-            for h in handles:
-                h.remove()
-        extra = sum(sum(p.numel() for p in m.parameters(recurse=False)) * (pixels.get(id(m), 1) - 1) for m in convs)
+        outputs = dict(seen)  # a module called twice: its last output
+        extra = 0
+        for m in self.module.modules():
+            out = outputs.get(id(m))
+            if isinstance(m, nn.modules.conv._ConvNd) and out is not None and out.dim() > 2:
+                extra += sum(p.numel() for p in m.parameters(recurse=False)) * (math.prod(out.shape[2:]) - 1)
         return self.n_params + extra
 
     def _largest_output(self, shape: tuple[int, ...], dtype: torch.dtype) -> int:
-        """Bytes of the largest output of any layer for one sample, found on the meta device
-        (no arithmetic); a module that cannot run there is taken as one of 128 KB a sample."""
-        sizes = [0]
+        """Bytes of the largest output of any layer for one sample; a module that cannot run on
+        the meta device is taken as one of 128 KB a sample."""
+        outputs = self._meta_outputs(shape, dtype)
+        if outputs is None:
+            return 128 * 1024
+        return max([0, *(t.numel() * t.element_size() for _, t in outputs if t.dim() > 0)])
 
-        def hook(_module, _inputs, out):
-            if isinstance(out, torch.Tensor) and out.dim() > 0:
-                sizes.append(out.numel() * out.element_size())
+    def _meta_outputs(self, shape: tuple[int, ...], dtype: torch.dtype) -> list[tuple[int, torch.Tensor]] | None:
+        """The modules' tensor outputs, as (the module's id, the output) in the order of their
+        calls, for one sample of ``shape``, found on the meta device (shapes, no arithmetic,
+        eval mode); None where the module cannot run there (an op without a meta kernel)."""
+        outputs: list[tuple[int, torch.Tensor]] = []
+
+        def hook(module, _inputs, out):
+            if isinstance(out, torch.Tensor):
+                outputs.append((id(module), out))
 
         handles = [m.register_forward_hook(hook) for m in self.module.modules()]
         try:
             with torch.no_grad():
                 self._mode(train=False)
                 self.module(torch.zeros((1, *shape), dtype=dtype, device="meta"))
-        except Exception:  # noqa: BLE001 - any op without a meta kernel: fall back to a fixed guess
-            return 128 * 1024
+        except Exception:  # noqa: BLE001 - any op without a meta kernel: the caller's fallback
+            return None
         finally:
             for h in handles:
                 h.remove()
-        return max(sizes)
+        return outputs
 
     def forward(self, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Logits of the model at ``w`` (eval mode: BatchNorm uses the running statistics,
