@@ -1,6 +1,8 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stocfl.algorithms import Context
 from stocfl.algorithms.fedavg import FedAvg
@@ -289,6 +291,60 @@ def test_linear_anchor_fast_path_equals_autograd(kind):
     else:
         g = w - local_sgd(lin, x, y, w, LocalTraining.sgd(3, 7, 0.1), 11)
     assert torch.allclose(fast, g / g.norm(), atol=1e-5)
+
+
+def _plain_linear_softmax_grad(w, x, y, n_classes):
+    """The closed form as written plainly: one-hot by indexing, the parts concatenated."""
+    d = x.shape[1]
+    weight, bias = w[: n_classes * d].view(n_classes, d), w[n_classes * d :]
+    err = torch.softmax(x @ weight.T + bias, dim=1)
+    err[torch.arange(len(y)), y] -= 1.0
+    err /= len(y)
+    return torch.cat([(err.T @ x).reshape(-1), err.sum(0)])
+
+
+def _plain_linear_sgd(w, x, y, n_classes, local, seed):
+    """local_sgd's plain-SGD steps with the plain closed form, one new gradient a step."""
+    from stocfl.client.training import batch_plan
+
+    w = w.clone()
+    cd = n_classes * x.shape[1]
+    for epoch in batch_plan(len(y), local.epochs, local.batch_size, seed):
+        for idx in list(epoch) if epoch else [None]:
+            xb, yb = (x, y) if idx is None else (x[idx], y[idx])
+            g = _plain_linear_softmax_grad(w, xb, yb, n_classes)
+            w[:cd].add_(g[:cd], alpha=-local.optimizer.lr)
+            w[cd:].add_(g[cd:], alpha=-local.optimizer.lr)
+    return w
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 60),
+    d=st.integers(1, 40),
+    n_classes=st.integers(2, 12),
+    epochs=st.integers(1, 3),
+    batch=st.sampled_from([0, 1, 7, 50]),
+    seed=st.integers(0, 2**31 - 1),
+    scale=st.sampled_from([0.01, 1.0, 30.0]),
+)
+def test_the_linear_anchors_in_place_closed_form_equals_the_plain_one_bit_for_bit(
+    n, d, n_classes, epochs, batch, seed, scale
+):
+    """Psi's linear anchor steps with its gradient written in place (one scatter for the
+    one-hot, no concatenation): the same numbers as the plain formula, step after step."""
+    from stocfl.algorithms.stocfl.representation import linear_softmax_grad
+    from stocfl.client.models import linear_model
+    from stocfl.client.training import local_sgd
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g) * scale
+    y = torch.randint(0, n_classes, (n,), generator=g)
+    w = torch.randn(n_classes * d + n_classes, generator=g) * 0.1
+    assert torch.equal(linear_softmax_grad(w, x, y, n_classes), _plain_linear_softmax_grad(w, x, y, n_classes))
+    local = LocalTraining.sgd(epochs, batch, 0.1)
+    fast = local_sgd(linear_model((d,), n_classes), x, y, w, local, seed, grad=linear_softmax_grad)
+    assert torch.equal(fast, _plain_linear_sgd(w, x, y, n_classes, local, seed))
 
 
 @pytest.mark.parametrize(

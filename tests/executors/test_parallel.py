@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -114,6 +115,31 @@ def test_tasks_run_in_worker_processes_on_one_thread_each_and_a_kind_registered_
         assert [h.pid for h in ex.execute([WhereAmI(c) for c in range(1, 4)])] == [-1, -2, -3]
     finally:
         KINDS.pop(WhereAmI, None)
+        ex.close()
+
+
+def test_the_tasks_tensors_go_into_shared_memory_on_the_calling_thread(monkeypatch):
+    """Pickling a task moves its tensors into shared memory, a copy that torch runs on a team of
+    threads of the thread that makes it. Left to the pool's feeder thread, it started a second
+    OpenMP team in the parent, and the runtime then stopped spinning between parallel regions:
+    the parent's replies' checks and mean ran 2-3x slower for as long as the workers lived."""
+    real = torch.UntypedStorage._share_fd_cpu_
+    on_main: list[bool] = []
+
+    def recording(self, *args, **kwargs):
+        on_main.append(threading.current_thread() is threading.main_thread())
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.UntypedStorage, "_share_fd_cpu_", recording)
+    ex = ParallelExecutor(FED, MODEL, workers=2)
+    try:
+        stacked = torch.stack([W0 + k for k in range(3)])  # rows: views, compacted then shared
+        tasks = [Train(c, stacked[c % 3] if c % 2 else W0.clone(), LocalTraining.sgd(1, 0, 0.1), c) for c in range(6)]
+        got = ex.execute(tasks)
+        want = [SEQUENTIAL.execute([t])[0] for t in tasks]
+        assert all(torch.equal(g.weights, w.weights) for g, w in zip(got, want))
+        assert on_main and all(on_main)
+    finally:
         ex.close()
 
 

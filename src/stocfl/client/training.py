@@ -115,8 +115,8 @@ def local_sgd(
     in place, another optimizer (momentum, weight decay, Adam; ``stocfl.client.optim``) starts
     from a fresh state.
 
-    ``grad(w, x_flat, y, n_classes)``, when given, is an exact closed-form gradient used
-    instead of autograd (the linear anchor's fast path). ``sample_weights`` (one per sample),
+    ``grad(w, x_flat, y, n_classes, out)``, when given, is an exact closed-form gradient
+    written into ``out``, used instead of autograd (the linear anchor's fast path). ``sample_weights`` (one per sample),
     when given, make a batch's loss sum_b q_b l_b / |B| in place of the mean (the mixture
     family's M-step)."""
     if grad is not None and sample_weights is not None:
@@ -130,6 +130,8 @@ def local_sgd(
     if grad is not None:
         x = x.flatten(1)
         n_classes = len(w) // (x.shape[1] + 1)
+        flat = torch.empty_like(params)  # each step's gradient, written over by the next
+        flat_views = model.param_views(flat)
     # Autograd gives one gradient per parameter tensor, and plain SGD steps each in place: no
     # flat gradient is concatenated (for a 1.6M-parameter CNN that copy was an eighth of a step).
     views = model.param_views(params)
@@ -141,11 +143,10 @@ def local_sgd(
             batches: list[torch.Tensor | None] = list(epoch) if epoch else [None]  # None: the whole set
             for idx in batches:
                 xb, yb = (x, y) if idx is None else (x_rows(idx), y_rows(idx))
-                flat = None
                 gs: Sequence[torch.Tensor]
                 if grad is not None:
-                    flat = grad(params, xb, yb, n_classes)
-                    gs = model.param_views(flat)
+                    grad(params, xb, yb, n_classes, flat)
+                    gs = flat_views
                 else:
                     leaves = [v.detach().requires_grad_(True) for v in views]
                     buffers = model.split_buffers(w) if model.has_buffers else []  # [] : train mode, no buffers
@@ -165,7 +166,7 @@ def local_sgd(
                     for v, g in zip(views, gs):
                         v.add_(g, alpha=-lr)
                 else:
-                    opt.step(params, flat if flat is not None else torch.cat([g.reshape(-1) for g in gs]), state)
+                    opt.step(params, flat if grad is not None else torch.cat([g.reshape(-1) for g in gs]), state)
     return w
 
 

@@ -15,6 +15,7 @@ sequential executor at one torch thread, bit for bit, whichever worker takes it.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import itertools
 import multiprocessing
@@ -24,6 +25,7 @@ import sys
 import weakref
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
@@ -60,9 +62,10 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _run_part(job: tuple[int, list]) -> list:
-    call, tasks = job
+def _run_part(job: tuple[int, bytes]) -> list:
+    call, payload = job
     assert _worker is not None
+    tasks = ForkingPickler.loads(payload)
     out = []
     for r in Executor.execute_reference(_worker, type(tasks[0]), tasks):
         placed: list[str] = []
@@ -216,7 +219,13 @@ class ParallelExecutor(Executor):
         tasks = [_compact(t, memo) for t in tasks]
         ends = list(itertools.accumulate(part_sizes(len(tasks), self.workers)))
         self._calls += 1
-        parts = [(self._calls, tasks[a:b]) for a, b in zip([0, *ends], ends)]
+        # Pickled here, not by the pool's feeder thread: pickling moves each tensor into shared
+        # memory, a copy that torch runs on a team of threads of the calling thread's own. A
+        # second team in this process makes the OpenMP runtime stop spinning between parallel
+        # regions (it counts more threads than cores), and every small multi-threaded operation
+        # of the parent (the replies' checks, the mean) then waits on a woken thread for as
+        # long as the feeder thread lives.
+        parts = [(self._calls, bytes(ForkingPickler.dumps(tasks[a:b]))) for a, b in zip([0, *ends], ends)]
         seen: dict[int, torch.UntypedStorage] = {}
         try:
             out = [_incoming(r, placed, seen) for part in self._workers().map(_run_part, parts) for r, placed in part]
@@ -276,9 +285,19 @@ def _incoming(value: Any, placed: list[str], seen: dict[int, torch.UntypedStorag
         seen[storage.data_ptr()] = storage
         key = (v.data_ptr(), v.numel())
         if key not in copies:
-            copies[key] = v.clone()
+            copies[key] = _copy_alone(v)
         changes[name] = copies[key]
     return dataclasses.replace(value, **changes)
+
+
+def _copy_alone(v: torch.Tensor) -> torch.Tensor:
+    """A copy of the contiguous tensor ``v`` made by this thread alone (a plain memcpy): a
+    result is copied out while the workers still compute, and a copy on torch's team of
+    threads would leave its threads spinning after it, on the cores the workers run on."""
+    out = torch.empty_like(v, memory_format=torch.contiguous_format)
+    if v.numel():
+        ctypes.memmove(out.data_ptr(), v.data_ptr(), v.numel() * v.element_size())
+    return out
 
 
 def _noop(_: int) -> None:

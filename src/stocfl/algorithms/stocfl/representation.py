@@ -58,15 +58,30 @@ def count_sketch(v: torch.Tensor, dim: int, seed: int) -> torch.Tensor:
     return torch.zeros(dim, dtype=v.dtype, device=v.device).index_add_(0, buckets, v * signs)
 
 
-def linear_softmax_grad(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, n_classes: int) -> torch.Tensor:
+def linear_softmax_grad(
+    w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, n_classes: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """Exact gradient of the mean cross-entropy of a linear softmax model (weight (C, D) then
-    bias (C,), flattened) without autograd: dW = (p - Y)^T x / n, db = mean(p - Y)."""
+    bias (C,), flattened) without autograd: dW = (p - Y)^T x / n, db = mean(p - Y); written
+    into ``out`` (a flat tensor like ``w``) where given. A Psi takes some sixty of these steps
+    on a batch of 50, where each operation's call costs about what its arithmetic does: the
+    one-hot is subtracted by one scatter and the two parts are written in place, not
+    concatenated."""
     d = x.shape[1]
-    weight, bias = w[: n_classes * d].view(n_classes, d), w[n_classes * d :]
-    err = torch.softmax(x @ weight.T + bias, dim=1)
-    err[torch.arange(len(y), device=y.device), y] -= 1.0
+    cd = n_classes * d
+    err = torch.softmax(x @ w[:cd].view(n_classes, d).T + w[cd:], dim=1)
+    err.scatter_add_(1, y.view(-1, 1), _minus_ones(len(y), err.dtype, err.device))  # p - Y: p_iy + (-1)
     err /= len(y)
-    return torch.cat([(err.T @ x).reshape(-1), err.sum(0)])
+    if out is None:
+        out = torch.empty_like(w)
+    torch.mm(err.T, x, out=out[:cd].view(n_classes, d))
+    torch.sum(err, 0, out=out[cd:])
+    return out
+
+
+@lru_cache(maxsize=64)
+def _minus_ones(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.full((n, 1), -1.0, dtype=dtype, device=device)
 
 
 @lru_cache(maxsize=8)
