@@ -206,6 +206,61 @@ def test_objective_is_eq2():
     assert cs.objective() == pytest.approx(0 + 2**-0.5 + 2**-0.5)
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    vectors=st.lists(
+        st.lists(st.floats(-10, 10, allow_nan=False, width=32), min_size=5, max_size=5), min_size=0, max_size=8
+    ),
+    merges=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 7)), max_size=4),
+)
+def test_the_objective_squared_in_place_is_the_plain_formula_bit_for_bit(vectors, merges):
+    cs = ClusterSet(len(vectors))
+    for i, v in enumerate(vectors):
+        if any(v):
+            cs.add(i, torch.tensor(v))
+    for a, b in merges:
+        ids = cs.ids
+        if len(ids) > 1 and ids[a % len(ids)] != ids[b % len(ids)]:
+            cs._fold(ids[a % len(ids)], ids[b % len(ids)])
+    u = cs.units(cs.ids)
+    plain = 0.0 if len(u) < 2 else float((u.sum(0).pow(2).sum() - (u * u).sum()) / 2)
+    assert cs.objective() == plain
+    assert torch.equal(cs.units(cs.ids), u)  # the squaring took the objective's own copy
+
+
+def test_the_models_of_untrained_clusters_come_from_one_matrix_of_the_trained_units(monkeypatch):
+    """An untrained cluster starts from its most similar trained cluster's model. The trained
+    clusters' unit representations are made once for all of a round's untrained clusters (with
+    a model-sized Psi, a matrix of gigabytes), with the same choice as one cluster at a time."""
+    alg = StoCFL(StoCFLParams(), CTX)
+    ex = SequentialExecutor(FED, MODEL)
+    for t in range(1, 3):
+        alg.round(t, list(range(0, 24, 2)), ex.execute)
+    ids = alg.state.clusters.ids
+    assert len(ids) >= 3
+    for k in ids[::2]:  # every other cluster untrained
+        alg.state.theta.pop(k, None)
+    clusters = alg.state.clusters
+    trained = [c for c in ids if c in alg.state.theta]
+
+    def plain(cid):
+        if cid in alg.state.theta:
+            return alg.state.theta[cid]
+        sims = clusters.units(trained) @ clusters.unit(cid)
+        return alg.state.theta[trained[int(torch.argmax(sims))]]
+
+    want = {k: plain(k) for k in ids}
+    made = []
+    real = ClusterSet.units
+    monkeypatch.setattr(ClusterSet, "units", lambda self, *a, **k: made.append(1) or real(self, *a, **k))
+    got = alg.cluster_models()
+    assert list(got) == ids and all(got[k] is want[k] for k in ids)
+    assert len(made) == 1
+    labels = alg.cluster_labels()
+    models = alg.client_models(list(range(24)), None)
+    assert all(m is (want[int(labels[i])] if labels[i] >= 0 else alg.state.w) for i, m in enumerate(models))
+
+
 def test_count_sketch_preserves_cosines_and_is_seeded():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(50_000, generator=g, dtype=torch.float64)

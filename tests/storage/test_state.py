@@ -161,3 +161,88 @@ def test_writing_rows_refuses_a_count_or_width_it_was_not_told(tmp_path):
     with pytest.raises(ValueError, match="2 rows, expected 1"):
         checkpoint.save_rows(tmp_path / "a", "rows", [np.zeros(3, np.float32)] * 2, 1, 3, {})
     assert not list(tmp_path.iterdir())  # nothing left behind, not even the temporary file
+
+
+CHECKPOINT_DTYPES = [
+    torch.float64,
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+]
+
+
+@st.composite
+def checkpoint_tensors(draw):
+    names = draw(st.lists(st.text(min_size=1, max_size=6), max_size=6, unique=True))
+    out = {}
+    for k, name in enumerate(names):
+        dtype = draw(st.sampled_from(CHECKPOINT_DTYPES))
+        shape = draw(st.lists(st.integers(0, 5), max_size=3))
+        g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+        t = (torch.randn(tuple(shape), generator=g) * 100).to(dtype)
+        if t.dim() == 2 and draw(st.booleans()):
+            t = t.T  # a view with strides of its own: written as its contiguous copy
+        out[name] = t
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(checkpoint_tensors(), st.dictionaries(st.text(max_size=4), plain, max_size=3))
+def test_a_checkpoint_written_a_tensor_at_a_time_is_the_librarys_file(tmp_path_factory, tensors, meta):
+    """The reference: safetensors' own writer, which builds the whole file in memory. The same
+    metadata and, per tensor, the same dtype, shape and bytes (the library orders the header's
+    keys and the tensors of one element size as its own types do); every tensor's bytes start
+    at a multiple of its element size, as the library's do."""
+    import json
+    import struct
+
+    from safetensors.torch import save as to_bytes
+
+    sizes = {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+
+    def parts(raw: bytes):
+        (n,) = struct.unpack("<Q", raw[:8])
+        head, data = json.loads(raw[8 : 8 + n]), raw[8 + n :]
+        assert n % 8 == 0 and sum(
+            e[1] - e[0] for e in (v["data_offsets"] for k, v in head.items() if k != "__metadata__")
+        ) == len(data)
+        out = {}
+        for k, v in head.items():
+            if k != "__metadata__":
+                a, b = v["data_offsets"]
+                assert a % sizes[v["dtype"]] == 0
+                out[k] = (v["dtype"], v["shape"], data[a:b])
+        return head["__metadata__"], out
+
+    path = tmp_path_factory.mktemp("ckpt") / "c.safetensors"
+    checkpoint.save(path, tensors, meta)
+    meta_json = json.dumps(meta)
+    plain = {k: v.contiguous() for k, v in tensors.items()}
+    want = to_bytes(plain, metadata={"stocfl": meta_json, "sha256": checkpoint.digest(plain, meta_json)})
+    assert parts(path.read_bytes()) == parts(want)
+    got, got_meta = checkpoint.load(path)
+    assert got_meta == meta and got.keys() == tensors.keys()
+    assert all(got[k].dtype == t.dtype and torch.equal(got[k], t) for k, t in tensors.items())
+
+
+def test_a_checkpoint_is_written_without_a_copy_of_its_tensors_in_memory(tmp_path):
+    """A StoCFL state with a model-sized Psi holds gigabytes; the file (and its checksum) used to
+    be built in memory first, three times the state's memory at the end of every round."""
+    import tracemalloc
+
+    big = {"sums": torch.randn(64, 1 << 16, dtype=torch.float64), "theta": torch.randn(64, 1 << 16)}  # 48 MiB
+    tracemalloc.start()
+    try:
+        checkpoint.save(tmp_path / "c.safetensors", big, {"round": 1})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, f"saving held {peak / 2**20:.1f} MiB of Python memory"
+    got, _ = checkpoint.load(tmp_path / "c.safetensors")
+    assert all(torch.equal(got[k], v) for k, v in big.items())

@@ -130,6 +130,9 @@ class Experiment:
         """The state after the last finished round, as a value in memory (what a failed round
         is replayed from) and, with a results directory, in its checkpoint file: the
         algorithm's state and, with ``train.local_bn``, the clients' own BatchNorm entries."""
+        # the last state's copy goes before the new one is made: a state of gigabytes (StoCFL's
+        # model-sized Psi sums) is not held three times over at the end of a round
+        self.saved = {}
         parts = {"algorithm": self.algorithm.encode_state()}
         if self.local is not None:
             parts["local_bn"] = self.local.state()

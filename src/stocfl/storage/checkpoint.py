@@ -24,22 +24,77 @@ from safetensors import safe_open
 from safetensors.torch import save as to_bytes
 
 from stocfl.errors import UserError
-from stocfl.storage.files import fsync_dir, write_atomic
+from stocfl.storage.files import fsync_dir, write_atomic, write_atomic_with
 
 
 def digest(tensors: dict[str, torch.Tensor], meta_json: str) -> str:
+    """SHA-256 of the JSON state and every tensor's name, dtype, shape and bytes (in name
+    order), the bytes read where they lie (no copy of a tensor that is contiguous)."""
     h = hashlib.sha256(meta_json.encode())
     for k in sorted(tensors):
         t = tensors[k].detach().contiguous().cpu()
         h.update(f"\0{k}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        if t.numel():
+            h.update(_bytes_of(t))
     return h.hexdigest()
 
 
+def _bytes_of(t: torch.Tensor) -> memoryview:
+    """The bytes of the contiguous CPU tensor ``t``, a view of its own memory."""
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+# safetensors' names of the dtypes it stores (others go through the library, whole in memory)
+_SAFETENSORS_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+
+
 def save(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
-    tensors = {k: v.detach().contiguous() for k, v in tensors.items()}
+    """A safetensors file of ``tensors`` with ``meta`` (JSON) and the checksum in its header,
+    written a tensor at a time. A checkpoint is the algorithm's whole state (StoCFL with a
+    model-sized Psi keeps a float64 sum per cluster: gigabytes); the library's writer builds
+    the file in memory first, and the checksum read each tensor through a copy of its bytes,
+    so a checkpoint once took three times the state's memory at the end of every round."""
     meta_json = json.dumps(meta)
-    write_atomic(path, to_bytes(tensors, metadata={"stocfl": meta_json, "sha256": digest(tensors, meta_json)}))
+    tensors = {k: v.detach() for k, v in tensors.items()}
+    sha = digest(tensors, meta_json)
+    if any(t.dtype not in _SAFETENSORS_DTYPES or t.device.type != "cpu" for t in tensors.values()):
+        write_atomic(path, to_bytes(tensors, metadata={"stocfl": meta_json, "sha256": sha}))
+        return
+    # as the library lays them out: the widest elements first, so that every tensor's bytes
+    # start at a multiple of its element size
+    order = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))
+    entries: dict[str, Any] = {"__metadata__": {"stocfl": meta_json, "sha256": sha}}
+    offset = 0
+    for k in order:
+        t = tensors[k]
+        size = t.numel() * t.element_size()
+        entries[k] = {
+            "dtype": _SAFETENSORS_DTYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    head = json.dumps(entries, separators=(",", ":"), ensure_ascii=False).encode()
+    head += b" " * (-len(head) % 8)
+
+    def write(f) -> None:
+        f.write(struct.pack("<Q", len(head)) + head)
+        for k in order:
+            if tensors[k].numel():
+                f.write(_bytes_of(tensors[k].contiguous()))
+
+    write_atomic_with(path, write)
 
 
 def save_rows(path: Path, name: str, rows, n_rows: int, n_cols: int, meta: dict[str, Any], sync: bool = True) -> None:

@@ -11,8 +11,9 @@ import os
 import struct
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from stocfl.errors import InUse, UserError
 
@@ -44,13 +45,20 @@ def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
 
 
 def write_atomic(path: Path, data: bytes | str) -> None:
+    write_atomic_with(path, lambda f: f.write(data.encode() if isinstance(data, str) else data))
+
+
+def write_atomic_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """What ``write(f)`` writes into the open file ``f``, at ``path`` whole or not at all: into a
+    temporary file, forced to the disk, then renamed into place (a file written in parts, none
+    of which need be in memory at once)."""
     path = Path(path)
     # a name of its own: two processes writing one file (two reproductions of one table's rows)
     # must not rename each other's half-written copy
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         with open(tmp, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

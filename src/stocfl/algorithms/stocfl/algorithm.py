@@ -24,7 +24,7 @@ tau = -1 and lambda = 0 is FedAvg, number for number.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -220,13 +220,30 @@ class StoCFL(Algorithm):
 
     def model_of(self, cid: int) -> torch.Tensor:
         """theta_k; for an untrained cluster the model of its most similar trained cluster, or w."""
-        if cid in self.state.theta:
-            return self.state.theta[cid]
-        trained = [c for c in self.state.clusters.ids if c in self.state.theta]
-        if not trained:
-            return self.state.w
-        sims = self.state.clusters.units(trained) @ self.state.clusters.unit(cid)
-        return self.state.theta[trained[int(torch.argmax(sims))]]
+        return self.models_of([cid])[cid]
+
+    def models_of(self, cids: Iterable[int]) -> dict[int, torch.Tensor]:
+        """:meth:`model_of` of each of ``cids``. The trained clusters' unit representations are
+        made once for all the untrained ones: with a model-sized Psi they are a (clusters x
+        parameters) float64 matrix, 2.4 GB for 244 clusters of FEMNIST's CNN, which was made
+        again for every newcomer's cluster of a round."""
+        out: dict[int, torch.Tensor] = {}
+        trained: list[int] | None = None
+        units: torch.Tensor | None = None
+        for cid in cids:
+            if cid in self.state.theta:
+                out[cid] = self.state.theta[cid]
+                continue
+            if trained is None:
+                trained = [c for c in self.state.clusters.ids if c in self.state.theta]
+            if not trained:
+                out[cid] = self.state.w
+                continue
+            if units is None:
+                units = self.state.clusters.units(trained)
+            sims = units @ self.state.clusters.unit(cid)
+            out[cid] = self.state.theta[trained[int(torch.argmax(sims))]]
+        return out
 
     def cluster_newcomers(
         self, results: list[Represented], clients: list[int], changed: Sequence[int] = ()
@@ -324,7 +341,7 @@ class StoCFL(Algorithm):
         accepted, merges = self.cluster_newcomers(ask([self.represent_task(i) for i in new]), new) if new else ([], 0)
         rejected = sorted(set(new) - set(accepted))
         members = [i for i in sampled if labels[i] >= 0]  # a client whose Psi was rejected trains w only
-        start = {k: self.model_of(k) for k in sorted({int(labels[i]) for i in members})}
+        start = self.models_of(sorted({int(labels[i]) for i in members}))
         tasks = [
             self.local_training(round_, i, start[int(labels[i])], prox_center=self.state.w, prox_weight=self.params.lam)
             for i in members
@@ -363,23 +380,15 @@ class StoCFL(Algorithm):
 
     def client_models(self, clients: list[int], ask: AskClients) -> list[torch.Tensor]:
         labels = self.state.clusters.labels_
-        cache: dict[int, torch.Tensor] = {}
-        out = []
-        for i in clients:
-            k = int(labels[i])
-            if k < 0:
-                out.append(self.state.w)  # not sampled yet: no representation, the global model
-            else:
-                if k not in cache:
-                    cache[k] = self.model_of(k)
-                out.append(cache[k])
-        return out
+        models = self.models_of(sorted({int(labels[i]) for i in clients if labels[i] >= 0}))
+        # a client not sampled yet has no representation: the global model
+        return [models[int(labels[i])] if labels[i] >= 0 else self.state.w for i in clients]
 
     def cluster_labels(self) -> np.ndarray:
         return self.state.clusters.labels_.copy()
 
     def cluster_models(self) -> dict[int, torch.Tensor]:
-        return {k: self.model_of(k) for k in self.state.clusters.ids}
+        return self.models_of(self.state.clusters.ids)
 
     def place_new(self, clients: list[int], ask: AskClients) -> list[Placement]:
         """New clients after training (paper 4.4): each sends Psi; with max cosine d >= tau it
