@@ -261,6 +261,25 @@ def test_the_models_of_untrained_clusters_come_from_one_matrix_of_the_trained_un
     assert all(m is (want[int(labels[i])] if labels[i] >= 0 else alg.state.w) for i, m in enumerate(models))
 
 
+def test_a_set_of_singletons_checkpoints_its_float32_sums_as_they_are_and_reloads_to_the_same_units():
+    """A model-sized Psi with every cluster a singleton (FEMNIST with the authors' Psi at tau =
+    0.55: 244 of them) wrote its sums widened to float64: twice the checkpoint for nothing."""
+    g = torch.Generator().manual_seed(0)
+    cs = ClusterSet(4)
+    for i in range(3):
+        cs.add(i, torch.randn(7, generator=g))
+    tensors, meta = cs.state()
+    assert tensors["cluster_sums"].dtype == torch.float32
+    back = ClusterSet(4)
+    back.load_state(tensors, meta)
+    assert torch.equal(back.units(back.ids), cs.units(cs.ids)) and back.objective() == cs.objective()
+    cs._fold(cs.ids[0], cs.ids[1])  # a sum of two: float64, and so is the whole stack
+    tensors, meta = cs.state()
+    assert tensors["cluster_sums"].dtype == torch.float64
+    back.load_state(tensors, meta)
+    assert torch.equal(back.units(back.ids), cs.units(cs.ids)) and back.objective() == cs.objective()
+
+
 def test_count_sketch_preserves_cosines_and_is_seeded():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(50_000, generator=g, dtype=torch.float64)

@@ -285,7 +285,12 @@ class ClusterSet:
     # ---- state ---------------------------------------------------------------------------
     def state(self) -> tuple[dict[str, torch.Tensor], dict]:
         ids = self.ids
-        tensors = {"cluster_sums": torch.stack([self.sums_[c].double() for c in ids])} if ids else {}
+        # float64 where any cluster has two members or more; where every cluster is a singleton
+        # (each sum a Psi as given, float32) they are kept as they are: half the checkpoint, and
+        # every use of a sum widens it to float64 first, so the numbers are the same
+        sums = [self.sums_[c] for c in ids]
+        wide = any(t.dtype != torch.float32 for t in sums)
+        tensors = {"cluster_sums": torch.stack([t.double() if wide else t for t in sums])} if ids else {}
         clients = sorted(self.vectors_)
         if clients:
             dtype = torch.float64 if any(v.dtype == torch.float64 for v in self.vectors_.values()) else torch.float32
@@ -301,7 +306,10 @@ class ClusterSet:
 
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         ids = meta["ids"]
-        self.sums_ = {c: tensors["cluster_sums"][k].double().clone() for k, c in enumerate(ids)}
+        sums = tensors["cluster_sums"] if ids else None
+        if sums is not None and sums.dtype not in (torch.float32, torch.float64):
+            sums = sums.double()
+        self.sums_ = {c: sums[k].clone() for k, c in enumerate(ids)} if sums is not None else {}
         self.counts_ = dict(zip(ids, meta["counts"]))
         self.next_id = meta["next_id"]
         self.labels_ = np.asarray(meta["labels"], dtype=np.int64)
