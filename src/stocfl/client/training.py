@@ -116,9 +116,9 @@ def local_sgd(
     from a fresh state.
 
     ``grad(w, x_flat, y, n_classes, out)``, when given, is an exact closed-form gradient
-    written into ``out``, used instead of autograd (the linear anchor's fast path). ``sample_weights`` (one per sample),
-    when given, make a batch's loss sum_b q_b l_b / |B| in place of the mean (the mixture
-    family's M-step)."""
+    written into ``out``, used instead of autograd (the linear anchor's fast path).
+    ``sample_weights`` (one per sample), when given, make a batch's loss sum_b q_b l_b / |B| in
+    place of the mean (the mixture family's M-step)."""
     if grad is not None and sample_weights is not None:
         raise ValueError("local_sgd: a closed-form gradient takes no sample weights")
     opt, lr = local.optimizer, local.optimizer.lr

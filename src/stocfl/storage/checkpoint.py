@@ -69,7 +69,8 @@ def save(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> 
     tensors = {k: v.detach() for k, v in tensors.items()}
     sha = digest(tensors, meta_json)
     if any(t.dtype not in _SAFETENSORS_DTYPES or t.device.type != "cpu" for t in tensors.values()):
-        write_atomic(path, to_bytes(tensors, metadata={"stocfl": meta_json, "sha256": sha}))
+        plain = {k: v.contiguous() for k, v in tensors.items()}
+        write_atomic(path, to_bytes(plain, metadata={"stocfl": meta_json, "sha256": sha}))
         return
     # as the library lays them out: the widest elements first, so that every tensor's bytes
     # start at a multiple of its element size
