@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from safetensors import safe_open
 from safetensors.torch import save as to_bytes
 
 from stocfl.errors import UserError
-from stocfl.storage.files import fsync_dir, write_atomic, write_atomic_with
+from stocfl.storage.files import write_atomic, write_atomic_with
 
 
 def digest(tensors: dict[str, torch.Tensor], meta_json: str) -> str:
@@ -86,16 +85,24 @@ def save(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> 
             "data_offsets": [offset, offset + size],
         }
         offset += size
-    head = json.dumps(entries, separators=(",", ":"), ensure_ascii=False).encode()
-    head += b" " * (-len(head) % 8)
+    head = _header(entries)
 
     def write(f) -> None:
-        f.write(struct.pack("<Q", len(head)) + head)
+        f.write(head)
         for k in order:
             if tensors[k].numel():
                 f.write(_bytes_of(tensors[k].contiguous()))
 
     write_atomic_with(path, write)
+
+
+def _header(entries: dict[str, Any]) -> bytes:
+    """A safetensors header: its length (8 bytes, little-endian), then the JSON of ``entries``
+    (``__metadata__`` and each tensor's dtype, shape and offsets), padded with spaces to a
+    multiple of 8 bytes, as the library pads it."""
+    head = json.dumps(entries, separators=(",", ":"), ensure_ascii=False).encode()
+    head += b" " * (-len(head) % 8)
+    return struct.pack("<Q", len(head)) + head
 
 
 def save_rows(path: Path, name: str, rows, n_rows: int, n_cols: int, meta: dict[str, Any], sync: bool = True) -> None:
@@ -110,42 +117,31 @@ def save_rows(path: Path, name: str, rows, n_rows: int, n_cols: int, meta: dict[
     size = n_rows * n_cols * 4
 
     def header(sha: str) -> bytes:
-        head = json.dumps(
+        return _header(
             {
                 "__metadata__": {"stocfl": meta_json, "sha256": sha},
                 name: {"dtype": "F32", "shape": [n_rows, n_cols], "data_offsets": [0, size]},
-            },
-            separators=(",", ":"),
-        ).encode()
-        head += b" " * (-len(head) % 8)
-        return struct.pack("<Q", len(head)) + head
+            }
+        )
 
     placeholder = header("0" * 64)  # a SHA-256 is 64 hex digits: the real header has the same length
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(placeholder)
-            written = 0
-            for row in rows:
-                b = memoryview(np.ascontiguousarray(row, dtype=np.float32)).cast("B")
-                if len(b) != n_cols * 4:
-                    raise ValueError(f"save_rows: a row of {len(b) // 4} numbers, expected {n_cols}")
-                h.update(b)
-                f.write(b)
-                written += 1
-            if written != n_rows:
-                raise ValueError(f"save_rows: {written} rows, expected {n_rows}")
-            f.seek(0)
-            f.write(header(h.hexdigest()))
-            f.flush()
-            if sync:
-                os.fsync(f.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-    if sync:
-        fsync_dir(path.parent)
+
+    def write(f) -> None:
+        f.write(placeholder)
+        written = 0
+        for row in rows:
+            b = memoryview(np.ascontiguousarray(row, dtype=np.float32)).cast("B")
+            if len(b) != n_cols * 4:
+                raise ValueError(f"save_rows: a row of {len(b) // 4} numbers, expected {n_cols}")
+            h.update(b)
+            f.write(b)
+            written += 1
+        if written != n_rows:
+            raise ValueError(f"save_rows: {written} rows, expected {n_rows}")
+        f.seek(0)
+        f.write(header(h.hexdigest()))
+
+    write_atomic_with(path, write, sync)
 
 
 def _unreadable(path: Path, err: Exception) -> UserError:

@@ -48,10 +48,11 @@ def write_atomic(path: Path, data: bytes | str) -> None:
     write_atomic_with(path, lambda f: f.write(data.encode() if isinstance(data, str) else data))
 
 
-def write_atomic_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
+def write_atomic_with(path: Path, write: Callable[[BinaryIO], object], sync: bool = True) -> None:
     """What ``write(f)`` writes into the open file ``f``, at ``path`` whole or not at all: into a
     temporary file, forced to the disk, then renamed into place (a file written in parts, none
-    of which need be in memory at once)."""
+    of which need be in memory at once). ``sync=False`` leaves the forcing to the system: a
+    killed process still leaves the old file or the new one."""
     path = Path(path)
     # a name of its own: two processes writing one file (two reproductions of one table's rows)
     # must not rename each other's half-written copy
@@ -60,11 +61,13 @@ def write_atomic_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
         with open(tmp, "wb") as f:
             write(f)
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    fsync_dir(path.parent)
+    if sync:
+        fsync_dir(path.parent)
 
 
 def fsync_dir(directory: Path) -> None:

@@ -306,10 +306,10 @@ class ClusterSet:
 
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         ids = meta["ids"]
-        sums = tensors["cluster_sums"] if ids else None
-        if sums is not None and sums.dtype not in (torch.float32, torch.float64):
+        sums = tensors["cluster_sums"] if ids else torch.zeros(0)
+        if sums.dtype != torch.float32:  # a singletons' float32 stack stays as written
             sums = sums.double()
-        self.sums_ = {c: sums[k].clone() for k, c in enumerate(ids)} if sums is not None else {}
+        self.sums_ = {c: sums[k].clone() for k, c in enumerate(ids)}
         self.counts_ = dict(zip(ids, meta["counts"]))
         self.next_id = meta["next_id"]
         self.labels_ = np.asarray(meta["labels"], dtype=np.int64)
