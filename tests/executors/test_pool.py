@@ -152,6 +152,74 @@ def test_memory_freed_in_a_run_is_kept_for_its_next_tensors_and_given_back_at_it
     assert not kept and inside < 64, "STOCFL_KEEP_FREED_MEMORY=0 turns it off"
 
 
+_SHORT = """
+import os, torch
+from stocfl.executors.pool import give_back_when_short, keep_freed_memory
+
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20
+
+base = rss()
+with keep_freed_memory():
+    t = torch.ones(64 << 20)  # 256 MB, freed into the heap and kept there
+    del t
+    held = rss() - base
+    roomy = give_back_when_short(share=0.0)  # the system has room (more than the heap holds free)
+    kept = rss() - base
+    short = give_back_when_short(share=2.0)  # under twice the machine's memory: short by any measure
+    given = rss() - base
+print(held, roomy, kept, short, given, give_back_when_short(share=2.0))
+"""
+
+
+def test_a_run_gives_its_kept_memory_back_when_the_system_runs_short():
+    """The heap keeps freed memory for the next round while the system has room, and hands it
+    back when the system runs short; outside a run there is nothing kept to give."""
+    import os
+    import subprocess
+    import sys
+
+    from stocfl.executors.pool import _glibc
+
+    if _glibc() is None:
+        pytest.skip("the allocator setting is glibc's")
+    out = subprocess.run(
+        [sys.executable, "-c", _SHORT], capture_output=True, text=True, env=os.environ, check=True
+    ).stdout.split()
+    held, roomy, kept, short, given, outside = int(out[0]), out[1], int(out[2]), out[3], int(out[4]), out[5]
+    assert held > 200, f"the freed tensor is kept inside a run ({held} MB held)"
+    assert roomy == "False" and kept > 200, f"with room, it stays kept ({kept} MB held)"
+    assert short == "True" and given < 64, f"short, it goes back to the system ({given} MB held)"
+    assert outside == "False"
+
+
+def test_a_heap_holding_more_free_memory_than_the_system_has_left_gives_it_back(monkeypatch):
+    from stocfl.executors import pool
+
+    if pool._glibc() is None:
+        pytest.skip("the allocator setting is glibc's")
+    with pool.keep_freed_memory():
+        t = torch.ones(32 << 20)  # 128 MB freed into the heap
+        del t
+        monkeypatch.setattr(pool, "_system_memory", lambda: (1 << 40, 1 << 39))  # half a TB left: room
+        assert not pool.give_back_when_short()
+        monkeypatch.setattr(pool, "_system_memory", lambda: (1 << 40, 64 << 20))  # 64 MB left, under the heap's
+        assert pool.give_back_when_short(share=0.0)
+
+
+def test_every_round_of_a_run_asks_whether_the_system_needs_the_memory_kept(tmp_path, monkeypatch):
+    import stocfl
+    from stocfl.experiment import loop
+
+    calls: list[int] = []
+    monkeypatch.setattr(loop, "give_back_when_short", lambda: calls.append(1) or False)
+    cfg = stocfl.load_config(
+        None, ["run.rounds=3", "scenario.n_clients=6", "algorithm.name=fedavg", "run.eval_every=3"]
+    )
+    stocfl.run(cfg, out=tmp_path / "run", progress=False)
+    assert len(calls) == 3
+
+
 def test_keeping_freed_memory_changes_no_number(tmp_path, monkeypatch):
     import json
 

@@ -168,6 +168,17 @@ class _Mallinfo2(ctypes.Structure):
     ]
 
 
+def _system_memory() -> tuple[int, int] | None:
+    """(total, available) bytes of this machine (``MemTotal``; ``MemAvailable`` plus swap
+    free), or None where the system does not say (not Linux)."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.split()[1:]}
+        return info["MemTotal"], info["MemAvailable"] + info.get("SwapFree", 0)
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
 def available_bytes(at_least: int = 0) -> int | None:
     """Memory a new allocation of this process can have without the system running out: what
     the system has available (``MemAvailable``, swap free) and what this process's heap holds
@@ -175,12 +186,10 @@ def available_bytes(at_least: int = 0) -> int | None:
     :func:`keep_freed_memory`). The heap is asked only where the system's figure is under
     ``at_least`` (it walks the heap's free blocks: milliseconds in a fragmented heap). None
     where the system's figure is not known (not Linux)."""
-    try:
-        with open("/proc/meminfo") as f:
-            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.split()[1:]}
-        free = info["MemAvailable"] + info.get("SwapFree", 0)
-    except (OSError, KeyError, ValueError, IndexError):
+    memory = _system_memory()
+    if memory is None:
         return None
+    free = memory[1]
     return free if free >= at_least else free + heap_free_bytes()
 
 
@@ -192,6 +201,32 @@ def heap_free_bytes() -> int:
         return 0
     libc.mallinfo2.restype = _Mallinfo2
     return int(libc.mallinfo2().fordblks)
+
+
+def give_back_when_short(share: float = 0.125) -> bool:
+    """Inside :func:`keep_freed_memory`, hand the heap's free memory back to the system when the
+    system runs short (whether it did): when what the system has left is under ``share`` of
+    its memory, or under what this heap holds free. A run calls it after each round.
+
+    The heap keeps freed memory for the next round's tensors, which is about the round's
+    transients while they keep their sizes. A run whose state grows (clusters added a round)
+    asks each round for tensors a little larger than the freed ones, which the freed blocks
+    do not fit: the heap then holds the old sizes as well, and the process's memory grows with
+    them (a run of 316 model-sized clusters held gigabytes so). What is kept costs the system
+    nothing while it has room; when it runs short (another run beside this one), the memory a
+    heap keeps idle is what it can give back without a run losing anything but the page
+    faults of its next round. The numbers do not change."""
+    libc = _glibc()
+    if libc is None or _kept == 0:
+        return False
+    memory = _system_memory()
+    if memory is None:
+        return False
+    total, available = memory
+    if available >= share * total and available >= heap_free_bytes():
+        return False
+    libc.malloc_trim(0)
+    return True
 
 
 def trim_freed_memory() -> bool:
@@ -206,4 +241,11 @@ def trim_freed_memory() -> bool:
     return True
 
 
-__all__ = ["RowPool", "available_bytes", "heap_free_bytes", "keep_freed_memory", "trim_freed_memory"]
+__all__ = [
+    "RowPool",
+    "available_bytes",
+    "give_back_when_short",
+    "heap_free_bytes",
+    "keep_freed_memory",
+    "trim_freed_memory",
+]

@@ -41,7 +41,7 @@ from stocfl.client.tasks import ClientsDropped, Evaluate, grouped_reasons, witho
 from stocfl.config import Config
 from stocfl.data.federation import Federation
 from stocfl.errors import UserError
-from stocfl.executors.pool import keep_freed_memory
+from stocfl.executors.pool import give_back_when_short, keep_freed_memory
 from stocfl.experiment import metrics, provenance
 from stocfl.experiment.build import build_run, sample_size
 from stocfl.experiment.provenance import CHECKPOINT, metrics_chain
@@ -389,6 +389,7 @@ class Experiment:
             self.metrics_chain = metrics_chain([row], self.metrics_chain)
             self.round = t
             self.save_checkpoint()
+            give_back_when_short()  # the memory kept for the next round, where the system needs it more
             if scalars is not None:
                 scalars.add(row)
             bar.set_postfix_str(round_line(row), refresh=False)  # before the count moves: update() draws
