@@ -240,3 +240,35 @@ def test_gradients_taken_per_tensor_step_as_the_flat_vectors_gradient(batch_size
     flat.split_gradients = False
     for a, b in zip(apart.train(tasks, q), flat.train(tasks, q)):
         assert torch.equal(a.weights, b.weights)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, 9),
+    cols=st.integers(1, 300),
+    pull=st.sampled_from(["none", "shared", "own"]),
+    block=st.integers(1, 4096),
+    seed=st.integers(0, 2**16),
+)
+def test_the_sgd_step_in_cached_blocks_is_the_whole_chunks_to_the_bit(rows, cols, pull, block, seed):
+    """The batched engine's plain SGD step runs a block of rows at a time (its passes made
+    while the block stays in cache): every entry the same as the plain formula over the
+    whole chunk, whatever the block (from one row to all), centers shared (broadcast) or own."""
+    from stocfl.executors import batched
+
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(rows, cols, generator=gen)
+    g = torch.randn(rows, cols, generator=gen)
+    mu = torch.rand(rows, generator=gen) * (torch.rand(rows, generator=gen) > 0.3)
+    step = (0.05 * (torch.rand(rows, generator=gen) > 0.2).float())[:, None]
+    center = {
+        "none": None,
+        "shared": torch.randn(cols, generator=gen).expand(rows, -1),
+        "own": torch.randn(rows, cols, generator=gen),
+    }[pull]
+    plain_w, plain_g = w.clone(), g.clone()
+    if center is not None:  # the plain formula, over the whole chunk at once
+        plain_g.add_((plain_w - center).mul_(mu[:, None]))
+    plain_w.sub_(plain_g.mul_(step))
+    batched.sgd_step(w, g, center, mu, step, block_bytes=block)
+    assert torch.equal(w, plain_w)

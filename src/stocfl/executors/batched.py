@@ -242,14 +242,11 @@ class BatchedExecutor(Executor):
                     g = self._grads(w, xb, yb, mask) if qb is None else self._weighted_grads(w, xb, yb, mask, qb)
                     pieces = zip([w], [g], [centers if has_prox else None])
                 for wj, gj, cj in pieces:
-                    # the gradient is this step's own tensor: the pull and the step are formed in
-                    # it, not in a model-sized temporary (a product of two floats is the same
-                    # either way round); each entry the same operations, split or not
-                    if cj is not None:
-                        gj.add_((wj - cj).mul_(mu[:, None]))
                     if state is None:
-                        wj.sub_(gj.mul_(opt.lr * active))
+                        sgd_step(wj, gj, cj, mu, opt.lr * active)
                     else:
+                        if cj is not None:
+                            gj.add_((wj - cj).mul_(mu[:, None]))
                         opt.step(wj, gj, state, active)
         return [Trained(row, n) for row, n in zip(w.unbind(0), sizes)]
 
@@ -260,6 +257,38 @@ class BatchedExecutor(Executor):
             return torch.stack(rows)
         out = self.pool.take(len(rows), rows[0].numel(), dtype, self.device)
         return torch.stack(rows, out=out)
+
+
+# a block of rows whose weights, gradient and pull stay in a core's cache across the step's passes
+_BLOCK_BYTES = 2 << 20
+
+
+def sgd_step(
+    w: torch.Tensor,
+    g: torch.Tensor,
+    center: torch.Tensor | None,
+    mu: torch.Tensor,
+    step: torch.Tensor,
+    block_bytes: int = _BLOCK_BYTES,
+) -> None:
+    """One plain SGD step of stacked rows in place: w -= step (g + mu (w - center)), each row
+    its own ``mu`` (c) and ``step`` (c x 1), ``center`` None for no pull. ``g`` is the step's
+    own tensor: the pull and the step are formed in it, not in a model-sized temporary (a
+    product of two floats is the same either way round).
+
+    Five passes over the rows, each entry through the same operations whatever the rows'
+    grouping. Over a whole chunk (hundreds of MB) every pass reads and writes main memory; on
+    the CPU they run a block of rows at a time, each block's passes made while it stays in
+    cache (``block_bytes`` a row's tensor, at least one row)."""
+    rows = len(w)
+    if w.device.type == "cpu":
+        rows = max(1, block_bytes // max(1, w.shape[1] * w.element_size()))
+    for a in range(0, len(w), rows):
+        b = slice(a, a + rows)
+        gb = g[b]
+        if center is not None:
+            gb.add_((w[b] - center[b]).mul_(mu[b, None]))
+        w[b].sub_(gb.mul_(step[b]))
 
 
 def _centers(tasks: list[Train]) -> torch.Tensor:
