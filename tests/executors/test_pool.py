@@ -193,18 +193,19 @@ def test_a_run_gives_its_kept_memory_back_when_the_system_runs_short():
     assert outside == "False"
 
 
-def test_a_heap_holding_more_free_memory_than_the_system_has_left_gives_it_back(monkeypatch):
+def test_what_counts_as_short_is_the_systems_memory_left_against_its_share(monkeypatch):
     from stocfl.executors import pool
 
     if pool._glibc() is None:
         pytest.skip("the allocator setting is glibc's")
     with pool.keep_freed_memory():
-        t = torch.ones(32 << 20)  # 128 MB freed into the heap
-        del t
-        monkeypatch.setattr(pool, "_system_memory", lambda: (1 << 40, 1 << 39))  # half a TB left: room
+        monkeypatch.setattr(pool, "_system_memory", lambda: (16 << 30, 4 << 30))  # a quarter left: room
         assert not pool.give_back_when_short()
-        monkeypatch.setattr(pool, "_system_memory", lambda: (1 << 40, 64 << 20))  # 64 MB left, under the heap's
-        assert pool.give_back_when_short(share=0.0)
+        assert pool.give_back_when_short(share=0.5)  # under half left: short
+        monkeypatch.setattr(pool, "_system_memory", lambda: (16 << 30, 1 << 30))  # a sixteenth left
+        assert pool.give_back_when_short()
+        monkeypatch.setattr(pool, "_system_memory", lambda: None)  # a system that does not say
+        assert not pool.give_back_when_short(share=2.0)
 
 
 def test_every_round_of_a_run_asks_whether_the_system_needs_the_memory_kept(tmp_path, monkeypatch):

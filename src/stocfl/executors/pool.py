@@ -205,25 +205,22 @@ def heap_free_bytes() -> int:
 
 def give_back_when_short(share: float = 0.125) -> bool:
     """Inside :func:`keep_freed_memory`, hand the heap's free memory back to the system when the
-    system runs short (whether it did): when what the system has left is under ``share`` of
-    its memory, or under what this heap holds free. A run calls it after each round.
+    system runs short: when what it has left (available memory and swap) is under ``share``
+    of its memory. Whether it did. A run calls it after each round.
 
     The heap keeps freed memory for the next round's tensors, which is about the round's
     transients while they keep their sizes. A run whose state grows (clusters added a round)
     asks each round for tensors a little larger than the freed ones, which the freed blocks
     do not fit: the heap then holds the old sizes as well, and the process's memory grows with
-    them (a run of 316 model-sized clusters held gigabytes so). What is kept costs the system
-    nothing while it has room; when it runs short (another run beside this one), the memory a
-    heap keeps idle is what it can give back without a run losing anything but the page
-    faults of its next round. The numbers do not change."""
+    them. What is kept costs nothing while the system has room; when it runs short (another
+    run beside this one), the memory a heap keeps idle is what it can give back, at the cost of
+    its next round's page faults. (The heap's own count of free bytes cannot decide it: it
+    still counts the free blocks whose pages went back.) The numbers do not change."""
     libc = _glibc()
     if libc is None or _kept == 0:
         return False
     memory = _system_memory()
-    if memory is None:
-        return False
-    total, available = memory
-    if available >= share * total and available >= heap_free_bytes():
+    if memory is None or memory[1] >= share * memory[0]:
         return False
     libc.malloc_trim(0)
     return True
