@@ -354,3 +354,53 @@ def test_tau_cuts_count_the_clusters_a_merge_at_their_tau_leaves(case, max_clust
             ref.add(i, p)
         ref.merge(cut.tau, 0.0)
         assert cut.clusters == len(ref.clusters), (cut, h)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    k=st.integers(2, 30),
+    dim=st.integers(1, 40),
+    groups=st.integers(1, 4),
+    tau=st.floats(0.0, 0.95),
+    seed=st.integers(0, 2**16),
+)
+def test_units_read_from_kept_memory_are_the_fresh_ones_even_when_a_merge_callback_reads_them(
+    k, dim, groups, tau, seed
+):
+    """A round's readers of the units share memory the set keeps (the merge's rows, the
+    untrained clusters' models, the objective): each reading is the fresh computation to the
+    bit, and a reader inside the merge's callback gets its own memory, not the merge's rows."""
+    g = torch.Generator().manual_seed(seed)
+    centers = torch.randn(groups, dim, generator=g)
+    psi = [centers[i % groups] + 0.3 * torch.randn(dim, generator=g) for i in range(k)]
+
+    def clustered(read_in_callback: bool) -> tuple[np.ndarray, float, list[torch.Tensor]]:
+        cs = ClusterSet(k)
+        seen: list[torch.Tensor] = []
+
+        def on_merge(keep: int, gone: int) -> None:
+            if read_in_callback:  # as an algorithm's callback might: a reading while the merge runs
+                seen.append(cs.units(cs.ids, scratch=True).clone())
+
+        # two rounds: in the second only the newcomers are dirty, and a merge with an older,
+        # clean cluster reads that cluster's unit from the merge's rows
+        half = k // 2
+        for i in range(half):
+            cs.add(i, psi[i])
+        cs.merge_greedy(cs.ids, tau, on_merge)
+        fresh_ids = [cs.add(i, psi[i]) for i in range(half, k)]
+        cs.merge_greedy(fresh_ids, tau, on_merge)
+        ids = cs.ids
+        plain = torch.stack([cs.sums_[c].double() / cs.sums_[c].double().norm() for c in ids])
+        assert torch.equal(cs.units(ids, scratch=True), plain)
+        assert torch.equal(cs.units(ids[: max(1, len(ids) // 2)], scratch=True), plain[: max(1, len(ids) // 2)])
+        objective = cs.objective()
+        fresh = cs.units(ids)
+        total = fresh.sum(0).pow(2).sum()
+        assert objective == (0.0 if len(ids) < 2 else float((total - fresh.mul_(fresh).sum()) / 2))
+        cs.release_scratch()
+        return cs.labels_.copy(), objective, seen
+
+    labels, objective, _ = clustered(False)
+    labels_read, objective_read, seen = clustered(True)
+    assert np.array_equal(labels, labels_read) and objective == objective_read

@@ -240,7 +240,7 @@ class StoCFL(Algorithm):
                 out[cid] = self.state.w
                 continue
             if units is None:
-                units = self.state.clusters.units(trained)
+                units = self.state.clusters.units(trained, scratch=True)
             sims = units @ self.state.clusters.unit(cid)
             out[cid] = self.state.theta[trained[int(torch.argmax(sims))]]
         return out
@@ -361,8 +361,10 @@ class StoCFL(Algorithm):
             weights = [r.n_samples for r in mine] if self.params.weighting == "samples" else [1.0] * len(mine)
             self.state.theta[k] = self.aggregate(mine, start[k], weights)
             self.state.trained[k] = self.state.trained.get(k, 0.0) + float(sum(r.n_samples for r in mine))
+        objective = self.state.clusters.objective()
+        self.state.clusters.release_scratch()  # gigabytes with a model-sized Psi: not held between rounds
         out: dict[str, Any] = {
-            "objective": self.state.clusters.objective(),
+            "objective": objective,
             "merges": merges,
             "new_clients": len(accepted),
             "rejected_representations": len(rejected),
@@ -381,6 +383,7 @@ class StoCFL(Algorithm):
     def client_models(self, clients: list[int], ask: AskClients) -> list[torch.Tensor]:
         labels = self.state.clusters.labels_
         models = self.models_of(sorted({int(labels[i]) for i in clients if labels[i] >= 0}))
+        self.state.clusters.release_scratch()
         # a client not sampled yet has no representation: the global model
         return [models[int(labels[i])] if labels[i] >= 0 else self.state.w for i in clients]
 
@@ -388,7 +391,9 @@ class StoCFL(Algorithm):
         return self.state.clusters.labels_.copy()
 
     def cluster_models(self) -> dict[int, torch.Tensor]:
-        return self.models_of(self.state.clusters.ids)
+        models = self.models_of(self.state.clusters.ids)
+        self.state.clusters.release_scratch()
+        return models
 
     def place_new(self, clients: list[int], ask: AskClients) -> list[Placement]:
         """New clients after training (paper 4.4): each sends Psi; with max cosine d >= tau it

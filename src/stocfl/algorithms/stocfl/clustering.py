@@ -85,6 +85,8 @@ class ClusterSet:
         self.members_: dict[int, list[int]] = {}
         self.next_id = 0
         self.merged_at: float | None = None
+        self._scratch: torch.Tensor | None = None  # the units' memory, kept for the round's next reader
+        self._scratch_busy = False  # merge_greedy's rows live in it (its callback may ask for units)
 
     @property
     def ids(self) -> list[int]:
@@ -98,13 +100,26 @@ class ClusterSet:
         n = s.norm()
         return s / n if n > 0 else s
 
-    def units(self, ids: list[int], norms: torch.Tensor | None = None) -> torch.Tensor:
+    def units(self, ids: list[int], norms: torch.Tensor | None = None, scratch: bool = False) -> torch.Tensor:
         """The unit representations of clusters ``ids``, one row each, written into one tensor:
         with Psi of a 1.6M-parameter model, a list of per-cluster copies stacked afterwards
-        doubled the peak (480 newcomers: 6 GB more). ``norms``, if given, receives |S_c|."""
+        doubled the peak (480 newcomers: 6 GB more). ``norms``, if given, receives |S_c|.
+
+        ``scratch``: written into memory this set keeps until :meth:`release_scratch` (the
+        result is valid until the next such call). A round reads the units three times (the
+        merge, the untrained clusters' models, the objective); with a model-sized Psi the
+        matrix is gigabytes, and the allocator gave each one fresh pages (a freed block over
+        its 2 GiB trim threshold goes back to the system), 2.6 GiB of page faults a reading."""
         if not ids:
             return torch.zeros(0, 0, dtype=torch.float64)
-        out = torch.empty((len(ids), self.sums_[ids[0]].numel()), dtype=torch.float64)
+        rows, cols = len(ids), self.sums_[ids[0]].numel()
+        if scratch and not self._scratch_busy:
+            if self._scratch is None or self._scratch.shape[0] < rows or self._scratch.shape[1] != cols:
+                self._scratch = None  # the old block goes before the new one is made
+                self._scratch = torch.empty((rows, cols), dtype=torch.float64)
+            out = self._scratch[:rows]
+        else:
+            out = torch.empty((rows, cols), dtype=torch.float64)
         for k, c in enumerate(ids):
             s = self.sums_[c].double()
             n = s.norm()
@@ -112,6 +127,10 @@ class ClusterSet:
             if norms is not None:
                 norms[k] = n
         return out
+
+    def release_scratch(self) -> None:
+        """Free the memory :meth:`units` keeps for its readers (a round's end)."""
+        self._scratch = None
 
     def add(self, client: int, psi: torch.Tensor) -> int:
         """Client ``client`` joins as a new singleton cluster; returns its id. ``psi`` is kept
@@ -162,7 +181,7 @@ class ClusterSet:
 
     def objective(self) -> float:
         """Paper eq. (2): sum over pairs i < j of cos(Psi(D~_i), Psi(D~_j))."""
-        u = self.units(self.ids)
+        u = self.units(self.ids, scratch=True)
         if len(u) < 2:
             return 0.0
         # squared in place: u is this call's own, and a second (clusters x Psi) float64 tensor
@@ -251,7 +270,25 @@ class ClusterSet:
         if not first:
             return 0
         norms = torch.empty(len(ids), dtype=torch.float64)
-        rows = _Rows(self.units(ids, norms), norms, first)
+        rows = _Rows(self.units(ids, norms, scratch=True), norms, first)
+        self._scratch_busy = True  # the rows live in the scratch: a reader within on_merge gets its own
+        try:
+            return self._merge_rows(rows, ids, slot, tau, on_merge, heights, leave_out, quorum, quorum_tau)
+        finally:
+            self._scratch_busy = False
+
+    def _merge_rows(
+        self,
+        rows: _Rows,
+        ids: list[int],
+        slot: dict[int, int],
+        tau: float,
+        on_merge: Callable[[int, int], None] | None,
+        heights: list[float] | None,
+        leave_out: float,
+        quorum: float,
+        quorum_tau: float | None,
+    ) -> int:
         merges = 0
         while True:
             pair = rows.best_pair(ids, tau)
@@ -305,6 +342,7 @@ class ClusterSet:
         }
 
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        self._scratch = None
         ids = meta["ids"]
         sums = tensors["cluster_sums"] if ids else torch.zeros(0)
         if sums.dtype != torch.float32:  # a singletons' float32 stack stays as written
