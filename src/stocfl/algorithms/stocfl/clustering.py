@@ -86,7 +86,6 @@ class ClusterSet:
         self.next_id = 0
         self.merged_at: float | None = None
         self._scratch: torch.Tensor | None = None  # the units' memory, kept for the round's next reader
-        self._scratch_busy = False  # merge_greedy's rows live in it (its callback may ask for units)
 
     @property
     def ids(self) -> list[int]:
@@ -113,7 +112,7 @@ class ClusterSet:
         if not ids:
             return torch.zeros(0, 0, dtype=torch.float64)
         rows, cols = len(ids), self.sums_[ids[0]].numel()
-        if scratch and not self._scratch_busy:
+        if scratch:
             if self._scratch is None or self._scratch.shape[0] < rows or self._scratch.shape[1] != cols:
                 self._scratch = None  # the old block goes before the new one is made
                 self._scratch = torch.empty((rows, cols), dtype=torch.float64)
@@ -271,28 +270,12 @@ class ClusterSet:
             return 0
         norms = torch.empty(len(ids), dtype=torch.float64)
         rows = _Rows(self.units(ids, norms, scratch=True), norms, first)
-        self._scratch_busy = True  # the rows live in the scratch: a reader within on_merge gets its own
-        try:
-            return self._merge_rows(rows, ids, slot, tau, on_merge, heights, leave_out, quorum, quorum_tau)
-        finally:
-            self._scratch_busy = False
-
-    def _merge_rows(
-        self,
-        rows: _Rows,
-        ids: list[int],
-        slot: dict[int, int],
-        tau: float,
-        on_merge: Callable[[int, int], None] | None,
-        heights: list[float] | None,
-        leave_out: float,
-        quorum: float,
-        quorum_tau: float | None,
-    ) -> int:
+        self._scratch = None  # the rows own it while they merge: a reading in on_merge gets other memory
         merges = 0
         while True:
             pair = rows.best_pair(ids, tau)
             if pair is None:
+                self._scratch = rows.u  # back for the round's next readers
                 return merges
             keep, gone, cos = pair
             if (leave_out > 0 and not self.leave_out_cosine(keep, gone, leave_out) > tau + EPS) or (
